@@ -1,0 +1,119 @@
+// The control protocol on the sidecar's Unix SOCK_SEQPACKET socket: one fixed-size message per
+// datagram, fds alongside with SCM_RIGHTS. Infrequent calls (register, expose, lookup) travel
+// here; requests travel in the shared-memory rings.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "tensorlane/ipc/layout.hpp"
+
+namespace tensorlane::ipc {
+
+inline constexpr uint32_t kControlMagic = 0x4c43544cu;  // "TLCL"
+inline constexpr uint16_t kControlVersion = 1;
+inline constexpr size_t kErrorBytes = 256;
+/// The largest datagram either side sends or accepts (status replies carry JSON text).
+inline constexpr size_t kMaxControlMessage = 64 * 1024;
+
+enum class MsgType : uint16_t {
+    kHello = 1,      ///< sidecar → client, first message; fds: segment, to-sidecar, to-client
+    kAllocHost = 2,  ///< client → sidecar; reply carries the buffer's fd
+    kRegister = 3,
+    kDeregister = 4,
+    kExpose = 5,
+    kLookup = 6,
+    kStatus = 7,     ///< reply is StatusReply (JSON)
+    kReply = 8,
+};
+
+struct MsgHeader {
+    uint32_t magic;     ///< kControlMagic
+    uint16_t version;   ///< kControlVersion
+    uint16_t type;      ///< MsgType
+    uint64_t seq;       ///< echoed in the reply
+};
+static_assert(sizeof(MsgHeader) == 16);
+
+/// The sidecar's greeting: either a session (status 0, three fds) or a refusal (no fds).
+struct HelloMsg {
+    MsgHeader h;
+    int32_t status;          ///< Code
+    uint32_t poll_mode;      ///< 0 busy, 1 adaptive, 2 event
+    uint32_t spin_us;
+    uint32_t ring_depth;
+    uint64_t session_id;
+    uint64_t segment_bytes;
+    char node_name[kPeerNameBytes];
+    char error[kErrorBytes];
+};
+
+/// Region kinds in RegisterMsg.
+enum class RegionKind : uint32_t {
+    kHost = 1,   ///< a range of a buffer from AllocHost
+    kCuda = 2,   ///< device memory: IPC handle (+ dma-buf fd); arrives with the GPU issue
+};
+
+struct AllocHostMsg {
+    MsgHeader h;
+    uint64_t bytes;
+};
+
+struct RegisterMsg {
+    MsgHeader h;
+    uint32_t kind;           ///< RegionKind
+    uint32_t reserved;
+    uint64_t parent;         ///< kHost: the AllocHost region the range lies in
+    uint64_t offset;         ///< kHost: offset in that buffer
+    uint64_t bytes;
+    uint64_t address;        ///< the client's virtual address (diagnostics, CUDA)
+    unsigned char cuda_ipc_handle[64];
+};
+
+struct DeregisterMsg {
+    MsgHeader h;
+    uint64_t region;
+};
+
+struct ExposeMsg {
+    MsgHeader h;
+    uint64_t region;
+    char name[kRegionNameBytes];
+};
+
+struct LookupMsg {
+    MsgHeader h;
+    char peer[kPeerNameBytes];
+    char name[kRegionNameBytes];
+};
+
+struct StatusMsg {
+    MsgHeader h;
+    uint32_t flags;
+    uint32_t reserved;
+};
+
+/// The answer to every client call: a status, two values (region id, bytes, ...) and a reason.
+struct ReplyMsg {
+    MsgHeader h;
+    int32_t status;          ///< Code
+    uint32_t reserved;
+    uint64_t value0;
+    uint64_t value1;
+    char error[kErrorBytes];
+};
+
+/// kStatus's answer: a ReplyMsg followed by `value0` bytes of JSON text.
+inline constexpr size_t kMaxStatusText = kMaxControlMessage - sizeof(ReplyMsg);
+
+static_assert(std::is_trivially_copyable_v<HelloMsg> && std::is_trivially_copyable_v<ReplyMsg>);
+static_assert(sizeof(HelloMsg) == 16 + 32 + 64 + 256);
+static_assert(sizeof(RegisterMsg) == 16 + 40 + 64);
+
+/// Copies a C string into a fixed field, always NUL-terminated (truncates).
+void copyName(char *dst, size_t dst_bytes, const char *src);
+/// Reads a fixed field that must hold a NUL-terminated string of 1..n-1 bytes. False otherwise.
+bool readName(const char *field, size_t field_bytes, const char **out);
+
+}  // namespace tensorlane::ipc

@@ -1,0 +1,43 @@
+// A move-only owner of a file descriptor.
+#pragma once
+
+#include <unistd.h>
+
+#include <utility>
+
+namespace tensorlane::ipc {
+
+/// Owns one fd; closes it once. Never copyable (a copy would close twice).
+class UniqueFd {
+public:
+    UniqueFd() = default;
+    explicit UniqueFd(int fd) : fd_(fd) {}
+    UniqueFd(UniqueFd &&o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+    UniqueFd &operator=(UniqueFd &&o) noexcept {
+        if (this != &o) {
+            reset(std::exchange(o.fd_, -1));
+        }
+        return *this;
+    }
+    UniqueFd(const UniqueFd &) = delete;
+    UniqueFd &operator=(const UniqueFd &) = delete;
+    ~UniqueFd() { reset(); }
+
+    /// The fd, or -1.
+    int get() const { return fd_; }
+    explicit operator bool() const { return fd_ >= 0; }
+    /// Gives up ownership.
+    int release() { return std::exchange(fd_, -1); }
+    /// Closes the current fd (if any) and takes `fd`.
+    void reset(int fd = -1) {
+        if (fd_ >= 0) {
+            ::close(fd_);
+        }
+        fd_ = fd;
+    }
+
+private:
+    int fd_ = -1;
+};
+
+}  // namespace tensorlane::ipc

@@ -1,0 +1,168 @@
+// The shared-memory contract between the sidecar and one client: the session segment's header,
+// its three rings and the entries that travel in them.
+//
+// Rules (DESIGN.md, "Shared-memory rules"): fixed-size trivially copyable structs; offsets, never
+// pointers; the creator writes `magic` last with a release store and the attacher validates it
+// with an acquire load; the sidecar copies every entry out before looking at it. Nothing here
+// depends on a build option.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "tensorlane/ipc/spsc_ring.hpp"
+
+namespace tensorlane::ipc {
+
+inline constexpr uint64_t kSegmentMagic = 0x314745534c4e4c54ull;  // "TLNLSEG1"
+inline constexpr uint32_t kLayoutVersion = 1;
+inline constexpr uint32_t kMinRingDepth = 16;
+inline constexpr uint32_t kMaxRingDepth = 65536;
+inline constexpr size_t kPeerNameBytes = 64;   ///< tl_notification.peer, NUL included
+inline constexpr size_t kRegionNameBytes = 64;
+
+/// Request operations. Anything else is answered with kInvalid.
+enum class Op : uint32_t {
+    kNop = 1,    ///< completes at once; measures the ring round trip
+    kWrite = 2,  ///< write-with-immediate into a remote region
+};
+
+/// One request, written by the client into the request ring.
+struct Request {
+    uint32_t op;           ///< Op
+    uint32_t imm;          ///< delivered to the target's owner
+    uint64_t ticket;       ///< echoed in the completion
+    uint64_t src_region;   ///< the client's region id
+    uint64_t src_offset;
+    uint64_t dst_remote;   ///< a handle from lookup
+    uint64_t dst_offset;
+    uint64_t bytes;
+    uint64_t reserved;
+};
+static_assert(sizeof(Request) == 64 && std::is_trivially_copyable_v<Request>);
+static_assert(offsetof(Request, ticket) == 8 && offsetof(Request, bytes) == 48);
+
+/// The end of one request, written by the sidecar into the completion ring.
+struct Completion {
+    uint64_t ticket;
+    int32_t status;   ///< Code
+    uint32_t reserved;
+    uint64_t bytes;
+    uint64_t reserved2;
+};
+static_assert(sizeof(Completion) == 32 && std::is_trivially_copyable_v<Completion>);
+
+/// Data arrived in one of the client's regions, written by the sidecar into the notification
+/// ring only once the data is in place.
+struct Notification {
+    uint64_t region;
+    uint64_t offset;
+    uint64_t bytes;
+    uint32_t imm;
+    uint32_t reserved;
+    char peer[kPeerNameBytes];   ///< NUL-terminated node name of the writer
+    uint64_t reserved2[4];
+};
+static_assert(sizeof(Notification) == 128 && std::is_trivially_copyable_v<Notification>);
+static_assert(offsetof(Notification, peer) == 32);
+
+/// Flags of the doorbell protocol; each on its own line because each has one writer.
+struct alignas(kCacheLine) DoorbellFlag {
+    std::atomic<uint32_t> value;
+};
+static_assert(sizeof(DoorbellFlag) == kCacheLine);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+/// The segment header. Written once by the sidecar before `magic`; afterwards the sidecar never
+/// reads geometry back from it (the client could have changed it), only the doorbell flags.
+struct alignas(kCacheLine) SegmentHeader {
+    std::atomic<uint64_t> magic;   ///< kSegmentMagic, stored last (release)
+    uint32_t version;              ///< kLayoutVersion
+    uint32_t header_bytes;         ///< sizeof(SegmentHeader)
+    uint64_t total_bytes;
+    uint64_t session_id;
+    uint32_t request_depth;
+    uint32_t completion_depth;
+    uint32_t notification_depth;
+    uint32_t reserved0;
+    uint64_t request_offset;       ///< RingControl, then request_depth Requests
+    uint64_t completion_offset;
+    uint64_t notification_offset;
+    uint64_t reserved1[7];   ///< pads the fields to two cache lines
+    /// Set by the sidecar before it sleeps; a client that publishes then rings the doorbell.
+    DoorbellFlag sidecar_sleeping;
+    /// Set by a client before it sleeps; the sidecar rings the client's doorbell after publishing.
+    DoorbellFlag client_waiting;
+};
+static_assert(sizeof(SegmentHeader) == 4 * kCacheLine);
+static_assert(offsetof(SegmentHeader, sidecar_sleeping) == 2 * kCacheLine);
+static_assert(std::is_trivially_destructible_v<SegmentHeader>);
+
+/// Where everything sits in a segment for a given ring depth.
+struct SegmentGeometry {
+    uint32_t request_depth = 0;
+    uint32_t completion_depth = 0;
+    uint32_t notification_depth = 0;
+    uint64_t request_offset = 0;
+    uint64_t completion_offset = 0;
+    uint64_t notification_offset = 0;
+    uint64_t total_bytes = 0;
+
+    /// The layout for `ring_depth` requests (a power of two); notifications get the same depth.
+    static constexpr SegmentGeometry forDepth(uint32_t ring_depth) {
+        SegmentGeometry g;
+        g.request_depth = g.completion_depth = g.notification_depth = ring_depth;
+        uint64_t off = sizeof(SegmentHeader);
+        g.request_offset = off;
+        off += sizeof(RingControl) + uint64_t{ring_depth} * sizeof(Request);
+        g.completion_offset = off;
+        off += sizeof(RingControl) + uint64_t{ring_depth} * sizeof(Completion);
+        g.notification_offset = off;
+        off += sizeof(RingControl) + uint64_t{ring_depth} * sizeof(Notification);
+        g.total_bytes = (off + 4095) & ~uint64_t{4095};
+        return g;
+    }
+};
+
+constexpr bool isValidRingDepth(uint32_t d) {
+    return d >= kMinRingDepth && d <= kMaxRingDepth && (d & (d - 1)) == 0;
+}
+
+/// Typed views of a mapped segment. `base` must be the start of a mapping of at least
+/// g.total_bytes.
+struct SegmentView {
+    SegmentHeader *header = nullptr;
+    RingControl *request_ctl = nullptr;
+    Request *requests = nullptr;
+    RingControl *completion_ctl = nullptr;
+    Completion *completions = nullptr;
+    RingControl *notification_ctl = nullptr;
+    Notification *notifications = nullptr;
+
+    static SegmentView at(void *base, const SegmentGeometry &g) {
+        auto *b = static_cast<unsigned char *>(base);
+        SegmentView v;
+        v.header = reinterpret_cast<SegmentHeader *>(b);
+        v.request_ctl = reinterpret_cast<RingControl *>(b + g.request_offset);
+        v.requests = reinterpret_cast<Request *>(b + g.request_offset + sizeof(RingControl));
+        v.completion_ctl = reinterpret_cast<RingControl *>(b + g.completion_offset);
+        v.completions =
+            reinterpret_cast<Completion *>(b + g.completion_offset + sizeof(RingControl));
+        v.notification_ctl = reinterpret_cast<RingControl *>(b + g.notification_offset);
+        v.notifications =
+            reinterpret_cast<Notification *>(b + g.notification_offset + sizeof(RingControl));
+        return v;
+    }
+};
+
+/// Initialises a zeroed segment and publishes it (magic last). Called by the sidecar only.
+void initSegment(void *base, const SegmentGeometry &g, uint64_t session_id);
+
+/// Checks a segment the client just mapped: magic (acquire), version, and that the geometry in
+/// the header is the one `forDepth(header depth)` gives and fits in `mapped_bytes`. Returns the
+/// geometry through `out` on success.
+bool validateSegment(const void *base, uint64_t mapped_bytes, SegmentGeometry *out);
+
+}  // namespace tensorlane::ipc

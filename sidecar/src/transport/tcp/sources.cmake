@@ -1,0 +1,3 @@
+# Sources of the TCP transport, added to tensorlane_sidecar_core.
+set(TENSORLANE_TCP_SOURCES
+)
