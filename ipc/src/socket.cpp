@@ -39,6 +39,16 @@ int listenSeqpacket(const std::string &path, unsigned mode, UniqueFd *out) {
         if (!S_ISSOCK(st.st_mode)) {
             return EEXIST;
         }
+        // Stale means nobody listens (connect: ECONNREFUSED). A live socket belongs to a running
+        // sidecar: unlinking it would silently cut that sidecar off from new clients.
+        UniqueFd probe(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+        if (!probe) {
+            return errno;
+        }
+        if (::connect(probe.get(), reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) == 0 ||
+            errno != ECONNREFUSED) {
+            return EADDRINUSE;
+        }
         ::unlink(path.c_str());
     }
     if (::bind(fd.get(), reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) != 0) {

@@ -59,6 +59,7 @@ Status RegionTable::expose(RegionId id, const std::string &name) {
     }
     r.exposed_name = name;
     by_name_[name] = id;
+    r.exposed.store(true, std::memory_order_release);
     return Status::ok();
 }
 

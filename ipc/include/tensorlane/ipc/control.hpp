@@ -24,23 +24,23 @@ enum class MsgType : uint16_t {
     kDeregister = 4,
     kExpose = 5,
     kLookup = 6,
-    kStatus = 7,     ///< reply is StatusReply (JSON)
+    kStatus = 7,  ///< reply is StatusReply (JSON)
     kReply = 8,
 };
 
 struct MsgHeader {
-    uint32_t magic;     ///< kControlMagic
-    uint16_t version;   ///< kControlVersion
-    uint16_t type;      ///< MsgType
-    uint64_t seq;       ///< echoed in the reply
+    uint32_t magic;    ///< kControlMagic
+    uint16_t version;  ///< kControlVersion
+    uint16_t type;     ///< MsgType
+    uint64_t seq;      ///< echoed in the reply
 };
 static_assert(sizeof(MsgHeader) == 16);
 
 /// The sidecar's greeting: either a session (status 0, three fds) or a refusal (no fds).
 struct HelloMsg {
     MsgHeader h;
-    int32_t status;          ///< Code
-    uint32_t poll_mode;      ///< 0 busy, 1 adaptive, 2 event
+    int32_t status;      ///< Code
+    uint32_t poll_mode;  ///< 0 busy, 1 adaptive, 2 event
     uint32_t spin_us;
     uint32_t ring_depth;
     uint64_t session_id;
@@ -51,8 +51,8 @@ struct HelloMsg {
 
 /// Region kinds in RegisterMsg.
 enum class RegionKind : uint32_t {
-    kHost = 1,   ///< a range of a buffer from AllocHost
-    kCuda = 2,   ///< device memory: IPC handle (+ dma-buf fd); arrives with the GPU issue
+    kHost = 1,  ///< a range of a buffer from AllocHost
+    kCuda = 2,  ///< device memory: IPC handle (+ dma-buf fd); arrives with the GPU issue
 };
 
 struct AllocHostMsg {
@@ -62,12 +62,12 @@ struct AllocHostMsg {
 
 struct RegisterMsg {
     MsgHeader h;
-    uint32_t kind;           ///< RegionKind
+    uint32_t kind;  ///< RegionKind
     uint32_t reserved;
-    uint64_t parent;         ///< kHost: the AllocHost region the range lies in
-    uint64_t offset;         ///< kHost: offset in that buffer
+    uint64_t parent;  ///< kHost: the AllocHost region the range lies in
+    uint64_t offset;  ///< kHost: offset in that buffer
     uint64_t bytes;
-    uint64_t address;        ///< the client's virtual address (diagnostics, CUDA)
+    uint64_t address;  ///< the client's virtual address (diagnostics, CUDA)
     unsigned char cuda_ipc_handle[64];
 };
 
@@ -97,7 +97,7 @@ struct StatusMsg {
 /// The answer to every client call: a status, two values (region id, bytes, ...) and a reason.
 struct ReplyMsg {
     MsgHeader h;
-    int32_t status;          ///< Code
+    int32_t status;  ///< Code
     uint32_t reserved;
     uint64_t value0;
     uint64_t value1;

@@ -20,7 +20,7 @@ inline constexpr uint64_t kSegmentMagic = 0x314745534c4e4c54ull;  // "TLNLSEG1"
 inline constexpr uint32_t kLayoutVersion = 1;
 inline constexpr uint32_t kMinRingDepth = 16;
 inline constexpr uint32_t kMaxRingDepth = 65536;
-inline constexpr size_t kPeerNameBytes = 64;   ///< tl_notification.peer, NUL included
+inline constexpr size_t kPeerNameBytes = 64;  ///< tl_notification.peer, NUL included
 inline constexpr size_t kRegionNameBytes = 64;
 
 /// Request operations. Anything else is answered with kInvalid.
@@ -31,12 +31,12 @@ enum class Op : uint32_t {
 
 /// One request, written by the client into the request ring.
 struct Request {
-    uint32_t op;           ///< Op
-    uint32_t imm;          ///< delivered to the target's owner
-    uint64_t ticket;       ///< echoed in the completion
-    uint64_t src_region;   ///< the client's region id
+    uint32_t op;          ///< Op
+    uint32_t imm;         ///< delivered to the target's owner
+    uint64_t ticket;      ///< echoed in the completion
+    uint64_t src_region;  ///< the client's region id
     uint64_t src_offset;
-    uint64_t dst_remote;   ///< a handle from lookup
+    uint64_t dst_remote;  ///< a handle from lookup
     uint64_t dst_offset;
     uint64_t bytes;
     uint64_t reserved;
@@ -47,7 +47,7 @@ static_assert(offsetof(Request, ticket) == 8 && offsetof(Request, bytes) == 48);
 /// The end of one request, written by the sidecar into the completion ring.
 struct Completion {
     uint64_t ticket;
-    int32_t status;   ///< Code
+    int32_t status;  ///< Code
     uint32_t reserved;
     uint64_t bytes;
     uint64_t reserved2;
@@ -62,7 +62,7 @@ struct Notification {
     uint64_t bytes;
     uint32_t imm;
     uint32_t reserved;
-    char peer[kPeerNameBytes];   ///< NUL-terminated node name of the writer
+    char peer[kPeerNameBytes];  ///< NUL-terminated node name of the writer
     uint64_t reserved2[4];
 };
 static_assert(sizeof(Notification) == 128 && std::is_trivially_copyable_v<Notification>);
@@ -78,19 +78,19 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free);
 /// The segment header. Written once by the sidecar before `magic`; afterwards the sidecar never
 /// reads geometry back from it (the client could have changed it), only the doorbell flags.
 struct alignas(kCacheLine) SegmentHeader {
-    std::atomic<uint64_t> magic;   ///< kSegmentMagic, stored last (release)
-    uint32_t version;              ///< kLayoutVersion
-    uint32_t header_bytes;         ///< sizeof(SegmentHeader)
+    std::atomic<uint64_t> magic;  ///< kSegmentMagic, stored last (release)
+    uint32_t version;             ///< kLayoutVersion
+    uint32_t header_bytes;        ///< sizeof(SegmentHeader)
     uint64_t total_bytes;
     uint64_t session_id;
     uint32_t request_depth;
     uint32_t completion_depth;
     uint32_t notification_depth;
     uint32_t reserved0;
-    uint64_t request_offset;       ///< RingControl, then request_depth Requests
+    uint64_t request_offset;  ///< RingControl, then request_depth Requests
     uint64_t completion_offset;
     uint64_t notification_offset;
-    uint64_t reserved1[7];   ///< pads the fields to two cache lines
+    uint64_t reserved1[7];  ///< pads the fields to two cache lines
     /// Set by the sidecar before it sleeps; a client that publishes then rings the doorbell.
     DoorbellFlag sidecar_sleeping;
     /// Set by a client before it sleeps; the sidecar rings the client's doorbell after publishing.

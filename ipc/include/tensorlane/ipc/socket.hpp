@@ -23,7 +23,8 @@ struct PeerCred {
 };
 
 /// Binds and listens on `path` (removing a stale socket file first), mode `mode`, non-blocking
-/// and close-on-exec. Returns 0 or an errno value.
+/// and close-on-exec. Returns 0 or an errno value: EADDRINUSE when something still listens on
+/// `path`, EEXIST when `path` is not a socket.
 int listenSeqpacket(const std::string &path, unsigned mode, UniqueFd *out);
 /// Connects to `path`; the fd is blocking and close-on-exec.
 int connectSeqpacket(const std::string &path, UniqueFd *out);

@@ -42,10 +42,11 @@ public:
     RingProducer() = default;
     RingProducer(RingControl *ctl, T *slots, uint32_t depth)
         : ctl_(ctl), slots_(slots), mask_(depth - 1), depth_(depth) {
-        // The segment creator zeroes both cursors; a producer attaching later starts from what
-        // the consumer has seen, which is the only value we can trust enough to start from.
+        // The segment creator zeroes both cursors; a producer attaching later continues from
+        // the published tail. It assumes the ring full until it has loaded and validated the
+        // consumer's head (first freeSlots()): unread entries may still sit between the two.
         tail_ = ctl_->tail.value.load(std::memory_order_relaxed);
-        head_cache_ = tail_;
+        head_cache_ = tail_ - depth_;
     }
 
     /// Free slots, refreshing the consumer's head only when the cached one says "full".
@@ -81,8 +82,15 @@ public:
         refreshHead();
         return tail_ - head_cache_;
     }
+    /// Re-reads and validates the consumer's head; false once it is corrupt.
+    bool check() {
+        if (!corrupt_) {
+            refreshHead();
+        }
+        return !corrupt_;
+    }
     bool corrupt() const { return corrupt_; }
-    uint32_t depth() const { return depth_; }
+    uint32_t depth() const { return static_cast<uint32_t>(depth_); }
     uint64_t tail() const { return tail_; }
 
 private:

@@ -10,14 +10,14 @@ namespace tensorlane::ipc {
 /// over the control socket, so they never change; new codes are only appended.
 enum class Code : int32_t {
     kOk = 0,
-    kInvalid = 1,       ///< dooms one request: wrong on its face
-    kNotFound = 2,      ///< unknown region, peer or name; a revoked region
-    kPermission = 3,    ///< credentials or exposure do not allow it
+    kInvalid = 1,     ///< dooms one request: wrong on its face
+    kNotFound = 2,    ///< unknown region, peer or name; a revoked region
+    kPermission = 3,  ///< credentials or exposure do not allow it
     kNoMemory = 4,
-    kAgain = 5,         ///< ring full; try again
+    kAgain = 5,  ///< ring full; try again
     kTimedOut = 6,
-    kPeer = 7,          ///< dooms the peer: unreachable or failed
-    kConnection = 8,    ///< dooms the client: sidecar gone
+    kPeer = 7,        ///< dooms the peer: unreachable or failed
+    kConnection = 8,  ///< dooms the client: sidecar gone
     kCuda = 9,
     kInternal = 10,
 };
@@ -25,17 +25,28 @@ enum class Code : int32_t {
 /// A short fixed name for a code ("TL_EPEER"); never NULL.
 constexpr const char *codeName(Code c) {
     switch (c) {
-    case Code::kOk: return "TL_OK";
-    case Code::kInvalid: return "TL_EINVAL";
-    case Code::kNotFound: return "TL_ENOENT";
-    case Code::kPermission: return "TL_EPERM";
-    case Code::kNoMemory: return "TL_ENOMEM";
-    case Code::kAgain: return "TL_EAGAIN";
-    case Code::kTimedOut: return "TL_ETIMEDOUT";
-    case Code::kPeer: return "TL_EPEER";
-    case Code::kConnection: return "TL_ECONN";
-    case Code::kCuda: return "TL_ECUDA";
-    case Code::kInternal: return "TL_EINTERNAL";
+        case Code::kOk:
+            return "TL_OK";
+        case Code::kInvalid:
+            return "TL_EINVAL";
+        case Code::kNotFound:
+            return "TL_ENOENT";
+        case Code::kPermission:
+            return "TL_EPERM";
+        case Code::kNoMemory:
+            return "TL_ENOMEM";
+        case Code::kAgain:
+            return "TL_EAGAIN";
+        case Code::kTimedOut:
+            return "TL_ETIMEDOUT";
+        case Code::kPeer:
+            return "TL_EPEER";
+        case Code::kConnection:
+            return "TL_ECONN";
+        case Code::kCuda:
+            return "TL_ECUDA";
+        case Code::kInternal:
+            return "TL_EINTERNAL";
     }
     return "TL_EUNKNOWN";
 }
@@ -43,7 +54,7 @@ constexpr const char *codeName(Code c) {
 /// Maps a code read from an untrusted source to a known one.
 constexpr Code sanitizeCode(int32_t raw) {
     return (raw >= 0 && raw <= static_cast<int32_t>(Code::kInternal)) ? static_cast<Code>(raw)
-                                                                       : Code::kInternal;
+                                                                      : Code::kInternal;
 }
 
 }  // namespace tensorlane::ipc

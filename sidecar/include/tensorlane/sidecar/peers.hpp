@@ -18,7 +18,7 @@ namespace tensorlane::sidecar {
 
 /// A region a peer exposed to us, as its descriptor said.
 struct RemoteRegion {
-    RegionId id = 0;      ///< the peer sidecar's region id
+    RegionId id = 0;  ///< the peer sidecar's region id
     uint64_t bytes = 0;
 };
 

@@ -27,12 +27,13 @@ using SessionId = uint64_t;
 struct Region {
     RegionId id = 0;
     SessionId owner = 0;
-    RegionId parent = 0;          ///< the AllocHost buffer this range lies in (0: it is one)
-    unsigned char *base = nullptr;   ///< the sidecar's address of the region's first byte
+    RegionId parent = 0;            ///< the AllocHost buffer this range lies in (0: it is one)
+    unsigned char *base = nullptr;  ///< the sidecar's address of the region's first byte
     uint64_t bytes = 0;
-    std::shared_ptr<ipc::Mapping> mapping;   ///< keeps the memory mapped
-    std::string exposed_name;     ///< empty: not exposed
-    std::atomic<bool> revoked{false};   ///< deregistered: no transfer may start on it
+    std::shared_ptr<ipc::Mapping> mapping;  ///< keeps the memory mapped
+    std::string exposed_name;          ///< empty: not exposed (engine thread and table lock only)
+    std::atomic<bool> exposed{false};  ///< what transport threads check instead of the name
+    std::atomic<bool> revoked{false};  ///< deregistered: no transfer may start on it
 
     /// True when [offset, offset + len) lies inside the region, overflow-safe, len > 0.
     bool contains(uint64_t offset, uint64_t len) const {

@@ -20,11 +20,11 @@ const char *toString(PeerState s);
 
 /// One write-with-immediate. The engine validated it; the transport moves it.
 struct WriteOp {
-    uint64_t op_id = 0;                 ///< unique per engine; reported back in completed()
+    uint64_t op_id = 0;  ///< unique per engine; reported back in completed()
     PeerId peer = kLocalPeer;
-    std::shared_ptr<Region> src;        ///< keeps the source mapped until completion
+    std::shared_ptr<Region> src;  ///< keeps the source mapped until completion
     uint64_t src_offset = 0;
-    RegionId dst_region = 0;            ///< the target sidecar's region id
+    RegionId dst_region = 0;  ///< the target sidecar's region id
     uint64_t dst_offset = 0;
     uint64_t bytes = 0;
     uint32_t imm = 0;

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The test command: installs what is missing, checks formatting and scripts, builds, runs the
+# parser fuzzer briefly, the ring stress tests under ThreadSanitizer, then every CTest tier
+# that runs on this machine. Ends with CTest's summary line.
+set -euo pipefail
+
+usage() {
+    cat <<'USAGE'
+usage: scripts/test.sh [--quick] [--no-install]
+
+  --quick        skip the ThreadSanitizer and fuzz builds
+  --no-install   do not run scripts/install-deps.sh
+Environment: FUZZ_SECONDS (default 20), JOBS (default: nproc).
+USAGE
+}
+
+quick=0
+install=1
+for arg in "$@"; do
+    case "$arg" in
+        --quick) quick=1 ;;
+        --no-install) install=0 ;;
+        -h|--help) usage; exit 0 ;;
+        *) usage >&2; exit 2 ;;
+    esac
+done
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+jobs=${JOBS:-$(nproc)}
+fuzz_seconds=${FUZZ_SECONDS:-20}
+
+step() { printf '\n== %s\n' "$*"; }
+
+if [ "$install" -eq 1 ]; then
+    step "dependencies"
+    scripts/install-deps.sh
+fi
+
+step "clang-format"
+mapfile -t sources < <(git ls-files '*.cpp' '*.hpp' '*.h' '*.cc' '*.cu')
+if [ "${#sources[@]}" -gt 0 ]; then
+    clang-format --dry-run -Werror "${sources[@]}"
+fi
+echo "clang-format: ${#sources[@]} files clean"
+
+step "shellcheck"
+mapfile -t scripts < <(git ls-files 'scripts/*.sh' '.ci/run')
+shellcheck "${scripts[@]}"
+echo "shellcheck: ${#scripts[@]} scripts clean"
+
+if [ "$quick" -eq 0 ]; then
+    step "libFuzzer: config parser (${fuzz_seconds}s)"
+    cmake --preset fuzz >/dev/null
+    cmake --build build/fuzz --target fuzz_config -j "$jobs"
+    mkdir -p build/fuzz/corpus-config
+    build/fuzz/tests/fuzz/fuzz_config -max_total_time="$fuzz_seconds" -max_len=4096 \
+        -timeout=10 -print_final_stats=1 build/fuzz/corpus-config tests/fuzz/corpus/config \
+        2>&1 | tail -n 12
+
+    step "ThreadSanitizer: ring stress"
+    cmake --preset tsan >/dev/null
+    cmake --build build/tsan --target ipc_stress -j "$jobs"
+    ctest --test-dir build/tsan -L stress --output-on-failure
+fi
+
+step "build (release preset, -Wall -Wextra -Werror)"
+cmake --preset release >/dev/null
+cmake --build build/release -j "$jobs"
+
+step "tests"
+ctest --preset release -j "$jobs" --timeout 300

@@ -1,0 +1,111 @@
+/* tensorlane: the public C ABI of the shim (libtensorlane.so).
+ *
+ * A worker process links this library, connects to its node's sidecar, registers memory, and
+ * exchanges tensors with write-with-immediate semantics: tl_write places bytes in a region some
+ * process (on this node or another) exposed, the target's owner is notified once the data is in
+ * place, and the writer's ticket completes after that.
+ *
+ * Threads: every call is safe to make from any thread on the same tl_client, except that
+ * tl_disconnect must not race with any other call on that client. tl_write calls are
+ * serialised internally (the request ring has one producer); tl_wait / tl_test /
+ * tl_wait_notification may run concurrently (one thread at a time drains the completion ring,
+ * the others wait on it). Socket calls (alloc, register, expose, lookup) are serialised.
+ *
+ * Names and meanings here are stable (DESIGN.md, "Public C ABI"); calls may be added.
+ */
+#ifndef TENSORLANE_TENSORLANE_H
+#define TENSORLANE_TENSORLANE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__GNUC__)
+#define TL_API __attribute__((visibility("default")))
+#else
+#define TL_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tl_client tl_client; /* opaque; one connection to the sidecar */
+typedef uint64_t tl_region;         /* a local region, valid for its client */
+typedef uint64_t tl_remote;         /* a peer's exposed region, from tl_lookup */
+typedef uint64_t tl_ticket;         /* one tl_write */
+
+typedef enum tl_status {
+    TL_OK = 0,
+    TL_EINVAL, /* wrong on its face: bad argument, unknown region, out of bounds */
+    TL_ENOENT, /* no such peer, name or ticket; a region revoked by its owner */
+    TL_EPERM,  /* the sidecar refused these credentials */
+    TL_ENOMEM,
+    TL_EAGAIN,    /* ring full or too many writes outstanding: wait on a ticket and retry */
+    TL_ETIMEDOUT, /* the wait ran out; the ticket is still pending */
+    TL_EPEER,     /* peer unreachable or failed */
+    TL_ECONN,     /* sidecar gone */
+    TL_ECUDA,     /* CUDA memory where it is not supported, or a CUDA call failed */
+    TL_EINTERNAL
+} tl_status;
+
+typedef struct tl_notification {
+    tl_region region; /* the local region that was written */
+    uint32_t imm;     /* the writer's immediate */
+    uint64_t offset;  /* where the write landed in the region */
+    uint64_t bytes;   /* how many bytes landed */
+    char peer[64];    /* the writing node's name, NUL-terminated */
+} tl_notification;
+
+/** A fixed name for a status ("TL_EPEER"); never NULL. */
+TL_API const char *tl_status_str(tl_status s);
+/** This thread's detail of its last failed call ("" if none); valid until its next call. */
+TL_API const char *tl_last_error(void);
+
+/** Connects to the sidecar. socket_path NULL: $TENSORLANE_SOCKET, else
+ *  /run/tensorlane/sidecar.sock. TL_EPERM when the sidecar refuses our credentials. */
+TL_API tl_status tl_connect(const char *socket_path, tl_client **out);
+/** Closes the connection; the sidecar releases everything the client held. NULL is fine. */
+TL_API void tl_disconnect(tl_client *c);
+
+/** Allocates `bytes` of host memory shared with the sidecar and registers it as a region.
+ *  tl_deregister of that region frees the memory. */
+TL_API tl_status tl_alloc_host(tl_client *c, size_t bytes, void **ptr, tl_region *out);
+/** Registers [ptr, ptr + bytes) as a region: host memory inside a tl_alloc_host buffer
+ *  (CUDA memory arrives with GPU support; until then it is TL_ECUDA). */
+TL_API tl_status tl_register(tl_client *c, void *ptr, size_t bytes, tl_region *out);
+/** Releases a region. Later writes into it from peers fail with TL_ENOENT at the writer. */
+TL_API tl_status tl_deregister(tl_client *c, tl_region r);
+/** Makes a region writable by peers (and other clients of this node) under `name`. */
+TL_API tl_status tl_expose(tl_client *c, tl_region r, const char *name);
+/** Finds `name` exposed on node `peer` (this node's own name is valid). `bytes` may be NULL. */
+TL_API tl_status tl_lookup(tl_client *c, const char *peer, const char *name, tl_remote *out,
+                           uint64_t *bytes);
+/** Writes `bytes` from src+src_off into dst+dst_off and delivers `imm` to the target's owner.
+ *  Returns a ticket at once; tl_wait/tl_test tell how it ended. A request wrong on its face
+ *  fails here. */
+TL_API tl_status tl_write(tl_client *c, tl_region src, uint64_t src_off, tl_remote dst,
+                          uint64_t dst_off, uint64_t bytes, uint32_t imm, tl_ticket *out);
+/** Waits for a ticket: its status, or TL_ETIMEDOUT (timeout_ms < 0 waits forever). A ticket
+ *  is consumed by the wait that returns its status. */
+TL_API tl_status tl_wait(tl_client *c, tl_ticket t, int timeout_ms);
+/** Non-blocking tl_wait: *done = 1 and the ticket's status once it has ended, else *done = 0
+ *  and TL_OK. */
+TL_API tl_status tl_test(tl_client *c, tl_ticket t, int *done);
+/** Waits for data to arrive in one of this client's regions. */
+TL_API tl_status tl_wait_notification(tl_client *c, tl_notification *out, int timeout_ms);
+
+/* ---- additions (not in DESIGN.md's first list) ---- */
+
+/** Submits a no-op that the sidecar completes at once: a health check and the ring round-trip
+ *  benchmark's unit. */
+TL_API tl_status tl_nop(tl_client *c, tl_ticket *out);
+/** The name of the node the sidecar serves (for tl_lookup of this node). */
+TL_API const char *tl_node_name(tl_client *c);
+/** The sidecar's status as JSON text, copied into buf (NUL-terminated). *len gets the length. */
+TL_API tl_status tl_sidecar_status(tl_client *c, char *buf, size_t cap, size_t *len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TENSORLANE_TENSORLANE_H */

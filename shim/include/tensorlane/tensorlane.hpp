@@ -1,0 +1,236 @@
+// Header-only C++ RAII wrapper over the C ABI (tensorlane.h). Errors are values
+// (tensorlane::Error), never exceptions, so it can be used in code built without them.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "tensorlane/tensorlane.h"
+
+namespace tensorlane {
+
+/// A failed call: its status and the shim's detail.
+struct Error {
+    tl_status status = TL_OK;
+    std::string detail;
+    const char *name() const { return tl_status_str(status); }
+};
+
+/// Either a value or an Error.
+template <class T>
+class Result {
+public:
+    Result(T v) : value_(std::move(v)) {}
+    Result(Error e) : error_(std::move(e)) {}
+    bool ok() const { return value_.has_value(); }
+    explicit operator bool() const { return ok(); }
+    T &operator*() { return *value_; }
+    T *operator->() { return &*value_; }
+    const Error &error() const { return error_; }
+    tl_status status() const { return ok() ? TL_OK : error_.status; }
+
+private:
+    std::optional<T> value_;
+    Error error_;
+};
+
+inline Error lastError(tl_status s) {
+    return Error{s, tl_last_error()};
+}
+
+class Client;
+
+/// A registered region; deregistered when destroyed. Move-only.
+class Region {
+public:
+    Region() = default;
+    Region(Region &&o) noexcept
+        : client_(std::exchange(o.client_, nullptr)),
+          id_(std::exchange(o.id_, 0)),
+          data_(std::exchange(o.data_, nullptr)),
+          bytes_(std::exchange(o.bytes_, 0)) {}
+    Region &operator=(Region &&o) noexcept {
+        if (this != &o) {
+            reset();
+            client_ = std::exchange(o.client_, nullptr);
+            id_ = std::exchange(o.id_, 0);
+            data_ = std::exchange(o.data_, nullptr);
+            bytes_ = std::exchange(o.bytes_, 0);
+        }
+        return *this;
+    }
+    Region(const Region &) = delete;
+    Region &operator=(const Region &) = delete;
+    ~Region() { reset(); }
+
+    tl_region id() const { return id_; }
+    size_t size() const { return bytes_; }
+    /// The bytes of a host region.
+    std::span<std::byte> bytes() const { return {static_cast<std::byte *>(data_), bytes_}; }
+    /// The region as an array of T (host regions).
+    template <class T>
+    std::span<T> as() const {
+        return {static_cast<T *>(data_), bytes_ / sizeof(T)};
+    }
+    void *data() const { return data_; }
+
+    /// Makes the region writable by peers under `name`.
+    Result<bool> expose(const std::string &name) const;
+
+    /// Deregisters now (also frees a tl_alloc_host buffer).
+    void reset() {
+        if (client_ && id_) {
+            tl_deregister(client_, id_);
+        }
+        client_ = nullptr;
+        id_ = 0;
+        data_ = nullptr;
+        bytes_ = 0;
+    }
+
+private:
+    friend class Client;
+    Region(tl_client *c, tl_region id, void *data, size_t bytes)
+        : client_(c), id_(id), data_(data), bytes_(bytes) {}
+    tl_client *client_ = nullptr;
+    tl_region id_ = 0;
+    void *data_ = nullptr;
+    size_t bytes_ = 0;
+};
+
+/// A peer's exposed region, from Client::lookup.
+struct Remote {
+    tl_remote id = 0;
+    uint64_t bytes = 0;
+};
+
+/// One write in flight: a future of its status. Waiting consumes it.
+class Ticket {
+public:
+    Ticket() = default;
+    /// Waits for the write to end; TL_ETIMEDOUT leaves it pending.
+    tl_status wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(-1)) {
+        if (!client_) {
+            return TL_EINVAL;
+        }
+        tl_status s = tl_wait(client_, id_, static_cast<int>(timeout.count()));
+        if (s != TL_ETIMEDOUT) {
+            client_ = nullptr;
+        }
+        return s;
+    }
+    /// The status once ended, or nullopt while pending.
+    std::optional<tl_status> poll() {
+        int done = 0;
+        if (!client_) {
+            return TL_EINVAL;
+        }
+        tl_status s = tl_test(client_, id_, &done);
+        if (!done && s == TL_OK) {
+            return std::nullopt;
+        }
+        client_ = nullptr;
+        return s;
+    }
+    tl_ticket id() const { return id_; }
+
+private:
+    friend class Client;
+    Ticket(tl_client *c, tl_ticket t) : client_(c), id_(t) {}
+    tl_client *client_ = nullptr;
+    tl_ticket id_ = 0;
+};
+
+/// One connection to the sidecar; disconnects when destroyed. Move-only.
+class Client {
+public:
+    /// Connects (path empty: $TENSORLANE_SOCKET or the default).
+    static Result<Client> connect(const std::string &socket_path = {}) {
+        tl_client *c = nullptr;
+        tl_status s = tl_connect(socket_path.empty() ? nullptr : socket_path.c_str(), &c);
+        if (s != TL_OK) {
+            return lastError(s);
+        }
+        return Client(c);
+    }
+    Client(Client &&o) noexcept : c_(std::exchange(o.c_, nullptr)) {}
+    Client &operator=(Client &&o) noexcept {
+        if (this != &o) {
+            tl_disconnect(c_);
+            c_ = std::exchange(o.c_, nullptr);
+        }
+        return *this;
+    }
+    Client(const Client &) = delete;
+    Client &operator=(const Client &) = delete;
+    ~Client() { tl_disconnect(c_); }
+
+    tl_client *get() const { return c_; }
+    std::string nodeName() const { return tl_node_name(c_); }
+
+    /// Host memory shared with the sidecar, registered.
+    Result<Region> allocHost(size_t bytes) {
+        void *p = nullptr;
+        tl_region r = 0;
+        tl_status s = tl_alloc_host(c_, bytes, &p, &r);
+        if (s != TL_OK) {
+            return lastError(s);
+        }
+        return Region(c_, r, p, bytes);
+    }
+    /// Registers part of a host buffer (or, with GPU support, device memory).
+    Result<Region> registerMemory(void *p, size_t bytes) {
+        tl_region r = 0;
+        tl_status s = tl_register(c_, p, bytes, &r);
+        if (s != TL_OK) {
+            return lastError(s);
+        }
+        return Region(c_, r, p, bytes);
+    }
+    Result<Remote> lookup(const std::string &peer, const std::string &name) {
+        Remote out;
+        tl_status s = tl_lookup(c_, peer.c_str(), name.c_str(), &out.id, &out.bytes);
+        if (s != TL_OK) {
+            return lastError(s);
+        }
+        return out;
+    }
+    Result<Ticket> write(const Region &src, uint64_t src_off, const Remote &dst, uint64_t dst_off,
+                         uint64_t bytes, uint32_t imm) {
+        tl_ticket t = 0;
+        tl_status s = tl_write(c_, src.id(), src_off, dst.id, dst_off, bytes, imm, &t);
+        if (s != TL_OK) {
+            return lastError(s);
+        }
+        return Ticket(c_, t);
+    }
+    Result<tl_notification> waitNotification(
+        std::chrono::milliseconds timeout = std::chrono::milliseconds(-1)) {
+        tl_notification n{};
+        tl_status s = tl_wait_notification(c_, &n, static_cast<int>(timeout.count()));
+        if (s != TL_OK) {
+            return lastError(s);
+        }
+        return n;
+    }
+
+private:
+    explicit Client(tl_client *c) : c_(c) {}
+    tl_client *c_ = nullptr;
+};
+
+inline Result<bool> Region::expose(const std::string &name) const {
+    tl_status s = tl_expose(client_, id_, name.c_str());
+    if (s != TL_OK) {
+        return lastError(s);
+    }
+    return true;
+}
+
+}  // namespace tensorlane

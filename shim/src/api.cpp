@@ -1,0 +1,181 @@
+// The C ABI: argument checks, then the Client. No exception crosses this boundary.
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "client.hpp"
+#include "tensorlane/tensorlane.h"
+
+using tensorlane::ipc::Code;
+using tensorlane::shim::Client;
+using tensorlane::shim::fail;
+
+namespace tensorlane::shim {
+const char *lastError();
+}
+
+// The C enum and the wire codes are one list (ipc/status.hpp); keep them so.
+static_assert(TL_OK == static_cast<int>(Code::kOk));
+static_assert(TL_EINVAL == static_cast<int>(Code::kInvalid));
+static_assert(TL_ENOENT == static_cast<int>(Code::kNotFound));
+static_assert(TL_EPERM == static_cast<int>(Code::kPermission));
+static_assert(TL_ENOMEM == static_cast<int>(Code::kNoMemory));
+static_assert(TL_EAGAIN == static_cast<int>(Code::kAgain));
+static_assert(TL_ETIMEDOUT == static_cast<int>(Code::kTimedOut));
+static_assert(TL_EPEER == static_cast<int>(Code::kPeer));
+static_assert(TL_ECONN == static_cast<int>(Code::kConnection));
+static_assert(TL_ECUDA == static_cast<int>(Code::kCuda));
+static_assert(TL_EINTERNAL == static_cast<int>(Code::kInternal));
+static_assert(sizeof(tl_notification) == 96);
+
+struct tl_client {
+    Client impl;
+};
+
+namespace {
+
+template <class F>
+tl_status guarded(F &&f) {
+    try {
+        return f();
+    } catch (const std::bad_alloc &) {
+        return fail(Code::kNoMemory, "out of memory");
+    } catch (const std::exception &e) {
+        return fail(Code::kInternal, e.what());
+    } catch (...) {
+        return fail(Code::kInternal, "unexpected exception");
+    }
+}
+
+#define TL_REQUIRE_CLIENT(c)                                  \
+    do {                                                      \
+        if (!(c)) {                                           \
+            return fail(Code::kInvalid, "tl_client is NULL"); \
+        }                                                     \
+    } while (0)
+
+}  // namespace
+
+extern "C" {
+
+TL_API const char *tl_status_str(tl_status s) {
+    return tensorlane::ipc::codeName(static_cast<Code>(s));
+}
+
+TL_API const char *tl_last_error(void) {
+    return tensorlane::shim::lastError();
+}
+
+TL_API tl_status tl_connect(const char *socket_path, tl_client **out) {
+    if (!out) {
+        return fail(Code::kInvalid, "tl_connect: out is NULL");
+    }
+    return guarded([&] {
+        std::string path;
+        if (socket_path && *socket_path) {
+            path = socket_path;
+        } else if (const char *env = std::getenv("TENSORLANE_SOCKET"); env && *env) {
+            path = env;
+        } else {
+            path = "/run/tensorlane/sidecar.sock";
+        }
+        auto *c = new tl_client();
+        Code code = c->impl.connect(path);
+        if (code != Code::kOk) {
+            delete c;
+            return static_cast<tl_status>(code);
+        }
+        *out = c;
+        return TL_OK;
+    });
+}
+
+TL_API void tl_disconnect(tl_client *c) {
+    delete c;
+}
+
+TL_API tl_status tl_alloc_host(tl_client *c, size_t bytes, void **ptr, tl_region *out) {
+    TL_REQUIRE_CLIENT(c);
+    if (!ptr || !out) {
+        return fail(Code::kInvalid, "tl_alloc_host: ptr and out are required");
+    }
+    return guarded([&] { return c->impl.allocHost(bytes, ptr, out); });
+}
+
+TL_API tl_status tl_register(tl_client *c, void *ptr, size_t bytes, tl_region *out) {
+    TL_REQUIRE_CLIENT(c);
+    if (!out) {
+        return fail(Code::kInvalid, "tl_register: out is NULL");
+    }
+    return guarded([&] { return c->impl.registerMemory(ptr, bytes, out); });
+}
+
+TL_API tl_status tl_deregister(tl_client *c, tl_region r) {
+    TL_REQUIRE_CLIENT(c);
+    return guarded([&] { return c->impl.deregister(r); });
+}
+
+TL_API tl_status tl_expose(tl_client *c, tl_region r, const char *name) {
+    TL_REQUIRE_CLIENT(c);
+    return guarded([&] { return c->impl.expose(r, name); });
+}
+
+TL_API tl_status tl_lookup(tl_client *c, const char *peer, const char *name, tl_remote *out,
+                           uint64_t *bytes) {
+    TL_REQUIRE_CLIENT(c);
+    return guarded([&] { return c->impl.lookup(peer, name, out, bytes); });
+}
+
+TL_API tl_status tl_write(tl_client *c, tl_region src, uint64_t src_off, tl_remote dst,
+                          uint64_t dst_off, uint64_t bytes, uint32_t imm, tl_ticket *out) {
+    TL_REQUIRE_CLIENT(c);
+    return guarded([&] { return c->impl.write(src, src_off, dst, dst_off, bytes, imm, out); });
+}
+
+TL_API tl_status tl_wait(tl_client *c, tl_ticket t, int timeout_ms) {
+    TL_REQUIRE_CLIENT(c);
+    return guarded([&] { return c->impl.wait(t, timeout_ms); });
+}
+
+TL_API tl_status tl_test(tl_client *c, tl_ticket t, int *done) {
+    TL_REQUIRE_CLIENT(c);
+    return guarded([&] { return c->impl.test(t, done); });
+}
+
+TL_API tl_status tl_wait_notification(tl_client *c, tl_notification *out, int timeout_ms) {
+    TL_REQUIRE_CLIENT(c);
+    return guarded([&] { return c->impl.waitNotification(out, timeout_ms); });
+}
+
+TL_API tl_status tl_nop(tl_client *c, tl_ticket *out) {
+    TL_REQUIRE_CLIENT(c);
+    return guarded([&] { return c->impl.nop(out); });
+}
+
+TL_API const char *tl_node_name(tl_client *c) {
+    return c ? c->impl.nodeName().c_str() : "";
+}
+
+TL_API tl_status tl_sidecar_status(tl_client *c, char *buf, size_t cap, size_t *len) {
+    TL_REQUIRE_CLIENT(c);
+    if (!buf || cap == 0) {
+        return fail(Code::kInvalid, "tl_sidecar_status: no buffer");
+    }
+    return guarded([&] {
+        std::string json;
+        tl_status st = c->impl.sidecarStatus(&json);
+        if (st != TL_OK) {
+            return st;
+        }
+        size_t n = std::min(json.size(), cap - 1);
+        std::memcpy(buf, json.data(), n);
+        buf[n] = '\0';
+        if (len) {
+            *len = json.size();
+        }
+        return TL_OK;
+    });
+}
+
+}  // extern "C"

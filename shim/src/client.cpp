@@ -1,0 +1,585 @@
+#include "client.hpp"
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "cuda_probe.hpp"
+#include "tensorlane/ipc/doorbell.hpp"
+#include "tensorlane/ipc/socket.hpp"
+
+namespace tensorlane::shim {
+namespace {
+
+thread_local std::string t_last_error;
+
+/// How long a control call waits for its reply. Lookups may connect to a peer first.
+constexpr int kControlTimeoutMs = 60000;
+
+ipc::MsgHeader header(ipc::MsgType type) {
+    return ipc::MsgHeader{ipc::kControlMagic, ipc::kControlVersion, static_cast<uint16_t>(type), 0};
+}
+
+}  // namespace
+
+const char *lastError() {
+    return t_last_error.c_str();
+}
+
+tl_status fail(Code code, std::string message) {
+    t_last_error = std::move(message);
+    return toStatus(code);
+}
+
+Client::~Client() {
+    // Mappings and fds close in reverse order of declaration; closing the socket is what tells
+    // the sidecar to release everything of ours.
+}
+
+Code Client::connect(const std::string &path) {
+    if (int rc = ipc::connectSeqpacket(path, &sock_)) {
+        t_last_error = "cannot connect to the sidecar at " + path + ": " + std::strerror(rc);
+        return (rc == EACCES || rc == EPERM) ? Code::kPermission : Code::kConnection;
+    }
+    pollfd p{sock_.get(), POLLIN, 0};
+    if (::poll(&p, 1, kControlTimeoutMs) <= 0) {
+        t_last_error = "the sidecar at " + path + " did not greet us";
+        return Code::kConnection;
+    }
+    ipc::HelloMsg hello{};
+    ipc::UniqueFd fds[ipc::kMaxFdsPerMessage];
+    size_t bytes = 0, nfds = 0;
+    int rc = ipc::receiveMessage(sock_.get(), &hello, sizeof(hello), &bytes, fds, &nfds);
+    if (rc || bytes != sizeof(hello) || hello.h.magic != ipc::kControlMagic ||
+        hello.h.version != ipc::kControlVersion ||
+        hello.h.type != static_cast<uint16_t>(ipc::MsgType::kHello)) {
+        t_last_error = "bad greeting from the sidecar at " + path +
+                       (rc ? std::string(": ") + std::strerror(rc) : std::string());
+        return Code::kConnection;
+    }
+    hello.error[sizeof(hello.error) - 1] = '\0';
+    hello.node_name[sizeof(hello.node_name) - 1] = '\0';
+    if (hello.status != 0) {
+        t_last_error = std::string("the sidecar refused us: ") + hello.error;
+        return ipc::sanitizeCode(hello.status);
+    }
+    if (nfds != 3) {
+        t_last_error = "the sidecar's greeting carried " + std::to_string(nfds) + " fds, not 3";
+        return Code::kConnection;
+    }
+    uint64_t size = ipc::segmentSize(fds[0].get());
+    if (size < hello.segment_bytes || hello.segment_bytes == 0) {
+        t_last_error = "session segment smaller than announced";
+        return Code::kConnection;
+    }
+    if (int mrc = ipc::mapSegment(fds[0].get(), hello.segment_bytes, &segment_)) {
+        t_last_error = std::string("mmap of the session segment: ") + std::strerror(mrc);
+        return Code::kNoMemory;
+    }
+    ipc::SegmentGeometry g;
+    if (!ipc::validateSegment(segment_.data(), segment_.size(), &g)) {
+        t_last_error = "session segment has a bad magic, version or geometry";
+        return Code::kConnection;
+    }
+    view_ = ipc::SegmentView::at(segment_.data(), g);
+    requests_ = ipc::RingProducer<ipc::Request>(view_.request_ctl, view_.requests, g.request_depth);
+    completions_ = ipc::RingConsumer<ipc::Completion>(view_.completion_ctl, view_.completions,
+                                                      g.completion_depth);
+    notifications_ = ipc::RingConsumer<ipc::Notification>(
+        view_.notification_ctl, view_.notifications, g.notification_depth);
+    to_sidecar_ = std::move(fds[1]);
+    to_client_ = std::move(fds[2]);
+    node_name_ = hello.node_name;
+    poll_mode_ = hello.poll_mode;
+    spin_us_ = hello.spin_us;
+    depth_ = g.request_depth;
+    tickets_ = TicketTable(depth_);
+    return Code::kOk;
+}
+
+Code Client::call(void *msg, size_t bytes, ipc::ReplyMsg *reply, ipc::UniqueFd *fd_out,
+                  std::string *text_out) {
+    std::lock_guard lock(ctl_mu_);
+    if (dead_.load(std::memory_order_acquire)) {
+        t_last_error = "sidecar connection lost: " + dead_reason_;
+        return Code::kConnection;
+    }
+    auto *h = static_cast<ipc::MsgHeader *>(msg);
+    h->seq = ctl_seq_++;
+    if (int rc = ipc::sendMessage(sock_.get(), msg, bytes)) {
+        markDead(std::string("send: ") + std::strerror(rc));
+        t_last_error = "sidecar connection lost: " + dead_reason_;
+        return Code::kConnection;
+    }
+    std::string buf(ipc::kMaxControlMessage, '\0');
+    for (;;) {
+        pollfd p{sock_.get(), POLLIN, 0};
+        int n = ::poll(&p, 1, kControlTimeoutMs);
+        if (n == 0) {
+            t_last_error = "the sidecar did not answer in time";
+            return Code::kTimedOut;
+        }
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        size_t got = 0, nfds = 0;
+        ipc::UniqueFd fds[ipc::kMaxFdsPerMessage];
+        int rc = ipc::receiveMessage(sock_.get(), buf.data(), buf.size(), &got, fds, &nfds);
+        if (rc) {
+            markDead(rc == ECONNRESET ? "the sidecar closed the connection"
+                                      : std::string("receive: ") + std::strerror(rc));
+            t_last_error = "sidecar connection lost: " + dead_reason_;
+            return Code::kConnection;
+        }
+        if (got < sizeof(ipc::ReplyMsg)) {
+            continue;  // not a reply; ignore
+        }
+        std::memcpy(reply, buf.data(), sizeof(*reply));
+        if (reply->h.magic != ipc::kControlMagic ||
+            reply->h.type != static_cast<uint16_t>(ipc::MsgType::kReply) ||
+            reply->h.seq != h->seq) {
+            continue;  // a stale reply (an earlier call timed out); ours follows
+        }
+        reply->error[sizeof(reply->error) - 1] = '\0';
+        if (fd_out && nfds > 0) {
+            *fd_out = std::move(fds[0]);
+        }
+        if (text_out) {
+            size_t len = std::min<size_t>(reply->value0, got - sizeof(ipc::ReplyMsg));
+            text_out->assign(buf.data() + sizeof(ipc::ReplyMsg), len);
+        }
+        Code c = ipc::sanitizeCode(reply->status);
+        if (c != Code::kOk) {
+            t_last_error = reply->error;
+        }
+        return c;
+    }
+}
+
+tl_status Client::allocHost(size_t bytes, void **ptr, tl_region *out) {
+    if (bytes == 0) {
+        return fail(Code::kInvalid, "tl_alloc_host: zero bytes");
+    }
+    ipc::AllocHostMsg m{header(ipc::MsgType::kAllocHost), bytes};
+    ipc::ReplyMsg reply{};
+    ipc::UniqueFd fd;
+    Code c = call(&m, sizeof(m), &reply, &fd);
+    if (c != Code::kOk) {
+        return toStatus(c);
+    }
+    auto mapping = std::make_unique<ipc::Mapping>();
+    if (!fd || ipc::segmentSize(fd.get()) < reply.value1) {
+        return fail(Code::kInternal, "tl_alloc_host: the sidecar sent no usable buffer");
+    }
+    if (int rc = ipc::mapSegment(fd.get(), reply.value1, mapping.get())) {
+        ipc::DeregisterMsg d{header(ipc::MsgType::kDeregister), reply.value0};
+        ipc::ReplyMsg ignored{};
+        (void)call(&d, sizeof(d), &ignored, nullptr);
+        return fail(Code::kNoMemory, std::string("tl_alloc_host: mmap: ") + std::strerror(rc));
+    }
+    auto *base = static_cast<unsigned char *>(mapping->data());
+    {
+        std::unique_lock lock(reg_mu_);
+        regions_[reply.value0] = LocalRegion{base, bytes, 0};
+        buffers_[reinterpret_cast<uintptr_t>(base)] = HostBuffer{reply.value0, std::move(mapping)};
+    }
+    *ptr = base;
+    *out = reply.value0;
+    return TL_OK;
+}
+
+tl_status Client::registerMemory(void *ptr, size_t bytes, tl_region *out) {
+    if (!ptr || bytes == 0) {
+        return fail(Code::kInvalid, "tl_register: null pointer or zero bytes");
+    }
+    const auto addr = reinterpret_cast<uintptr_t>(ptr);
+    tl_region parent = 0;
+    uint64_t offset = 0;
+    {
+        std::shared_lock lock(reg_mu_);
+        auto it = buffers_.upper_bound(addr);
+        if (it != buffers_.begin()) {
+            --it;
+            const uint64_t size = it->second.mapping->size();
+            const uint64_t off = addr - it->first;
+            if (off < size && bytes <= size - off) {
+                parent = it->second.region;
+                offset = off;
+            }
+        }
+    }
+    if (parent == 0) {
+        if (probePointer(ptr) == PointerKind::kCudaDevice) {
+            return fail(Code::kCuda,
+                        "tl_register: CUDA device memory is not supported by this version yet; "
+                        "use tl_alloc_host buffers");
+        }
+        return fail(Code::kInvalid,
+                    "tl_register: host memory must lie inside a buffer from tl_alloc_host");
+    }
+    ipc::RegisterMsg m{};
+    m.h = header(ipc::MsgType::kRegister);
+    m.kind = static_cast<uint32_t>(ipc::RegionKind::kHost);
+    m.parent = parent;
+    m.offset = offset;
+    m.bytes = bytes;
+    m.address = addr;
+    ipc::ReplyMsg reply{};
+    Code c = call(&m, sizeof(m), &reply, nullptr);
+    if (c != Code::kOk) {
+        return toStatus(c);
+    }
+    {
+        std::unique_lock lock(reg_mu_);
+        regions_[reply.value0] = LocalRegion{static_cast<unsigned char *>(ptr), bytes, parent};
+    }
+    *out = reply.value0;
+    return TL_OK;
+}
+
+tl_status Client::deregister(tl_region r) {
+    {
+        std::shared_lock lock(reg_mu_);
+        if (!regions_.count(r)) {
+            return fail(Code::kNotFound, "tl_deregister: no region " + std::to_string(r));
+        }
+    }
+    ipc::DeregisterMsg m{header(ipc::MsgType::kDeregister), r};
+    ipc::ReplyMsg reply{};
+    Code c = call(&m, sizeof(m), &reply, nullptr);
+    if (c != Code::kOk) {
+        return toStatus(c);
+    }
+    std::unique_lock lock(reg_mu_);
+    auto it = regions_.find(r);
+    if (it != regions_.end() && it->second.parent == 0) {
+        // A tl_alloc_host buffer: its ranges went with it at the sidecar; unmap it here too.
+        for (auto ri = regions_.begin(); ri != regions_.end();) {
+            ri = ri->second.parent == r ? regions_.erase(ri) : std::next(ri);
+        }
+        buffers_.erase(reinterpret_cast<uintptr_t>(it->second.base));
+    }
+    regions_.erase(r);
+    return TL_OK;
+}
+
+tl_status Client::expose(tl_region r, const char *name) {
+    if (!name || !*name || std::strlen(name) >= ipc::kRegionNameBytes) {
+        return fail(Code::kInvalid, "tl_expose: a name is 1-63 bytes");
+    }
+    ipc::ExposeMsg m{};
+    m.h = header(ipc::MsgType::kExpose);
+    m.region = r;
+    ipc::copyName(m.name, sizeof(m.name), name);
+    ipc::ReplyMsg reply{};
+    return toStatus(call(&m, sizeof(m), &reply, nullptr));
+}
+
+tl_status Client::lookup(const char *peer, const char *name, tl_remote *out, uint64_t *bytes) {
+    if (!peer || !*peer || std::strlen(peer) >= ipc::kPeerNameBytes || !name || !*name ||
+        std::strlen(name) >= ipc::kRegionNameBytes || !out) {
+        return fail(Code::kInvalid, "tl_lookup: peer and name are 1-63 bytes; out is required");
+    }
+    ipc::LookupMsg m{};
+    m.h = header(ipc::MsgType::kLookup);
+    ipc::copyName(m.peer, sizeof(m.peer), peer);
+    ipc::copyName(m.name, sizeof(m.name), name);
+    ipc::ReplyMsg reply{};
+    Code c = call(&m, sizeof(m), &reply, nullptr);
+    if (c != Code::kOk) {
+        return toStatus(c);
+    }
+    {
+        std::unique_lock lock(reg_mu_);
+        remotes_[reply.value0] = reply.value1;
+    }
+    *out = reply.value0;
+    if (bytes) {
+        *bytes = reply.value1;
+    }
+    return TL_OK;
+}
+
+tl_status Client::sidecarStatus(std::string *json) {
+    ipc::StatusMsg m{header(ipc::MsgType::kStatus), 0, 0};
+    ipc::ReplyMsg reply{};
+    return toStatus(call(&m, sizeof(m), &reply, nullptr, json));
+}
+
+tl_status Client::write(tl_region src, uint64_t src_off, tl_remote dst, uint64_t dst_off,
+                        uint64_t bytes, uint32_t imm, tl_ticket *out) {
+    if (!out || bytes == 0) {
+        return fail(Code::kInvalid, "tl_write: zero bytes or no ticket pointer");
+    }
+    {
+        // Wrong on its face fails here (DESIGN.md); the sidecar checks everything again.
+        std::shared_lock lock(reg_mu_);
+        auto s = regions_.find(src);
+        if (s == regions_.end()) {
+            return fail(Code::kInvalid, "tl_write: unknown source region " + std::to_string(src));
+        }
+        if (src_off > s->second.bytes || bytes > s->second.bytes - src_off) {
+            return fail(Code::kInvalid, "tl_write: source offset + bytes past the region's end");
+        }
+        auto d = remotes_.find(dst);
+        if (d == remotes_.end()) {
+            return fail(Code::kInvalid, "tl_write: unknown remote " + std::to_string(dst) +
+                                            " (not from tl_lookup)");
+        }
+        if (dst_off > d->second || bytes > d->second - dst_off) {
+            return fail(Code::kInvalid, "tl_write: target offset + bytes past the region's end");
+        }
+    }
+    ipc::Request r{};
+    r.op = static_cast<uint32_t>(ipc::Op::kWrite);
+    r.imm = imm;
+    r.src_region = src;
+    r.src_offset = src_off;
+    r.dst_remote = dst;
+    r.dst_offset = dst_off;
+    r.bytes = bytes;
+    return submit(r, out);
+}
+
+tl_status Client::nop(tl_ticket *out) {
+    if (!out) {
+        return fail(Code::kInvalid, "tl_nop: no ticket pointer");
+    }
+    ipc::Request r{};
+    r.op = static_cast<uint32_t>(ipc::Op::kNop);
+    return submit(r, out);
+}
+
+tl_status Client::submit(const ipc::Request &req, tl_ticket *out) {
+    std::lock_guard wlock(write_mu_);
+    ipc::Request r = req;
+    {
+        std::lock_guard lock(comp_mu_);
+        if (dead_.load(std::memory_order_acquire)) {
+            return fail(Code::kConnection, "sidecar connection lost: " + dead_reason_);
+        }
+        // At most `depth` tickets outstanding, so the sidecar's completion ring never has to
+        // hold more than it can.
+        if (tickets_.pending() >= depth_) {
+            drainLocked();
+            if (tickets_.pending() >= depth_) {
+                return fail(Code::kAgain, "tl_write: " + std::to_string(depth_) +
+                                              " writes outstanding; wait on a ticket first");
+            }
+        }
+        r.ticket = next_ticket_;
+        if (!requests_.push(r)) {
+            return fail(requests_.corrupt() ? Code::kConnection : Code::kAgain,
+                        "tl_write: request ring full");
+        }
+        ++next_ticket_;
+        tickets_.addPending(r.ticket);
+    }
+    requests_.publish();
+    // SYNC POINT: seq_cst fence between publishing the tail and reading sidecar_sleeping; pairs
+    // with the fence in the sidecar's armSleep() (Dekker): one of us sees the other.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (view_.header->sidecar_sleeping.value.load(std::memory_order_relaxed) != 0) {
+        ipc::ring(to_sidecar_.get());
+    }
+    *out = r.ticket;
+    return TL_OK;
+}
+
+void Client::drainLocked() {
+    uint32_t n = completions_.available();
+    for (uint32_t i = 0; i < n; ++i) {
+        ipc::Completion c = completions_.read(i);
+        tickets_.complete(c.ticket, static_cast<int32_t>(ipc::sanitizeCode(c.status)));
+    }
+    if (n) {
+        completions_.release(n);
+    }
+    n = notifications_.available();
+    for (uint32_t i = 0; i < n; ++i) {
+        ipc::Notification in = notifications_.read(i);
+        tl_notification out{};
+        out.region = in.region;
+        out.imm = in.imm;
+        out.offset = in.offset;
+        out.bytes = in.bytes;
+        std::memcpy(out.peer, in.peer, sizeof(out.peer));
+        out.peer[sizeof(out.peer) - 1] = '\0';
+        notes_.push_back(out);
+    }
+    if (n) {
+        notifications_.release(n);
+    }
+    if (completions_.corrupt() || notifications_.corrupt()) {
+        markDead("the completion rings are corrupted");
+    }
+}
+
+uint64_t Client::completionTail() const {
+    return view_.completion_ctl->tail.value.load(std::memory_order_acquire);
+}
+uint64_t Client::notificationTail() const {
+    return view_.notification_ctl->tail.value.load(std::memory_order_acquire);
+}
+
+bool Client::sidecarHungUp() {
+    pollfd p{sock_.get(), POLLRDHUP, 0};
+    return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLRDHUP | POLLERR));
+}
+
+void Client::markDead(const std::string &why) {
+    // Called with comp_mu_ held or from a control call; dead_ is atomic, the reason is written
+    // once before it is set.
+    if (!dead_.exchange(true)) {
+        dead_reason_ = why;
+    }
+}
+
+void Client::waitForActivity(std::chrono::steady_clock::time_point deadline, uint64_t comp_seen,
+                             uint64_t notif_seen) {
+    using Clock = std::chrono::steady_clock;
+    auto news = [&] { return completionTail() != comp_seen || notificationTail() != notif_seen; };
+    // Spin first (busy: until the deadline; adaptive: spin_us; event: not at all).
+    auto spin_until = Clock::now() + std::chrono::microseconds(spin_us_);
+    if (poll_mode_ == 0) {
+        spin_until = deadline;
+    }
+    uint32_t turns = 0;
+    while (poll_mode_ != 2 && Clock::now() < spin_until) {
+        if (news()) {
+            return;
+        }
+        if ((++turns & 0xfff) == 0 && sidecarHungUp()) {
+            return;
+        }
+    }
+    if (poll_mode_ == 0) {
+        return;
+    }
+    view_.header->client_waiting.value.store(1, std::memory_order_relaxed);
+    // SYNC POINT: seq_cst fence between raising client_waiting and re-reading the tails; pairs
+    // with the fence in the sidecar's Session::publish() (Dekker).
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (!news()) {
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+        int timeout = static_cast<int>(std::clamp<int64_t>(left.count() + 1, 0, 1000));
+        pollfd p[2] = {{to_client_.get(), POLLIN, 0}, {sock_.get(), POLLRDHUP, 0}};
+        ::poll(p, 2, timeout);
+        if (p[0].revents & POLLIN) {
+            ipc::drain(to_client_.get());
+        }
+    }
+    view_.header->client_waiting.value.store(0, std::memory_order_relaxed);
+}
+
+tl_status Client::wait(tl_ticket t, int timeout_ms) {
+    using Clock = std::chrono::steady_clock;
+    const auto deadline = timeout_ms < 0 ? Clock::time_point::max()
+                                         : Clock::now() + std::chrono::milliseconds(timeout_ms);
+    std::unique_lock lock(comp_mu_);
+    for (;;) {
+        drainLocked();
+        int32_t st = tickets_.state(t);
+        if (st == -2) {
+            return fail(Code::kNotFound, "tl_wait: unknown ticket " + std::to_string(t) +
+                                             " (never issued, or already waited for)");
+        }
+        if (st != TicketTable::kPending) {
+            tickets_.erase(t);
+            return st == 0 ? TL_OK
+                           : fail(static_cast<Code>(st), std::string("write failed: ") +
+                                                             ipc::codeName(static_cast<Code>(st)));
+        }
+        if (dead_.load(std::memory_order_acquire) || sidecarHungUp()) {
+            markDead(dead_reason_.empty() ? "the sidecar went away" : dead_reason_);
+            tickets_.failPending(static_cast<int32_t>(Code::kConnection));
+            continue;
+        }
+        if (Clock::now() >= deadline) {
+            return fail(Code::kTimedOut, "tl_wait: ticket " + std::to_string(t) + " pending");
+        }
+        if (polling_) {
+            comp_cv_.wait_until(lock,
+                                std::min(deadline, Clock::now() + std::chrono::milliseconds(100)));
+            continue;
+        }
+        polling_ = true;
+        uint64_t comp_seen = completions_.head();
+        uint64_t notif_seen = notifications_.head();
+        lock.unlock();
+        waitForActivity(deadline, comp_seen, notif_seen);
+        lock.lock();
+        polling_ = false;
+        comp_cv_.notify_all();
+    }
+}
+
+tl_status Client::test(tl_ticket t, int *done) {
+    if (!done) {
+        return fail(Code::kInvalid, "tl_test: done is NULL");
+    }
+    std::unique_lock lock(comp_mu_);
+    drainLocked();
+    int32_t st = tickets_.state(t);
+    if (st == -2) {
+        return fail(Code::kNotFound, "tl_test: unknown ticket " + std::to_string(t));
+    }
+    if (st == TicketTable::kPending) {
+        if (dead_.load(std::memory_order_acquire) || sidecarHungUp()) {
+            markDead("the sidecar went away");
+            tickets_.failPending(static_cast<int32_t>(Code::kConnection));
+            st = static_cast<int32_t>(Code::kConnection);
+        } else {
+            *done = 0;
+            return TL_OK;
+        }
+    }
+    tickets_.erase(t);
+    *done = 1;
+    return st == 0 ? TL_OK : fail(static_cast<Code>(st), "write failed");
+}
+
+tl_status Client::waitNotification(tl_notification *out, int timeout_ms) {
+    using Clock = std::chrono::steady_clock;
+    if (!out) {
+        return fail(Code::kInvalid, "tl_wait_notification: out is NULL");
+    }
+    const auto deadline = timeout_ms < 0 ? Clock::time_point::max()
+                                         : Clock::now() + std::chrono::milliseconds(timeout_ms);
+    std::unique_lock lock(comp_mu_);
+    for (;;) {
+        drainLocked();
+        if (!notes_.empty()) {
+            *out = notes_.front();
+            notes_.pop_front();
+            return TL_OK;
+        }
+        if (dead_.load(std::memory_order_acquire) || sidecarHungUp()) {
+            markDead("the sidecar went away");
+            return fail(Code::kConnection, "sidecar connection lost");
+        }
+        if (Clock::now() >= deadline) {
+            return fail(Code::kTimedOut, "tl_wait_notification: nothing arrived");
+        }
+        if (polling_) {
+            comp_cv_.wait_until(lock,
+                                std::min(deadline, Clock::now() + std::chrono::milliseconds(100)));
+            continue;
+        }
+        polling_ = true;
+        uint64_t comp_seen = completions_.head();
+        uint64_t notif_seen = notifications_.head();
+        lock.unlock();
+        waitForActivity(deadline, comp_seen, notif_seen);
+        lock.lock();
+        polling_ = false;
+        comp_cv_.notify_all();
+    }
+}
+
+}  // namespace tensorlane::shim

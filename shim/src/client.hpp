@@ -1,0 +1,118 @@
+// The shim's client: one connection to the sidecar, its mapped session segment, and the
+// process-private bookkeeping (tickets, notifications, regions) behind the C ABI.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+
+#include "tensorlane/ipc/control.hpp"
+#include "tensorlane/ipc/fd.hpp"
+#include "tensorlane/ipc/layout.hpp"
+#include "tensorlane/ipc/shm.hpp"
+#include "tensorlane/ipc/status.hpp"
+#include "tensorlane/tensorlane.h"
+#include "ticket_table.hpp"
+
+namespace tensorlane::shim {
+
+using ipc::Code;
+
+/// Sets this thread's tl_last_error and returns the code as a tl_status.
+tl_status fail(Code code, std::string message);
+inline tl_status toStatus(Code c) {
+    return static_cast<tl_status>(c);
+}
+
+class Client {
+public:
+    Client() = default;
+    ~Client();
+
+    Code connect(const std::string &path);
+    const std::string &nodeName() const { return node_name_; }
+
+    tl_status allocHost(size_t bytes, void **ptr, tl_region *out);
+    tl_status registerMemory(void *ptr, size_t bytes, tl_region *out);
+    tl_status deregister(tl_region r);
+    tl_status expose(tl_region r, const char *name);
+    tl_status lookup(const char *peer, const char *name, tl_remote *out, uint64_t *bytes);
+    tl_status write(tl_region src, uint64_t src_off, tl_remote dst, uint64_t dst_off,
+                    uint64_t bytes, uint32_t imm, tl_ticket *out);
+    tl_status nop(tl_ticket *out);
+    tl_status wait(tl_ticket t, int timeout_ms);
+    tl_status test(tl_ticket t, int *done);
+    tl_status waitNotification(tl_notification *out, int timeout_ms);
+    tl_status sidecarStatus(std::string *json);
+
+private:
+    struct LocalRegion {
+        unsigned char *base = nullptr;
+        uint64_t bytes = 0;
+        tl_region parent = 0;  ///< 0: a tl_alloc_host buffer itself
+    };
+    struct HostBuffer {
+        tl_region region = 0;
+        std::unique_ptr<ipc::Mapping> mapping;
+    };
+
+    /// One control call: send `msg`, wait for the reply with the same sequence number.
+    Code call(void *msg, size_t bytes, ipc::ReplyMsg *reply, ipc::UniqueFd *fd_out,
+              std::string *text_out = nullptr);
+    tl_status submit(const ipc::Request &r, tl_ticket *out);
+    /// Moves completions and notifications from the rings into private tables (comp_mu_ held).
+    void drainLocked();
+    /// Blocks until the rings may have news, the sidecar goes away, or `deadline` passes.
+    void waitForActivity(std::chrono::steady_clock::time_point deadline, uint64_t comp_seen,
+                         uint64_t notif_seen);
+    void markDead(const std::string &why);
+    bool sidecarHungUp();
+    uint64_t completionTail() const;
+    uint64_t notificationTail() const;
+
+    // The connection and the segment (set once by connect()).
+    ipc::UniqueFd sock_;
+    ipc::UniqueFd to_sidecar_;
+    ipc::UniqueFd to_client_;
+    ipc::Mapping segment_;
+    ipc::SegmentView view_;
+    std::string node_name_;
+    uint32_t poll_mode_ = 1;
+    uint32_t spin_us_ = 50;
+    uint32_t depth_ = 0;
+
+    // Producer side of the request ring.
+    std::mutex write_mu_;
+    ipc::RingProducer<ipc::Request> requests_;
+    uint64_t next_ticket_ = 1;
+
+    // Consumer side of the completion and notification rings.
+    std::mutex comp_mu_;
+    std::condition_variable comp_cv_;
+    bool polling_ = false;  ///< one thread sleeps on the doorbell, the others on comp_cv_
+    ipc::RingConsumer<ipc::Completion> completions_;
+    ipc::RingConsumer<ipc::Notification> notifications_;
+    TicketTable tickets_;
+    std::deque<tl_notification> notes_;
+    std::atomic<bool> dead_{false};
+    std::string dead_reason_;
+
+    // Control calls.
+    std::mutex ctl_mu_;
+    uint64_t ctl_seq_ = 1;
+
+    // Regions and remotes, for validating requests before they reach the ring.
+    mutable std::shared_mutex reg_mu_;
+    std::unordered_map<tl_region, LocalRegion> regions_;
+    std::map<uintptr_t, HostBuffer> buffers_;          ///< by base address
+    std::unordered_map<tl_remote, uint64_t> remotes_;  ///< handle → bytes
+};
+
+}  // namespace tensorlane::shim

@@ -1,0 +1,38 @@
+// The sidecar's engine: one progress loop that accepts clients, drains their request rings,
+// posts to transports, and routes completions and notifications back into client segments.
+// Only the engine thread writes into client segments.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "tensorlane/config/config.hpp"
+#include "tensorlane/sidecar/status.hpp"
+
+namespace tensorlane::sidecar {
+
+class EngineImpl;
+
+/// The daemon minus its command line, so tests can run it in-process.
+class Engine {
+public:
+    /// Builds an engine for `cfg` (nothing is opened yet).
+    static std::unique_ptr<Engine> create(const config::Config &cfg, Status *error);
+    ~Engine();
+
+    /// Listens on the client socket and the peer port. Fails if either cannot be opened.
+    Status start();
+    /// Runs the progress loop until stop() is called (from any thread or a signal handler).
+    void run();
+    /// Asks run() to return. Async-signal-safe.
+    void stop();
+    /// The resolved status as JSON text (what `tensorlane status --json` prints).
+    std::string statusJson() const;
+
+private:
+    explicit Engine(std::unique_ptr<EngineImpl> impl);
+    std::unique_ptr<EngineImpl> impl_;
+};
+
+}  // namespace tensorlane::sidecar

@@ -1,0 +1,442 @@
+#include "tensorlane/sidecar/engine.hpp"
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <sys/epoll.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "engine_impl.hpp"
+#include "tensorlane/ipc/doorbell.hpp"
+#include "tensorlane/ipc/socket.hpp"
+
+namespace tensorlane::sidecar {
+
+const char *toString(PeerState s) {
+    switch (s) {
+        case PeerState::kDown:
+            return "down";
+        case PeerState::kConnecting:
+            return "connecting";
+        case PeerState::kUp:
+            return "up";
+        case PeerState::kFailed:
+            return "failed";
+    }
+    return "unknown";
+}
+
+namespace {
+
+std::shared_ptr<spdlog::logger> engineLogger() {
+    auto log = spdlog::get("tensorlane.sidecar");
+    if (!log) {
+        log = spdlog::stderr_color_mt("tensorlane.sidecar");
+    }
+    return log;
+}
+
+int addToEpoll(int epfd, int fd, uint32_t events, uint64_t tag) {
+    epoll_event ev{};
+    ev.events = events;
+    ev.data.u64 = tag;
+    return ::epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) == 0 ? 0 : errno;
+}
+
+/// How long the loop sleeps at most when idle: bounds the latency of timers and of noticing a
+/// stop request even without a wake-up.
+constexpr int kIdleTickMs = 200;
+
+}  // namespace
+
+EngineImpl::EngineImpl(const config::Config &cfg) : cfg_(cfg), log_(engineLogger()) {}
+
+EngineImpl::~EngineImpl() {
+    // Sessions first (they reference regions), then transports, then the socket file.
+    sessions_.clear();
+    active_.clear();
+    if (peers_) {
+        peers_->stop();
+    }
+    peers_.reset();
+    local_.reset();
+    if (listen_) {
+        ::unlink(cfg_.node.socket.c_str());
+    }
+}
+
+Status EngineImpl::init() {
+    started_ = std::chrono::steady_clock::now();
+    epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
+    if (!epoll_) {
+        return {Code::kInternal, std::string("epoll_create1: ") + std::strerror(errno)};
+    }
+    if (int rc = ipc::makeEventFd(&stop_fd_)) {
+        return {Code::kInternal, std::string("eventfd: ") + std::strerror(rc)};
+    }
+    local_ = std::make_unique<LocalTransport>(regions_, cfg_.node.name);
+    if (!cfg_.peers.empty()) {
+        Status st;
+        peers_ = makePeerManager(cfg_, regions_, &st);
+        if (!peers_) {
+            return st;
+        }
+    }
+    return Status::ok();
+}
+
+Status EngineImpl::start() {
+    const std::string &path = cfg_.node.socket;
+    std::error_code ec;
+    std::filesystem::path dir = std::filesystem::path(path).parent_path();
+    if (!dir.empty() && !std::filesystem::exists(dir, ec)) {
+        std::filesystem::create_directories(dir, ec);
+        if (ec) {
+            return {Code::kInternal, "cannot create " + dir.string() + ": " + ec.message()};
+        }
+    }
+    if (int rc = ipc::listenSeqpacket(path, 0660, &listen_)) {
+        return {Code::kInternal, "cannot listen on " + path + ": " + std::strerror(rc)};
+    }
+    // Workers in an allowed group must be able to connect: give the socket that group.
+    if (!cfg_.security.allowed_gids.empty() &&
+        ::chown(path.c_str(), static_cast<uid_t>(-1), cfg_.security.allowed_gids.front()) != 0) {
+        log_->warn("cannot give {} to group {}: {}", path, cfg_.security.allowed_gids.front(),
+                   std::strerror(errno));
+    }
+    if (int rc = addToEpoll(epoll_.get(), listen_.get(), EPOLLIN, kTagListen);
+        rc || (rc = addToEpoll(epoll_.get(), stop_fd_.get(), EPOLLIN, kTagStop)) ||
+        (rc = addToEpoll(epoll_.get(), local_->wakeFd(), EPOLLIN, kTagLocal))) {
+        return {Code::kInternal, std::string("epoll_ctl: ") + std::strerror(rc)};
+    }
+    if (peers_) {
+        Status st = peers_->start();
+        if (!st.isOk()) {
+            return st;
+        }
+        if (int rc = addToEpoll(epoll_.get(), peers_->wakeFd(), EPOLLIN, kTagPeers)) {
+            return {Code::kInternal, std::string("epoll_ctl: ") + std::strerror(rc)};
+        }
+    }
+    log_->info("node {} serving workers on {} (poll mode {}, ring depth {}), {} peer(s)",
+               cfg_.node.name, path, config::toString(cfg_.ipc.poll_mode), cfg_.ipc.ring_depth,
+               cfg_.peers.size());
+    return Status::ok();
+}
+
+void EngineImpl::stop() {
+    stopping_.store(true, std::memory_order_release);
+    ipc::ring(stop_fd_.get());
+}
+
+size_t EngineImpl::pollEvents(int timeout_ms) {
+    epoll_event events[64];
+    int n = ::epoll_wait(epoll_.get(), events, 64, timeout_ms);
+    if (n <= 0) {
+        return 0;
+    }
+    size_t work = 0;
+    for (int i = 0; i < n; ++i) {
+        uint64_t tag = events[i].data.u64;
+        SessionId sid = tag & ~kTagMask;
+        switch (tag & kTagMask) {
+            case kTagListen:
+                acceptClients();
+                ++work;
+                break;
+            case kTagStop:
+                ipc::drain(stop_fd_.get());
+                break;
+            case kTagLocal:
+                break;  // progress() below drains it
+            case kTagPeers:
+                break;
+            case kTagBell:
+                if (Session *s = findSession(sid)) {
+                    ipc::drain(s->to_sidecar.get());
+                }
+                break;
+            case kTagSock:
+                if (Session *s = findSession(sid)) {
+                    if (events[i].events & EPOLLIN) {
+                        readControl(*s);
+                    }
+                    if (!s->closing && (events[i].events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR))) {
+                        closeSession(*s, "client hung up");
+                    }
+                    ++work;
+                }
+                break;
+            default:
+                break;
+        }
+    }
+    return work;
+}
+
+bool EngineImpl::armSleep() {
+    for (Session *s : active_) {
+        s->view.header->sidecar_sleeping.value.store(1, std::memory_order_relaxed);
+    }
+    // SYNC POINT: seq_cst fence between raising sidecar_sleeping and re-reading the request
+    // tails; the client publishes its tail, fences, then reads sidecar_sleeping (Dekker), so
+    // either we see its request here or it sees our flag and rings to_sidecar.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    for (Session *s : active_) {
+        if (s->requests.available() > 0 || s->requests.corrupt()) {
+            return false;
+        }
+    }
+    return true;
+}
+
+void EngineImpl::disarmSleep() {
+    for (Session *s : active_) {
+        s->view.header->sidecar_sleeping.value.store(0, std::memory_order_relaxed);
+    }
+}
+
+void EngineImpl::publishAll() {
+    for (Session *s : active_) {
+        if (s->completions.corrupt() || s->notifications.corrupt()) {
+            if (!s->closing) {
+                log_->warn("session {} (pid {}): completion ring cursors corrupted; closing it",
+                           s->id, s->cred.pid);
+                closeSession(*s, "completion rings corrupted by the client");
+            }
+            continue;
+        }
+        if (!s->completion_backlog.empty() || !s->notification_backlog.empty()) {
+            s->flushBacklog();
+        }
+        s->publish();
+    }
+}
+
+void EngineImpl::run() {
+    running_ = true;
+    using Clock = std::chrono::steady_clock;
+    const auto spin = std::chrono::microseconds(cfg_.ipc.spin_us);
+    const auto mode = cfg_.ipc.poll_mode;
+    auto last_work = Clock::now();
+    uint32_t iteration = 0;
+    while (!stopping_.load(std::memory_order_acquire)) {
+        size_t work = 0;
+        bool sleep = false;
+        if (mode != config::PollMode::kBusy) {
+            bool idle_long = mode == config::PollMode::kEvent || Clock::now() - last_work >= spin;
+            if (idle_long && local_->inFlight() == 0) {
+                sleep = armSleep();
+                if (!sleep) {
+                    disarmSleep();
+                }
+            }
+        }
+        if (sleep) {
+            work += pollEvents(kIdleTickMs);
+            disarmSleep();
+        } else if ((++iteration & 63) == 0 || mode != config::PollMode::kBusy) {
+            // Busy loops look at sockets every 64 turns: control calls are rare, requests not.
+            work += pollEvents(0);
+        }
+        work += drainRequests();
+        work += local_->progress(*this);
+        if (peers_) {
+            work += peers_->progress(*this);
+        }
+        publishAll();
+        if (!to_reap_.empty()) {
+            reapSessions();
+        }
+        if (work) {
+            last_work = Clock::now();
+        }
+    }
+    running_ = false;
+}
+
+void EngineImpl::closeSession(Session &s, std::string reason) {
+    if (s.closing) {
+        return;
+    }
+    s.closing = true;
+    s.close_reason = std::move(reason);
+    to_reap_.push_back(s.id);
+}
+
+void EngineImpl::reapSessions() {
+    std::vector<SessionId> ids;
+    ids.swap(to_reap_);
+    for (SessionId id : ids) {
+        destroySession(id);
+    }
+}
+
+void EngineImpl::destroySession(SessionId id) {
+    auto it = sessions_.find(id);
+    if (it == sessions_.end()) {
+        return;
+    }
+    Session &s = *it->second;
+    size_t released = 0;
+    for (auto &r : regions_.ofSession(id)) {
+        releaseRegion(r);
+        ++released;
+    }
+    log_->info(
+        "session {} (pid {}, uid {}) closed: {}; released {} region(s), {} request(s) in "
+        "flight",
+        id, s.cred.pid, s.cred.uid, s.close_reason, released, s.in_flight);
+    active_.erase(std::remove(active_.begin(), active_.end(), &s), active_.end());
+    // Closing the fds removes them from epoll; the segment mapping goes with the session.
+    // Writes still in flight keep their regions alive; their completions find no session.
+    sessions_.erase(it);
+}
+
+void EngineImpl::releaseRegion(const std::shared_ptr<Region> &r) {
+    bool was_exposed = !r->exposed_name.empty();
+    if (!regions_.remove(r->id)) {
+        return;  // already released (a range released with its buffer)
+    }
+    if (was_exposed && peers_) {
+        peers_->regionRevoked(r->id);
+    }
+    // Ranges registered inside a host buffer go with it.
+    if (r->parent == 0) {
+        for (auto &child : regions_.ofSession(r->owner)) {
+            if (child->parent == r->id) {
+                releaseRegion(child);
+            }
+        }
+    }
+}
+
+void EngineImpl::completed(uint64_t op_id, Code status, std::string_view reason) {
+    auto it = ops_.find(op_id);
+    if (it == ops_.end()) {
+        return;
+    }
+    PendingOp op = it->second;
+    ops_.erase(it);
+    Session *s = findSession(op.session);
+    if (!s) {
+        return;  // the writer is gone; nothing to tell
+    }
+    --s->in_flight;
+    if (status == Code::kOk) {
+        s->counters.bytes_written += op.bytes;
+    } else {
+        log_->debug("session {} ticket {} failed: {} ({})", s->id, op.ticket, ipc::codeName(status),
+                    reason);
+    }
+    if (!s->complete(op.ticket, status, op.bytes)) {
+        closeSession(*s, "client does not drain its completion ring");
+    }
+}
+
+void EngineImpl::arrived(RegionId region, uint32_t imm, uint64_t offset, uint64_t bytes,
+                         std::string_view peer_name) {
+    auto r = regions_.find(region);
+    Session *s = r ? findSession(r->owner) : nullptr;
+    if (!s || s->closing) {
+        ++counters_.notifications_dropped;
+        return;
+    }
+    ipc::Notification n{};
+    n.region = region;
+    n.offset = offset;
+    n.bytes = bytes;
+    n.imm = imm;
+    std::string name(peer_name.substr(0, ipc::kPeerNameBytes - 1));
+    std::memcpy(n.peer, name.data(), name.size());
+    ++counters_.notifications;
+    if (!s->notify(n)) {
+        closeSession(*s, "client does not drain its notification ring");
+    }
+}
+
+void EngineImpl::peerState(PeerId peer, PeerState state, std::string_view reason) {
+    std::string name = peers_ ? peers_->peerName(peer) : std::to_string(peer);
+    if (state == PeerState::kFailed) {
+        log_->warn("peer {} failed: {}", name, reason);
+    } else {
+        log_->info("peer {} is {}{}{}", name, toString(state), reason.empty() ? "" : ": ", reason);
+    }
+}
+
+std::string EngineImpl::statusJson() const {
+    using nlohmann::json;
+    json j;
+    j["node"] = cfg_.node.name;
+    j["socket"] = cfg_.node.socket;
+    j["poll_mode"] = config::toString(cfg_.ipc.poll_mode);
+    j["uptime_s"] =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+    json clients = json::array();
+    for (const auto &[id, s] : sessions_) {
+        clients.push_back({{"session", id},
+                           {"pid", s->cred.pid},
+                           {"uid", s->cred.uid},
+                           {"regions", regions_.ofSession(id).size()},
+                           {"requests", s->counters.requests},
+                           {"completions", s->counters.completions},
+                           {"notifications", s->counters.notifications},
+                           {"rejected", s->counters.rejected},
+                           {"bytes_written", s->counters.bytes_written},
+                           {"in_flight", s->in_flight}});
+    }
+    j["clients"] = clients;
+    j["regions"] = regions_.size();
+    j["registered_bytes"] = regions_.registeredBytes();
+    j["counters"] = {{"sessions_accepted", counters_.sessions_accepted},
+                     {"sessions_refused", counters_.sessions_refused},
+                     {"writes_local", counters_.writes_local},
+                     {"writes_remote", counters_.writes_remote},
+                     {"requests_rejected", counters_.requests_rejected},
+                     {"notifications", counters_.notifications},
+                     {"notifications_dropped", counters_.notifications_dropped}};
+    json peers = json::array();
+    if (peers_) {
+        json pj = json::parse(peers_->statusJson(), nullptr, false);
+        if (pj.is_object() && pj.contains("peers")) {
+            peers = pj["peers"];
+        }
+    }
+    j["peers"] = peers;
+    return j.dump(2);
+}
+
+// ---- Engine (the public face) ----
+
+Engine::Engine(std::unique_ptr<EngineImpl> impl) : impl_(std::move(impl)) {}
+Engine::~Engine() = default;
+
+std::unique_ptr<Engine> Engine::create(const config::Config &cfg, Status *error) {
+    auto impl = std::make_unique<EngineImpl>(cfg);
+    Status st = impl->init();
+    if (!st.isOk()) {
+        *error = st;
+        return nullptr;
+    }
+    return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
+Status Engine::start() {
+    return impl_->start();
+}
+void Engine::run() {
+    impl_->run();
+}
+void Engine::stop() {
+    impl_->stop();
+}
+std::string Engine::statusJson() const {
+    return impl_->statusJson();
+}
+
+}  // namespace tensorlane::sidecar

@@ -1,0 +1,128 @@
+// The engine's internals, shared by engine.cpp (the loop), control.cpp (the client socket
+// protocol) and requests.cpp (the request path).
+#pragma once
+
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "session.hpp"
+#include "tensorlane/config/config.hpp"
+#include "tensorlane/ipc/control.hpp"
+#include "tensorlane/ipc/fd.hpp"
+#include "tensorlane/sidecar/peers.hpp"
+#include "tensorlane/sidecar/region.hpp"
+#include "tensorlane/sidecar/status.hpp"
+#include "tensorlane/sidecar/transport.hpp"
+#include "transport/local/local_transport.hpp"
+
+namespace tensorlane::sidecar {
+
+class EngineImpl final : public EventSink {
+public:
+    explicit EngineImpl(const config::Config &cfg);
+    ~EngineImpl() override;
+
+    Status init();
+    Status start();
+    void run();
+    void stop();
+    std::string statusJson() const;
+
+    // EventSink: transports report here, on the engine thread.
+    void completed(uint64_t op_id, Code status, std::string_view reason) override;
+    void arrived(RegionId region, uint32_t imm, uint64_t offset, uint64_t bytes,
+                 std::string_view peer_name) override;
+    void peerState(PeerId peer, PeerState state, std::string_view reason) override;
+
+private:
+    // Epoll tags: the kind in the top byte, a session id below.
+    enum Tag : uint64_t {
+        kTagListen = 1ull << 56,
+        kTagStop = 2ull << 56,
+        kTagLocal = 3ull << 56,
+        kTagPeers = 4ull << 56,
+        kTagSock = 5ull << 56,
+        kTagBell = 6ull << 56,
+    };
+    static constexpr uint64_t kTagMask = 0xffull << 56;
+
+    // engine.cpp
+    size_t pollEvents(int timeout_ms);
+    bool armSleep();
+    void disarmSleep();
+    void publishAll();
+    void reapSessions();
+    void closeSession(Session &s, std::string reason);
+    void destroySession(SessionId id);
+
+    // control.cpp
+    void acceptClients();
+    bool allowed(const ipc::PeerCred &cred) const;
+    void refuse(int fd, Code code, const std::string &why);
+    void readControl(Session &s);
+    void handleControl(Session &s, const unsigned char *msg, size_t bytes, ipc::UniqueFd *fds,
+                       size_t nfds);
+    void reply(Session &s, uint64_t seq, Code status, uint64_t v0, uint64_t v1,
+               const std::string &error, int fd = -1);
+    void onAllocHost(Session &s, const ipc::AllocHostMsg &m);
+    void onRegister(Session &s, const ipc::RegisterMsg &m);
+    void onDeregister(Session &s, const ipc::DeregisterMsg &m);
+    void onExpose(Session &s, const ipc::ExposeMsg &m);
+    void onLookup(Session &s, const ipc::LookupMsg &m);
+    void onStatus(Session &s, const ipc::StatusMsg &m);
+    void releaseRegion(const std::shared_ptr<Region> &r);
+
+    // requests.cpp
+    size_t drainRequests();
+    /// Handles one copied-out request. False: the transport is full, retry this entry later.
+    bool handleRequest(Session &s, const ipc::Request &r);
+    void reject(Session &s, const ipc::Request &r, Code code, const char *why);
+
+    Session *findSession(SessionId id) {
+        auto it = sessions_.find(id);
+        return it == sessions_.end() ? nullptr : it->second.get();
+    }
+
+    struct PendingOp {
+        SessionId session;
+        uint64_t ticket;
+        uint64_t bytes;
+    };
+
+    struct Counters {
+        uint64_t sessions_accepted = 0;
+        uint64_t sessions_refused = 0;
+        uint64_t writes_local = 0;
+        uint64_t writes_remote = 0;
+        uint64_t requests_rejected = 0;
+        uint64_t notifications = 0;
+        uint64_t notifications_dropped = 0;
+    };
+
+    config::Config cfg_;
+    std::shared_ptr<spdlog::logger> log_;
+    std::chrono::steady_clock::time_point started_;
+    RegionTable regions_;
+    std::unique_ptr<LocalTransport> local_;
+    std::unique_ptr<PeerManager> peers_;
+    ipc::UniqueFd epoll_;
+    ipc::UniqueFd listen_;
+    ipc::UniqueFd stop_fd_;
+    std::atomic<bool> stopping_{false};
+    bool running_ = false;
+    std::unordered_map<SessionId, std::unique_ptr<Session>> sessions_;
+    std::vector<Session *> active_;  ///< iteration order for the request path
+    std::vector<SessionId> to_reap_;
+    std::unordered_map<uint64_t, PendingOp> ops_;
+    SessionId next_session_ = 1;
+    uint64_t next_op_ = 1;
+    Counters counters_;
+};
+
+}  // namespace tensorlane::sidecar

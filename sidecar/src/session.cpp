@@ -1,0 +1,65 @@
+#include "session.hpp"
+
+#include <atomic>
+
+#include "tensorlane/ipc/doorbell.hpp"
+
+namespace tensorlane::sidecar {
+
+bool Session::complete(uint64_t ticket, Code status, uint64_t bytes) {
+    ipc::Completion c{ticket, static_cast<int32_t>(status), 0, bytes, 0};
+    ++counters.completions;
+    published = true;
+    if (completion_backlog.empty() && completions.push(c)) {
+        return true;
+    }
+    completion_backlog.push_back(c);
+    return completion_backlog.size() <= kMaxBacklog;
+}
+
+bool Session::notify(const ipc::Notification &n) {
+    ++counters.notifications;
+    published = true;
+    if (notification_backlog.empty() && notifications.push(n)) {
+        return true;
+    }
+    notification_backlog.push_back(n);
+    return notification_backlog.size() <= kMaxBacklog;
+}
+
+size_t Session::flushBacklog() {
+    size_t moved = 0;
+    while (!completion_backlog.empty() && completions.push(completion_backlog.front())) {
+        completion_backlog.pop_front();
+        ++moved;
+    }
+    while (!notification_backlog.empty() && notifications.push(notification_backlog.front())) {
+        notification_backlog.pop_front();
+        ++moved;
+    }
+    if (moved) {
+        published = true;
+    }
+    return moved;
+}
+
+void Session::publish() {
+    if (!published) {
+        return;
+    }
+    published = false;
+    completions.publish();
+    notifications.publish();
+    // A client that scribbles on the heads it owns is caught here, once per batch.
+    completions.check();
+    notifications.check();
+    // SYNC POINT: seq_cst fence between publishing the tails and reading client_waiting; the
+    // client stores client_waiting, fences, then re-reads the tails before sleeping (Dekker),
+    // so either it sees our entries or we see its flag and ring it.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (view.header->client_waiting.value.load(std::memory_order_relaxed) != 0) {
+        ipc::ring(to_client.get());
+    }
+}
+
+}  // namespace tensorlane::sidecar

@@ -1,0 +1,69 @@
+// One connected client: its socket, its shared-memory segment with the three rings, its
+// doorbells, and what it has looked up. Owned by the engine; only the engine thread touches it.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <unordered_map>
+
+#include "tensorlane/ipc/fd.hpp"
+#include "tensorlane/ipc/layout.hpp"
+#include "tensorlane/ipc/shm.hpp"
+#include "tensorlane/ipc/socket.hpp"
+#include "tensorlane/sidecar/region.hpp"
+#include "tensorlane/sidecar/transport.hpp"
+
+namespace tensorlane::sidecar {
+
+/// A region of a peer (or of this node) that a client looked up; tl_remote indexes these.
+struct RemoteRef {
+    PeerId peer = kLocalPeer;
+    RegionId region = 0;
+    uint64_t bytes = 0;
+};
+
+struct SessionCounters {
+    uint64_t requests = 0;
+    uint64_t completions = 0;
+    uint64_t notifications = 0;
+    uint64_t rejected = 0;
+    uint64_t bytes_written = 0;
+};
+
+struct Session {
+    SessionId id = 0;
+    ipc::PeerCred cred;
+    ipc::UniqueFd sock;
+    ipc::UniqueFd to_sidecar;  ///< the client rings it after publishing requests
+    ipc::UniqueFd to_client;   ///< we ring it after publishing completions/notifications
+    ipc::SharedSegment segment;
+    ipc::SegmentView view;
+    ipc::RingConsumer<ipc::Request> requests;
+    ipc::RingProducer<ipc::Completion> completions;
+    ipc::RingProducer<ipc::Notification> notifications;
+    /// Entries that did not fit in the client's rings (a slow client); bounded.
+    std::deque<ipc::Completion> completion_backlog;
+    std::deque<ipc::Notification> notification_backlog;
+    std::unordered_map<uint64_t, RemoteRef> remotes;
+    uint64_t next_remote = 1;
+    uint64_t in_flight = 0;  ///< accepted requests not yet completed
+    bool published = false;  ///< rings advanced since the last doorbell check
+    bool closing = false;
+    std::string close_reason;
+    SessionCounters counters;
+
+    /// Writes a completion (or backlogs it). False when the backlog bound is exceeded.
+    bool complete(uint64_t ticket, Code status, uint64_t bytes);
+    /// Writes a notification (or backlogs it). False when the backlog bound is exceeded.
+    bool notify(const ipc::Notification &n);
+    /// Moves backlog into the rings as space allows; publishes; returns entries moved.
+    size_t flushBacklog();
+    /// Publishes rings and rings the client's doorbell if it sleeps.
+    void publish();
+
+    /// Most entries kept for a client that does not drain its rings, per ring.
+    static constexpr size_t kMaxBacklog = 1u << 20;
+};
+
+}  // namespace tensorlane::sidecar

@@ -1,0 +1,245 @@
+// Test harness: a real tensorlane-sidecar process with a generated config, and forked client
+// processes. Integration tests use only this, the shim's C ABI, and raw ipc for hostile clients.
+#pragma once
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tensorlane/tensorlane.h"
+
+namespace tltest {
+
+/// A fresh directory under /tmp, removed with its files at destruction.
+class TempDir {
+public:
+    TempDir() {
+        char tmpl[] = "/tmp/tensorlane-test-XXXXXX";
+        path_ = ::mkdtemp(tmpl);
+        ::chmod(path_.c_str(), 0755);
+    }
+    ~TempDir() {
+        std::string cmd = "rm -rf '" + path_ + "'";
+        [[maybe_unused]] int rc = std::system(cmd.c_str());
+    }
+    const std::string &path() const { return path_; }
+    std::string file(const std::string &name) const { return path_ + "/" + name; }
+
+private:
+    std::string path_;
+};
+
+inline void writeFile(const std::string &path, const std::string &text, mode_t mode = 0644) {
+    std::ofstream(path) << text;
+    ::chmod(path.c_str(), mode);
+}
+
+/// Counts entries in a directory (/proc/PID/fd, /dev/shm), -1 if unreadable.
+inline int countEntries(const std::string &dir, const std::string &prefix = "") {
+    DIR *d = ::opendir(dir.c_str());
+    if (!d) {
+        return -1;
+    }
+    int n = 0;
+    while (dirent *e = ::readdir(d)) {
+        std::string name = e->d_name;
+        if (name == "." || name == "..") {
+            continue;
+        }
+        if (prefix.empty() || name.rfind(prefix, 0) == 0) {
+            ++n;
+        }
+    }
+    ::closedir(d);
+    return n;
+}
+
+/// Lines in /proc/PID/maps that map shared memory (/dev/shm or SYSV-style shm files).
+inline int countShmMappings(pid_t pid) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/maps");
+    std::string line;
+    int n = 0;
+    while (std::getline(in, line)) {
+        if (line.find("/dev/shm/") != std::string::npos ||
+            line.find("tensorlane-") != std::string::npos) {
+            ++n;
+        }
+    }
+    return n;
+}
+
+/// Polls `cond` every 10 ms until it holds or `timeout` passes.
+inline bool eventually(const std::function<bool()> &cond,
+                       std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
+    auto end = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < end) {
+        if (cond()) {
+            return true;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return cond();
+}
+
+struct SidecarOptions {
+    std::string name = "node-a";
+    std::string poll_mode = "adaptive";
+    uint32_t ring_depth = 256;
+    std::string extra_security;  ///< extra lines for [security]
+    std::string extra;           ///< extra TOML appended at the end
+};
+
+/// One tensorlane-sidecar process, started in the constructor and stopped in the destructor.
+class Sidecar {
+public:
+    explicit Sidecar(SidecarOptions opts = {}) : opts_(std::move(opts)) {
+        socket_ = dir_.file("sidecar.sock");
+        key_ = dir_.file("peer.key");
+        writeFile(key_, "0123456789abcdef0123456789abcdef\n", 0600);
+        config_ = dir_.file("sidecar.toml");
+        writeFile(config_, toml());
+        start();
+    }
+    ~Sidecar() { kill(SIGTERM); }
+    Sidecar(const Sidecar &) = delete;
+    Sidecar &operator=(const Sidecar &) = delete;
+
+    std::string toml() const {
+        return "[node]\nname = \"" + opts_.name + "\"\nlisten = \"127.0.0.1:18515\"\nsocket = \"" +
+               socket_ + "\"\n[ipc]\nring_depth = " + std::to_string(opts_.ring_depth) +
+               "\npoll_mode = \"" + opts_.poll_mode + "\"\n[security]\npeer_key_file = \"" + key_ +
+               "\"\n" + opts_.extra_security + "\n" + opts_.extra + "\n";
+    }
+
+    void start() {
+        pid_ = ::fork();
+        if (pid_ == 0) {
+            std::string log = dir_.file("sidecar.log");
+            int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+            ::dup2(fd, 2);
+            ::execl(TENSORLANE_SIDECAR_BIN, "tensorlane-sidecar", "--config", config_.c_str(),
+                    "--log-level", "debug", static_cast<char *>(nullptr));
+            ::_exit(127);
+        }
+        ready_ = eventually([&] {
+            tl_client *c = nullptr;
+            if (tl_connect(socket_.c_str(), &c) == TL_OK) {
+                tl_disconnect(c);
+                return true;
+            }
+            int status;
+            return ::waitpid(pid_, &status, WNOHANG) == pid_;  // died: give up
+        });
+    }
+
+    /// Sends `sig` and reaps the process.
+    void kill(int sig) {
+        if (pid_ > 0) {
+            ::kill(pid_, sig);
+            int status;
+            ::waitpid(pid_, &status, 0);
+            pid_ = -1;
+        }
+    }
+    bool alive() const { return pid_ > 0 && ::kill(pid_, 0) == 0; }
+    bool ready() const { return ready_; }
+    pid_t pid() const { return pid_; }
+    const std::string &socket() const { return socket_; }
+    const std::string &dir() const { return dir_.path(); }
+    std::string log() const {
+        std::ifstream in(dir_.file("sidecar.log"));
+        return std::string(std::istreambuf_iterator<char>(in), {});
+    }
+    int openFds() const { return countEntries("/proc/" + std::to_string(pid_) + "/fd"); }
+    int shmMappings() const { return countShmMappings(pid_); }
+
+private:
+    SidecarOptions opts_;
+    TempDir dir_;
+    std::string socket_;
+    std::string key_;
+    std::string config_;
+    pid_t pid_ = -1;
+    bool ready_ = false;
+};
+
+/// Runs `fn` in a forked child; its return value is the child's exit status.
+inline pid_t forkClient(const std::function<int()> &fn) {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+        int rc = 99;
+        try {
+            rc = fn();
+        } catch (...) {
+            rc = 98;
+        }
+        ::_exit(rc);
+    }
+    return pid;
+}
+
+/// Waits for a child; its exit status, or 128 + signal.
+inline int waitChild(pid_t pid) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/// Bytes that are never all zero: a deterministic pattern from a seed.
+inline void fillRandom(void *p, size_t n, uint64_t seed) {
+    std::mt19937_64 rng(seed * 0x9e3779b97f4a7c15ull + 1);
+    auto *b = static_cast<unsigned char *>(p);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t v = rng() | 1;  // never a zero word
+        std::memcpy(b + i, &v, 8);
+    }
+    for (; i < n; ++i) {
+        b[i] = static_cast<unsigned char>(rng() | 1);
+    }
+}
+
+/// Retries tl_lookup until the name appears (another process exposes it) or time runs out.
+inline tl_status lookupEventually(tl_client *c, const char *peer, const char *name, tl_remote *out,
+                                  uint64_t *bytes,
+                                  std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+    auto end = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+        tl_status s = tl_lookup(c, peer, name, out, bytes);
+        if (s != TL_ENOENT || std::chrono::steady_clock::now() > end) {
+            return s;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+}
+
+/// How many clients the sidecar serves now, from its status (counts "session" keys).
+inline int clientCount(tl_client *c) {
+    std::string buf(1 << 16, '\0');
+    size_t len = 0;
+    if (tl_sidecar_status(c, buf.data(), buf.size(), &len) != TL_OK) {
+        return -1;
+    }
+    int n = 0;
+    for (size_t pos = 0; (pos = buf.find("\"session\"", pos)) != std::string::npos; ++pos) {
+        ++n;
+    }
+    return n;
+}
+
+}  // namespace tltest

@@ -1,0 +1,339 @@
+// A sidecar facing dead, refused and hostile clients, and clients facing a dead sidecar.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/mman.h>
+
+#include <thread>
+
+#include "harness.hpp"
+#include "tensorlane/ipc/control.hpp"
+#include "tensorlane/ipc/layout.hpp"
+#include "tensorlane/ipc/shm.hpp"
+#include "tensorlane/ipc/socket.hpp"
+#include "tensorlane/tensorlane.hpp"
+
+using namespace tltest;
+namespace ipc = tensorlane::ipc;
+
+namespace {
+
+/// A client that speaks the protocol by hand, so it can lie.
+struct RawClient {
+    ipc::UniqueFd sock, to_sidecar, to_client;
+    ipc::Mapping seg;
+    ipc::SegmentView view;
+    ipc::SegmentGeometry geometry;
+    int32_t hello_status = -1;
+
+    bool connect(const std::string &path) {
+        if (ipc::connectSeqpacket(path, &sock)) {
+            return false;
+        }
+        ipc::HelloMsg hello{};
+        ipc::UniqueFd fds[ipc::kMaxFdsPerMessage];
+        size_t bytes = 0, nfds = 0;
+        if (ipc::receiveMessage(sock.get(), &hello, sizeof(hello), &bytes, fds, &nfds)) {
+            return false;
+        }
+        hello_status = hello.status;
+        if (hello.status != 0 || nfds != 3) {
+            return false;
+        }
+        if (ipc::mapSegment(fds[0].get(), hello.segment_bytes, &seg) ||
+            !ipc::validateSegment(seg.data(), seg.size(), &geometry)) {
+            return false;
+        }
+        view = ipc::SegmentView::at(seg.data(), geometry);
+        to_sidecar = std::move(fds[1]);
+        to_client = std::move(fds[2]);
+        return true;
+    }
+    void doorbell() {
+        uint64_t one = 1;
+        [[maybe_unused]] ssize_t n = ::write(to_sidecar.get(), &one, sizeof(one));
+    }
+    /// True once the sidecar has closed our socket.
+    bool hungUp(int timeout_ms) {
+        pollfd p{sock.get(), POLLRDHUP, 0};
+        return ::poll(&p, 1, timeout_ms) > 0 && (p.revents & (POLLHUP | POLLRDHUP));
+    }
+};
+
+/// A client doing a verified local round trip; true on success.
+bool healthyRoundTrip(const std::string &sock, uint64_t seed) {
+    auto c = tensorlane::Client::connect(sock);
+    if (!c.ok()) {
+        return false;
+    }
+    auto src = c->allocHost(1 << 16);
+    auto dst = c->allocHost(1 << 16);
+    std::string name = "healthy-" + std::to_string(seed);
+    if (!src.ok() || !dst.ok() || !dst->expose(name).ok()) {
+        return false;
+    }
+    auto remote = c->lookup(c->nodeName(), name);
+    if (!remote.ok()) {
+        return false;
+    }
+    fillRandom(src->data(), 1 << 16, seed);
+    auto t = c->write(*src, 0, *remote, 0, 1 << 16, 42);
+    if (!t.ok() || t->wait(std::chrono::seconds(5)) != TL_OK) {
+        return false;
+    }
+    auto n = c->waitNotification(std::chrono::seconds(5));
+    return n.ok() && n->imm == 42 && std::memcmp(src->data(), dst->data(), 1 << 16) == 0;
+}
+
+}  // namespace
+
+TEST(DeadClient, KilledClientReleasesEverything) {
+    Sidecar sc;
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    // A long-lived client that must carry on.
+    auto keeper = tensorlane::Client::connect(sc.socket());
+    ASSERT_TRUE(keeper.ok());
+    auto inbox = keeper->allocHost(64 << 20);
+    ASSERT_TRUE(inbox.ok());
+    ASSERT_TRUE(inbox->expose("inbox").ok());
+    // The harness's readiness probe must be gone before the baseline: only the keeper remains.
+    ASSERT_TRUE(eventually([&] { return clientCount(keeper->get()) == 1; }));
+    const int fds_before = sc.openFds();
+    const int maps_before = sc.shmMappings();
+    const int shm_before = countEntries("/dev/shm", "tensorlane-");
+
+    int ready[2];
+    ASSERT_EQ(::pipe(ready), 0);
+    pid_t victim = forkClient([&]() -> int {
+        tl_client *c = nullptr;
+        if (tl_connect(sc.socket().c_str(), &c) != TL_OK) {
+            return 1;
+        }
+        void *p = nullptr;
+        tl_region r = 0, r2 = 0;
+        void *p2 = nullptr;
+        if (tl_alloc_host(c, 64 << 20, &p, &r) != TL_OK ||
+            tl_alloc_host(c, 4 << 20, &p2, &r2) != TL_OK || tl_expose(c, r2, "victim") != TL_OK) {
+            return 2;
+        }
+        fillRandom(p, 64 << 20, 3);
+        tl_remote dst = 0;
+        if (tl_lookup(c, tl_node_name(c), "inbox", &dst, nullptr) != TL_OK) {
+            return 3;
+        }
+        bool signalled = false;
+        for (;;) {  // writes in flight until we are killed
+            tl_ticket t = 0;
+            for (int i = 0; i < 32; ++i) {
+                if (tl_write(c, r, 0, dst, 0, 64 << 20, i, &t) != TL_OK) {
+                    break;
+                }
+            }
+            if (!signalled) {
+                [[maybe_unused]] ssize_t n = ::write(ready[1], "x", 1);
+                signalled = true;
+            }
+            (void)tl_wait(c, t, 1000);
+        }
+    });
+    char x;
+    ASSERT_EQ(::read(ready[0], &x, 1), 1);
+    EXPECT_GT(sc.shmMappings(), maps_before);  // the victim's buffers are mapped
+    ::kill(victim, SIGKILL);
+    EXPECT_EQ(waitChild(victim), 128 + SIGKILL);
+    ::close(ready[0]);
+    ::close(ready[1]);
+
+    EXPECT_TRUE(eventually([&] { return clientCount(keeper->get()) == 1; }));
+    EXPECT_TRUE(eventually([&] { return sc.openFds() == fds_before; }))
+        << sc.openFds() << " fds vs " << fds_before;
+    EXPECT_TRUE(eventually([&] { return sc.shmMappings() == maps_before; }))
+        << sc.shmMappings() << " shm mappings vs " << maps_before;
+    EXPECT_EQ(countEntries("/dev/shm", "tensorlane-"), shm_before);
+    EXPECT_TRUE(sc.alive());
+    EXPECT_NE(sc.log().find("client hung up"), std::string::npos);
+    // The victim's exposed region is gone; the keeper carries on.
+    tl_remote r = 0;
+    EXPECT_EQ(tl_lookup(keeper->get(), keeper->nodeName().c_str(), "victim", &r, nullptr),
+              TL_ENOENT);
+    EXPECT_TRUE(healthyRoundTrip(sc.socket(), 11));
+}
+
+TEST(Credentials, UidNotAllowedIsRefusedWithEperm) {
+    if (::geteuid() != 0) {
+        GTEST_SKIP() << "needs root to run a client as another uid";
+    }
+    Sidecar sc;
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    // Let anyone reach the socket so the refusal comes from the credential check.
+    ASSERT_EQ(::chmod(sc.socket().c_str(), 0666), 0);
+    pid_t p = forkClient([&]() -> int {
+        if (::setgid(65534) != 0 || ::setuid(65534) != 0) {
+            return 50;
+        }
+        tl_client *c = nullptr;
+        tl_status s = tl_connect(sc.socket().c_str(), &c);
+        if (s != TL_EPERM) {
+            return 1;
+        }
+        return std::string(tl_last_error()).find("not allowed") != std::string::npos ? 0 : 2;
+    });
+    EXPECT_EQ(waitChild(p), 0);
+    EXPECT_NE(sc.log().find("refused pid"), std::string::npos);
+    EXPECT_TRUE(healthyRoundTrip(sc.socket(), 1));
+}
+
+TEST(Credentials, AllowedUidIsServed) {
+    if (::geteuid() != 0) {
+        GTEST_SKIP() << "needs root to run a client as another uid";
+    }
+    Sidecar sc(SidecarOptions{.extra_security = "allowed_uids = [65534]"});
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    ASSERT_EQ(::chmod(sc.socket().c_str(), 0666), 0);
+    pid_t p = forkClient([&]() -> int {
+        if (::setgid(65534) != 0 || ::setuid(65534) != 0) {
+            return 50;
+        }
+        return healthyRoundTrip(sc.socket(), 5) ? 0 : 1;
+    });
+    EXPECT_EQ(waitChild(p), 0) << sc.log();
+}
+
+TEST(HostileClient, RandomRequestEntriesGetErrorCompletions) {
+    Sidecar sc;
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    RawClient raw;
+    ASSERT_TRUE(raw.connect(sc.socket()));
+    std::mt19937_64 rng(7);
+    auto *ctl = raw.view.request_ctl;
+    const uint32_t depth = raw.geometry.request_depth;
+    uint64_t tail = 0;
+    uint64_t sent = 0;
+    uint64_t chead = 0;
+    for (int round = 0; round < 20; ++round) {
+        for (uint32_t i = 0; i < depth / 2; ++i) {
+            ipc::Request r;
+            uint64_t words[8];
+            for (auto &w : words) {
+                w = rng();
+            }
+            std::memcpy(&r, words, sizeof(r));
+            if (i % 4 == 0) {
+                r.op = static_cast<uint32_t>(ipc::Op::kWrite);  // plausible op, bogus fields
+            }
+            std::memcpy(&raw.view.requests[tail & (depth - 1)], &r, sizeof(r));
+            ++tail;
+            ++sent;
+        }
+        ctl->tail.value.store(tail, std::memory_order_release);
+        raw.doorbell();
+        // Each entry gets an error completion; drain them as a client would.
+        auto *cctl = raw.view.completion_ctl;
+        ASSERT_TRUE(eventually([&] {
+            return cctl->tail.value.load(std::memory_order_acquire) == sent;
+        })) << sc.log().substr(0, 3000);
+        for (uint64_t i = chead; i < sent; ++i) {
+            const ipc::Completion &c = raw.view.completions[i & (depth - 1)];
+            EXPECT_NE(c.status, 0) << "entry " << i << " succeeded";
+        }
+        chead = sent;
+        cctl->head.value.store(chead, std::memory_order_release);
+    }
+    EXPECT_EQ(ctl->head.value.load(std::memory_order_acquire), tail);
+    EXPECT_TRUE(sc.alive());
+    EXPECT_NE(sc.log().find("rejected"), std::string::npos);
+    EXPECT_TRUE(healthyRoundTrip(sc.socket(), 2));
+}
+
+TEST(HostileClient, ScribbledCursorsCloseOnlyThatSession) {
+    Sidecar sc;
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    // Bogus request tail: far ahead of head.
+    RawClient a;
+    ASSERT_TRUE(a.connect(sc.socket()));
+    a.view.request_ctl->tail.value.store(uint64_t{1} << 40, std::memory_order_release);
+    a.doorbell();
+    EXPECT_TRUE(a.hungUp(5000));
+    // Bogus completion head (the cursor the client owns): behind zero / ahead of tail.
+    RawClient b;
+    ASSERT_TRUE(b.connect(sc.socket()));
+    b.view.completion_ctl->head.value.store(uint64_t{1} << 50, std::memory_order_release);
+    ipc::Request nop{};
+    nop.op = static_cast<uint32_t>(ipc::Op::kNop);
+    nop.ticket = 1;
+    b.view.requests[0] = nop;
+    b.view.request_ctl->tail.value.store(1, std::memory_order_release);
+    b.doorbell();
+    EXPECT_TRUE(b.hungUp(5000));
+    // Random bytes over a whole segment, header included.
+    RawClient c;
+    ASSERT_TRUE(c.connect(sc.socket()));
+    fillRandom(c.seg.data(), c.seg.size(), 99);
+    c.doorbell();
+    c.hungUp(2000);  // closed or not, the sidecar must live and serve others
+    EXPECT_TRUE(sc.alive());
+    EXPECT_TRUE(healthyRoundTrip(sc.socket(), 3));
+    EXPECT_NE(sc.log().find("corrupted"), std::string::npos);
+}
+
+TEST(HostileClient, GarbageControlMessagesAreAnswered) {
+    Sidecar sc;
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    RawClient raw;
+    ASSERT_TRUE(raw.connect(sc.socket()));
+    std::mt19937_64 rng(5);
+    for (int i = 0; i < 200; ++i) {
+        unsigned char buf[600];
+        fillRandom(buf, sizeof(buf), rng());
+        size_t len = 1 + rng() % sizeof(buf);
+        if (i % 3 == 0 && len >= sizeof(ipc::MsgHeader)) {
+            ipc::MsgHeader h{ipc::kControlMagic, ipc::kControlVersion,
+                             static_cast<uint16_t>(1 + rng() % 9), static_cast<uint64_t>(i)};
+            std::memcpy(buf, &h, sizeof(h));  // a valid header with a bogus body
+        }
+        ASSERT_EQ(ipc::sendMessage(raw.sock.get(), buf, len), 0);
+        alignas(8) unsigned char reply[ipc::kMaxControlMessage];
+        size_t got = 0;
+        pollfd p{raw.sock.get(), POLLIN, 0};
+        ASSERT_GT(::poll(&p, 1, 5000), 0);
+        ASSERT_EQ(ipc::receiveMessage(raw.sock.get(), reply, sizeof(reply), &got, nullptr, nullptr),
+                  0);
+        ipc::ReplyMsg r;
+        ASSERT_GE(got, sizeof(r));
+        std::memcpy(&r, reply, sizeof(r));
+        EXPECT_EQ(r.h.type, static_cast<uint16_t>(ipc::MsgType::kReply));
+    }
+    EXPECT_TRUE(sc.alive());
+    EXPECT_TRUE(healthyRoundTrip(sc.socket(), 4));
+}
+
+TEST(DeadSidecar, BlockedWaitReturnsEconnPromptly) {
+    Sidecar sc;
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    auto c = tensorlane::Client::connect(sc.socket());
+    ASSERT_TRUE(c.ok());
+    // Freeze the sidecar so a no-op stays pending, then kill it under a blocked tl_wait.
+    ASSERT_EQ(::kill(sc.pid(), SIGSTOP), 0);
+    tl_ticket t = 0;
+    ASSERT_EQ(tl_nop(c->get(), &t), TL_OK);
+    std::atomic<int> result{-1};
+    std::atomic<int> notif_result{-1};
+    auto start = std::chrono::steady_clock::now();
+    std::thread waiter([&] { result = tl_wait(c->get(), t, 30000); });
+    std::thread notif([&] {
+        tl_notification n;
+        notif_result = tl_wait_notification(c->get(), &n, 30000);
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    EXPECT_EQ(result.load(), -1);  // still blocked
+    sc.kill(SIGKILL);
+    waiter.join();
+    notif.join();
+    auto took = std::chrono::steady_clock::now() - start;
+    EXPECT_EQ(result.load(), TL_ECONN);
+    EXPECT_EQ(notif_result.load(), TL_ECONN);
+    EXPECT_LT(took, std::chrono::seconds(3));
+    // Every later call says the same.
+    EXPECT_EQ(tl_nop(c->get(), &t), TL_ECONN);
+    tl_remote r;
+    EXPECT_EQ(tl_lookup(c->get(), "node-a", "x", &r, nullptr), TL_ECONN);
+}
