@@ -23,6 +23,15 @@ void onSignal(int) {
 int checkConfig(const std::string &path, bool json) {
     auto result = tensorlane::config::parseFile(path);
     if (!result.ok()) {
+        // When only the key file is wrong, still show what the file resolves to (derived
+        // traffic class, transport): that is what the operator is checking.
+        auto structural = tensorlane::config::parseFile(path, {.check_key_file = false});
+        if (structural.ok()) {
+            auto choice = tensorlane::config::resolveTransport(*structural.config);
+            std::cout << (json ? tensorlane::config::describeJson(*structural.config, choice)
+                               : tensorlane::config::describeText(*structural.config, choice))
+                      << "\n";
+        }
         for (const auto &e : result.errors) {
             std::cerr << e.text() << "\n";
         }

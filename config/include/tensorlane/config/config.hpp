@@ -23,70 +23,121 @@ enum class TrustMode { kDscp, kPcp };
 
 /// A host:port pair as written in the file; names are resolved when connecting, not parsing.
 struct Endpoint {
-    std::string host;    ///< "0.0.0.0", "10.0.0.2", "node-b.example", "::1"
-    uint16_t port = 0;   ///< 1-65535
-    std::string text() const;  ///< "host:port" ("[v6]:port" for IPv6 literals)
+    /// "0.0.0.0", "10.0.0.2", "node-b.example", "::1" (IPv6 without the brackets).
+    std::string host;
+    /// 1-65535.
+    uint16_t port = 0;
+    /// "host:port" ("[v6]:port" for IPv6 literals).
+    std::string text() const;
 };
 
+/// [node]: who this node is and where it listens.
 struct NodeConfig {
+    /// This node's name, 1-63 characters of [A-Za-z0-9._-]; peers list it under [[peers]].
     std::string name = "node-a";
+    /// Peer bootstrap address.
     Endpoint listen{"0.0.0.0", 18515};
+    /// Unix socket workers connect to: absolute, shorter than 108 bytes (sun_path).
     std::string socket = "/run/tensorlane/sidecar.sock";
-    bool connect_eagerly = false;   ///< connect every peer at start (default: on first use)
+    /// Connect every peer at start (default: on first use).
+    bool connect_eagerly = false;
 };
 
+/// [fabric]: the RoCE device and the QP attributes.
 struct FabricConfig {
+    /// auto | verbs | tcp; see resolveTransport().
     TransportKind transport = TransportKind::kAuto;
+    /// "auto" or an RDMA device name such as "mlx5_0".
     std::string device = "auto";
-    uint8_t port = 1;                    ///< 1-255
+    /// Device port, 1-255.
+    uint8_t port = 1;
+    /// "auto" or the Ethernet interface behind the device, such as "eth0" (1-15 characters).
     std::string netdev = "auto";
-    std::optional<uint8_t> gid_index;    ///< nullopt means "auto"
-    uint8_t dscp = 26;                   ///< 0-63
+    /// 0-255; nullopt means "auto" (picked by the verbs transport).
+    std::optional<uint8_t> gid_index;
+    /// 0-63.
+    uint8_t dscp = 26;
+    /// Mark packets ECN-capable (ECT(0)) in the traffic class.
     bool ecn = true;
-    uint8_t pfc_priority = 3;            ///< 0-7
+    /// 0-7.
+    uint8_t pfc_priority = 3;
+    /// dscp | pcp.
     TrustMode trust = TrustMode::kDscp;
-    uint32_t mtu = 4096;                 ///< 256 | 512 | 1024 | 2048 | 4096
-    uint8_t timeout = 18;                ///< 0-31
-    uint8_t retry_cnt = 7;               ///< 0-7
-    uint8_t rnr_retry = 7;               ///< 0-7
-    uint8_t min_rnr_timer = 12;          ///< 0-31
-    uint32_t qps_per_peer = 2;           ///< 1-64
+    /// 256 | 512 | 1024 | 2048 | 4096, clamped to the port's active MTU.
+    uint32_t mtu = 4096;
+    /// 0-31: local ACK timeout 4.096 us * 2^timeout; 0 is infinite.
+    uint8_t timeout = 18;
+    /// 0-7.
+    uint8_t retry_cnt = 7;
+    /// 0-7 (7 retries forever).
+    uint8_t rnr_retry = 7;
+    /// 0-31.
+    uint8_t min_rnr_timer = 12;
+    /// 1-64.
+    uint32_t qps_per_peer = 2;
 };
 
+/// [tcp]: the TCP transport, used when no RDMA port is up or transport = "tcp".
 struct TcpConfig {
-    uint32_t connections_per_peer = 2;   ///< 1-16 data connections per peer
-    uint32_t chunk_bytes = 1u << 20;     ///< pipelining chunk, 4 KiB - 64 MiB
-    uint32_t keepalive_ms = 1000;        ///< probe interval when a connection is idle
-    uint32_t peer_timeout_ms = 5000;     ///< in-flight writes fail with TL_EPEER after this
+    /// 1-16 data connections per peer.
+    uint32_t connections_per_peer = 2;
+    /// Pipelining chunk, 4 KiB - 64 MiB (4096-67108864).
+    uint32_t chunk_bytes = 1u << 20;
+    /// Probe interval when a connection is idle, 10-60000.
+    uint32_t keepalive_ms = 1000;
+    /// In-flight writes fail with TL_EPEER after this, 100-600000.
+    uint32_t peer_timeout_ms = 5000;
+    /// 10-60000.
     uint32_t connect_timeout_ms = 2000;
-    uint32_t reconnect_min_ms = 100;     ///< backoff start (jittered, doubling)
-    uint32_t reconnect_max_ms = 5000;    ///< backoff cap
+    /// Backoff start (jittered, doubling), 1-60000.
+    uint32_t reconnect_min_ms = 100;
+    /// Backoff cap, reconnect_min_ms-600000.
+    uint32_t reconnect_max_ms = 5000;
 };
 
+/// [ipc]: the shared-memory rings between workers and the sidecar.
 struct IpcConfig {
-    uint32_t ring_depth = 1024;          ///< power of two, 16-65536
+    /// Power of two, 16-65536.
+    uint32_t ring_depth = 1024;
+    /// busy | adaptive | event.
     PollMode poll_mode = PollMode::kAdaptive;
-    uint32_t spin_us = 50;               ///< adaptive: spin this long before sleeping, 0-10000
+    /// Adaptive: spin this long before sleeping, 0-10000.
+    uint32_t spin_us = 50;
 };
 
+/// [security]: who may use the socket and the key peers share.
 struct SecurityConfig {
-    std::vector<uint32_t> allowed_uids;  ///< empty: root and the sidecar's own uid
+    /// Uids allowed on the socket; empty: root and the sidecar's own uid.
+    std::vector<uint32_t> allowed_uids;
+    /// Gids allowed on the socket.
     std::vector<uint32_t> allowed_gids;
+    /// Mode 0600 (no group or other access); shared by the nodes that may talk.
     std::string peer_key_file = "/etc/tensorlane/peer.key";
 };
 
+/// One [[peers]] entry; both keys are required.
 struct PeerConfig {
+    /// 1-63 characters of [A-Za-z0-9._-]; unique, and not this node's name.
     std::string name;
+    /// Unique among the peers.
     Endpoint address;
 };
 
+/// The whole file, validated.
 struct Config {
-    std::string source;   ///< the file it came from ("<string>" when parsed from memory)
+    /// The file it came from ("<string>" when parsed from memory).
+    std::string source;
+    /// [node].
     NodeConfig node;
+    /// [fabric].
     FabricConfig fabric;
+    /// [tcp].
     TcpConfig tcp;
+    /// [ipc].
     IpcConfig ipc;
+    /// [security].
     SecurityConfig security;
+    /// [[peers]], in file order.
     std::vector<PeerConfig> peers;
 
     /// DSCP << 2 | (ecn ? 2 : 0): DSCP 26 with ECN gives 106.
@@ -99,20 +150,34 @@ struct Config {
 
 /// One problem found in a file. `text()` is the one-line form printed to users:
 /// "FILE:LINE:COL: key 'fabric.dscp': expected an integer 0-63, found 64".
+/// The position is the value's for a bad value, the key's for an unknown key or a key file.
 struct Error {
+    /// The file name, or the source name given to parseString.
     std::string file;
-    uint32_t line = 0;     ///< 1-based; 0 when the error has no position (a missing key file)
+    /// 1-based; 0 when the error has no position (a missing key file, an unreadable file).
+    uint32_t line = 0;
+    /// 1-based, in characters.
     uint32_t column = 0;
-    std::string key;       ///< dotted path, e.g. "peers[1].address"
+    /// Dotted path, e.g. "peers[1].address"; empty for TOML syntax and I/O errors.
+    std::string key;
+    /// What the key takes, e.g. "an integer 0-63".
     std::string expected;
+    /// What the file has, e.g. "64" or "string \"x\"".
     std::string found;
+    /// Free-form text for errors that are not an expected/found pair (TOML syntax, I/O); when
+    /// set, text() prints it in place of "expected ..., found ...".
+    std::string message;
+    /// "FILE:LINE:COL: key 'K': expected E, found F"; ":LINE:COL" is left out when line is 0.
     std::string text() const;
 };
 
 /// The outcome of parsing: a Config, or every error found (never just the first).
 struct ParseResult {
+    /// Set only when there are no errors.
     std::optional<Config> config;
+    /// Every error, in file order; position-less ones last.
     std::vector<Error> errors;
+    /// A config and no errors.
     bool ok() const { return config.has_value() && errors.empty(); }
 };
 
@@ -130,19 +195,31 @@ ParseResult parseString(std::string_view text, const std::string &source_name = 
 
 /// What `transport = "auto"` (or an explicit choice) resolves to on this host.
 struct TransportChoice {
-    TransportKind kind = TransportKind::kTcp;   ///< never kAuto
-    std::string reason;                          ///< e.g. "no RDMA device with an ACTIVE port"
+    /// Never kAuto.
+    TransportKind kind = TransportKind::kTcp;
+    /// Why, e.g. "mlx5_0 port 1 is ACTIVE", "no RDMA device under /sys/class/infiniband",
+    /// "set in the file".
+    std::string reason;
 };
-/// Resolves the transport by looking at <sysfs_root>/class/infiniband/*/ports/*/state.
+/// Resolves the transport by looking at <sysfs_root>/class/infiniband/*/ports/*/state: auto
+/// gives verbs when a port is ACTIVE (only the configured device and port when device is not
+/// "auto"), else tcp; explicit verbs and tcp are kept, the reason saying what sysfs shows.
+/// Reads files only (no libibverbs). Never throws.
 TransportChoice resolveTransport(const Config &cfg, const std::string &sysfs_root = "/sys");
 
-/// The resolved configuration with derived values, as text for people.
+/// The resolved configuration with derived values, as text for people: one "key = value" line
+/// per setting, grouped by table, derived values next to what they derive from. No final newline.
 std::string describeText(const Config &cfg, const TransportChoice &choice);
-/// The same as one JSON object (stable keys, for machines).
+/// The same as one JSON object (stable keys, for machines): the tables, "peers", and "derived"
+/// with traffic_class, rc_timeout_s (0 when infinite), rc_timeout_infinite, transport and
+/// transport_reason. No final newline.
 std::string describeJson(const Config &cfg, const TransportChoice &choice);
 
+/// The name used in the file: "auto", "verbs", "tcp".
 const char *toString(TransportKind k);
+/// The name used in the file: "busy", "adaptive", "event".
 const char *toString(PollMode m);
+/// The name used in the file: "dscp", "pcp".
 const char *toString(TrustMode t);
 
 }  // namespace tensorlane::config

@@ -1,0 +1,173 @@
+// describeText / describeJson: the resolved configuration, derived values included, as printed
+// by `tensorlane-sidecar --check-config`.
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "internal.hpp"
+#include "tensorlane/config/config.hpp"
+
+namespace tensorlane::config {
+namespace {
+
+using detail::quote;
+
+// Paths and names can be long; in a dump for people they are shown whole.
+constexpr size_t kNoCut = static_cast<size_t>(-1);
+
+std::string idList(const std::vector<uint32_t> &ids) {
+    std::string out = "[";
+    for (size_t i = 0; i < ids.size(); ++i) {
+        out += (i == 0 ? "" : ", ") + std::to_string(ids[i]);
+    }
+    return out + "]";
+}
+
+const char *boolText(bool b) {
+    return b ? "true" : "false";
+}
+
+std::string transportText(const Config &cfg, const TransportChoice &choice) {
+    std::string out = toString(choice.kind);
+    if (cfg.fabric.transport == TransportKind::kAuto) {
+        out += " (auto: " + choice.reason + ")";
+    } else {
+        out += " (" + choice.reason + ")";
+    }
+    return out;
+}
+
+}  // namespace
+
+std::string describeText(const Config &cfg, const TransportChoice &choice) {
+    const FabricConfig &f = cfg.fabric;
+    std::ostringstream os;
+    os << "# tensorlane configuration from " << cfg.source << "\n";
+
+    os << "\n[node]\n"
+       << "name = " << quote(cfg.node.name, kNoCut) << "\n"
+       << "listen = " << quote(cfg.node.listen.text(), kNoCut) << "\n"
+       << "socket = " << quote(cfg.node.socket, kNoCut) << "\n"
+       << "connect_eagerly = " << boolText(cfg.node.connect_eagerly) << "\n";
+
+    os << "\n[fabric]\n"
+       << "transport = " << transportText(cfg, choice) << "\n"
+       << "device = " << quote(f.device, kNoCut) << "\n"
+       << "port = " << unsigned{f.port} << "\n"
+       << "netdev = " << quote(f.netdev, kNoCut) << "\n";
+    if (f.gid_index) {
+        os << "gid_index = " << unsigned{*f.gid_index} << "\n";
+    } else {
+        // The GID is chosen by family and subnet when the verbs transport opens the device.
+        os << "gid_index = auto (picked by the verbs transport from the port's GID table)\n";
+    }
+    os << "dscp = " << unsigned{f.dscp} << "\n"
+       << "ecn = " << boolText(f.ecn) << "\n"
+       << "traffic_class = " << unsigned{cfg.trafficClass()} << " (dscp " << unsigned{f.dscp}
+       << " << 2 | ecn " << (f.ecn ? 2 : 0) << ")\n"
+       << "pfc_priority = " << unsigned{f.pfc_priority} << "\n"
+       << "trust = " << toString(f.trust) << "\n"
+       << "mtu = " << f.mtu << " (clamped to the port's active MTU)\n"
+       << "timeout = " << unsigned{f.timeout} << "\n";
+    if (f.timeout == 0) {
+        os << "rc_timeout = infinite (timeout 0)\n";
+    } else {
+        os << "rc_timeout = " << detail::formatRcTimeout(f.timeout) << " (4.096 us * 2^"
+           << unsigned{f.timeout} << ")\n";
+    }
+    os << "retry_cnt = " << unsigned{f.retry_cnt} << "\n"
+       << "rnr_retry = " << unsigned{f.rnr_retry} << (f.rnr_retry == 7 ? " (infinite)" : "") << "\n"
+       << "min_rnr_timer = " << unsigned{f.min_rnr_timer} << "\n"
+       << "qps_per_peer = " << f.qps_per_peer << "\n";
+
+    const TcpConfig &t = cfg.tcp;
+    os << "\n[tcp]\n"
+       << "connections_per_peer = " << t.connections_per_peer << "\n"
+       << "chunk_bytes = " << t.chunk_bytes << "\n"
+       << "keepalive_ms = " << t.keepalive_ms << "\n"
+       << "peer_timeout_ms = " << t.peer_timeout_ms << "\n"
+       << "connect_timeout_ms = " << t.connect_timeout_ms << "\n"
+       << "reconnect_min_ms = " << t.reconnect_min_ms << "\n"
+       << "reconnect_max_ms = " << t.reconnect_max_ms << "\n";
+
+    os << "\n[ipc]\n"
+       << "ring_depth = " << cfg.ipc.ring_depth << "\n"
+       << "poll_mode = " << toString(cfg.ipc.poll_mode) << "\n"
+       << "spin_us = " << cfg.ipc.spin_us << "\n";
+
+    const SecurityConfig &s = cfg.security;
+    os << "\n[security]\n"
+       << "allowed_uids = " << idList(s.allowed_uids)
+       << (s.allowed_uids.empty() ? " (root and the sidecar's own uid)" : "") << "\n"
+       << "allowed_gids = " << idList(s.allowed_gids) << "\n"
+       << "peer_key_file = " << quote(s.peer_key_file, kNoCut) << "\n";
+
+    if (cfg.peers.empty()) {
+        os << "\n# peers: none\n";
+    }
+    for (const auto &peer : cfg.peers) {
+        os << "\n[[peers]]\n"
+           << "name = " << quote(peer.name, kNoCut) << "\n"
+           << "address = " << quote(peer.address.text(), kNoCut) << "\n";
+    }
+    std::string text = os.str();
+    text.pop_back();  // no final newline, as for describeJson: the caller ends the line
+    return text;
+}
+
+std::string describeJson(const Config &cfg, const TransportChoice &choice) {
+    // ordered_json keeps the file's table and key order, which is easier to read than sorted.
+    using Json = nlohmann::ordered_json;
+    const FabricConfig &f = cfg.fabric;
+    const TcpConfig &t = cfg.tcp;
+    const SecurityConfig &s = cfg.security;
+
+    Json j;
+    j["source"] = cfg.source;
+    j["node"] = {{"name", cfg.node.name},
+                 {"listen", cfg.node.listen.text()},
+                 {"socket", cfg.node.socket},
+                 {"connect_eagerly", cfg.node.connect_eagerly}};
+    j["fabric"] = {{"transport", toString(f.transport)},
+                   {"device", f.device},
+                   {"port", f.port},
+                   {"netdev", f.netdev},
+                   {"gid_index", f.gid_index ? Json(*f.gid_index) : Json("auto")},
+                   {"dscp", f.dscp},
+                   {"ecn", f.ecn},
+                   {"pfc_priority", f.pfc_priority},
+                   {"trust", toString(f.trust)},
+                   {"mtu", f.mtu},
+                   {"timeout", f.timeout},
+                   {"retry_cnt", f.retry_cnt},
+                   {"rnr_retry", f.rnr_retry},
+                   {"min_rnr_timer", f.min_rnr_timer},
+                   {"qps_per_peer", f.qps_per_peer}};
+    j["tcp"] = {{"connections_per_peer", t.connections_per_peer},
+                {"chunk_bytes", t.chunk_bytes},
+                {"keepalive_ms", t.keepalive_ms},
+                {"peer_timeout_ms", t.peer_timeout_ms},
+                {"connect_timeout_ms", t.connect_timeout_ms},
+                {"reconnect_min_ms", t.reconnect_min_ms},
+                {"reconnect_max_ms", t.reconnect_max_ms}};
+    j["ipc"] = {{"ring_depth", cfg.ipc.ring_depth},
+                {"poll_mode", toString(cfg.ipc.poll_mode)},
+                {"spin_us", cfg.ipc.spin_us}};
+    j["security"] = {{"allowed_uids", s.allowed_uids},
+                     {"allowed_gids", s.allowed_gids},
+                     {"peer_key_file", s.peer_key_file}};
+    Json peers = Json::array();
+    for (const auto &peer : cfg.peers) {
+        peers.push_back({{"name", peer.name}, {"address", peer.address.text()}});
+    }
+    j["peers"] = std::move(peers);
+    // rc_timeout_s is 0 for timeout 0, as rcTimeoutSeconds() returns; the flag says what it means.
+    j["derived"] = {{"traffic_class", cfg.trafficClass()},
+                    {"rc_timeout_s", cfg.rcTimeoutSeconds()},
+                    {"rc_timeout_infinite", f.timeout == 0},
+                    {"transport", toString(choice.kind)},
+                    {"transport_reason", choice.reason}};
+    // replace, not throw: a Config built in code may hold any bytes.
+    return j.dump(2, ' ', false, Json::error_handler_t::replace);
+}
+
+}  // namespace tensorlane::config

@@ -1,0 +1,99 @@
+// The example files under config/examples: they parse, say what the demo relies on, and every
+// prefix of them (what an editor saves half-way) gives errors, never a crash or an exception.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "test_util.hpp"
+
+namespace tensorlane::config {
+namespace {
+
+using testing::allErrors;
+
+const ParseOptions kNoKeyCheck{.check_key_file = false};
+
+std::string example(const std::string &name) {
+    return TENSORLANE_EXAMPLES_DIR "/" + name;
+}
+
+std::string readAll(const std::string &path) {
+    std::ifstream in(path, std::ios::binary);
+    std::ostringstream os;
+    os << in.rdbuf();
+    return os.str();
+}
+
+TEST(ConfigExamples, SingleNodeParses) {
+    const ParseResult r = parseFile(example("single-node.toml"), kNoKeyCheck);
+    ASSERT_TRUE(r.ok()) << allErrors(r);
+    EXPECT_TRUE(r.config->peers.empty());
+    EXPECT_EQ(r.config->trafficClass(), 106);
+    EXPECT_EQ(r.config->node.socket.rfind("/tmp/", 0), 0u);
+}
+
+TEST(ConfigExamples, TwoNodeParsesWithTrafficClass106) {
+    const ParseResult r = parseFile(example("two-node.toml"), kNoKeyCheck);
+    ASSERT_TRUE(r.ok()) << allErrors(r);
+    const Config &c = *r.config;
+    EXPECT_EQ(c.trafficClass(), 106);
+    EXPECT_EQ(c.node.name, "node-a");
+    EXPECT_EQ(c.node.listen.text(), "127.0.0.1:18515");
+    EXPECT_EQ(c.node.socket, "/tmp/tensorlane-node-a.sock");
+    EXPECT_EQ(c.security.peer_key_file, "/tmp/tensorlane-demo/peer.key");
+    ASSERT_EQ(c.peers.size(), 1u);
+    EXPECT_EQ(c.peers[0].name, "node-b");
+    EXPECT_EQ(c.peers[0].address.text(), "127.0.0.1:18516");
+}
+
+TEST(ConfigExamples, TwoNodeFilesMirrorEachOther) {
+    const ParseResult a = parseFile(example("two-node.toml"), kNoKeyCheck);
+    const ParseResult b = parseFile(example("two-node-b.toml"), kNoKeyCheck);
+    ASSERT_TRUE(a.ok()) << allErrors(a);
+    ASSERT_TRUE(b.ok()) << allErrors(b);
+    EXPECT_EQ(b.config->trafficClass(), 106);
+    ASSERT_EQ(b.config->peers.size(), 1u);
+    EXPECT_EQ(a.config->peers[0].name, b.config->node.name);
+    EXPECT_EQ(b.config->peers[0].name, a.config->node.name);
+    EXPECT_EQ(a.config->peers[0].address.text(), b.config->node.listen.text());
+    EXPECT_EQ(b.config->peers[0].address.text(), a.config->node.listen.text());
+    EXPECT_NE(a.config->node.socket, b.config->node.socket);
+    EXPECT_EQ(a.config->security.peer_key_file, b.config->security.peer_key_file);
+}
+
+TEST(ConfigExamples, TwoNodeDescribesTrafficClass106) {
+    const ParseResult r = parseFile(example("two-node.toml"), kNoKeyCheck);
+    ASSERT_TRUE(r.ok()) << allErrors(r);
+    const std::string text = describeText(*r.config, resolveTransport(*r.config));
+    EXPECT_NE(text.find("traffic_class = 106 (dscp 26 << 2 | ecn 2)"), std::string::npos) << text;
+}
+
+TEST(ConfigExamples, EveryPrefixParsesOrReportsErrors) {
+    for (const std::string name : {"single-node.toml", "two-node.toml", "two-node-b.toml"}) {
+        const std::string text = readAll(example(name));
+        ASSERT_FALSE(text.empty()) << name;
+        size_t failures = 0;
+        for (size_t n = 0; n <= text.size(); ++n) {
+            ParseResult r;
+            ASSERT_NO_THROW(r = parseString(std::string_view(text).substr(0, n), name, kNoKeyCheck))
+                << name << " prefix " << n;
+            if (r.ok()) {
+                continue;
+            }
+            ++failures;
+            ASSERT_FALSE(r.errors.empty()) << name << " prefix " << n;
+            for (const auto &e : r.errors) {
+                ASSERT_FALSE(e.text().empty()) << name << " prefix " << n;
+                ASSERT_EQ(e.text().rfind(name, 0), 0u) << e.text();
+            }
+        }
+        // Cutting a file mid-key or mid-string must fail somewhere; the whole file must not.
+        EXPECT_GT(failures, 0u) << name;
+        EXPECT_TRUE(parseString(text, name, kNoKeyCheck).ok()) << name;
+    }
+}
+
+}  // namespace
+}  // namespace tensorlane::config
