@@ -2,9 +2,12 @@
 // processes. Integration tests use only this, the shim's C ABI, and raw ipc for hostile clients.
 #pragma once
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -96,10 +99,33 @@ inline bool eventually(const std::function<bool()> &cond,
     return cond();
 }
 
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+inline uint16_t freePort() {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof(a));
+    socklen_t len = sizeof(a);
+    ::getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len);
+    ::close(fd);
+    return ntohs(a.sin_port);
+}
+
+struct PeerEntry {
+    std::string name;
+    std::string address;  ///< host:port
+};
+
 struct SidecarOptions {
     std::string name = "node-a";
     std::string poll_mode = "adaptive";
     uint32_t ring_depth = 256;
+    std::string listen = "127.0.0.1:18515";
+    std::vector<PeerEntry> peers;
+    std::string key_file;        ///< empty: a fresh key in the sidecar's directory
+    std::string netns;           ///< run inside this network namespace (ip netns exec)
+    std::string tcp;             ///< body of a [tcp] table
     std::string extra_security;  ///< extra lines for [security]
     std::string extra;           ///< extra TOML appended at the end
 };
@@ -109,8 +135,11 @@ class Sidecar {
 public:
     explicit Sidecar(SidecarOptions opts = {}) : opts_(std::move(opts)) {
         socket_ = dir_.file("sidecar.sock");
-        key_ = dir_.file("peer.key");
-        writeFile(key_, "0123456789abcdef0123456789abcdef\n", 0600);
+        key_ = opts_.key_file;
+        if (key_.empty()) {
+            key_ = dir_.file("peer.key");
+            writeFile(key_, "0123456789abcdef0123456789abcdef\n", 0600);
+        }
         config_ = dir_.file("sidecar.toml");
         writeFile(config_, toml());
         start();
@@ -120,10 +149,19 @@ public:
     Sidecar &operator=(const Sidecar &) = delete;
 
     std::string toml() const {
-        return "[node]\nname = \"" + opts_.name + "\"\nlisten = \"127.0.0.1:18515\"\nsocket = \"" +
-               socket_ + "\"\n[ipc]\nring_depth = " + std::to_string(opts_.ring_depth) +
-               "\npoll_mode = \"" + opts_.poll_mode + "\"\n[security]\npeer_key_file = \"" + key_ +
-               "\"\n" + opts_.extra_security + "\n" + opts_.extra + "\n";
+        std::string t = "[node]\nname = \"" + opts_.name + "\"\nlisten = \"" + opts_.listen +
+                        "\"\nsocket = \"" + socket_ +
+                        "\"\n[ipc]\nring_depth = " + std::to_string(opts_.ring_depth) +
+                        "\npoll_mode = \"" + opts_.poll_mode +
+                        "\"\n[security]\npeer_key_file = \"" + key_ + "\"\n" +
+                        opts_.extra_security + "\n";
+        if (!opts_.tcp.empty()) {
+            t += "[tcp]\n" + opts_.tcp + "\n";
+        }
+        for (const auto &p : opts_.peers) {
+            t += "[[peers]]\nname = \"" + p.name + "\"\naddress = \"" + p.address + "\"\n";
+        }
+        return t + opts_.extra + "\n";
     }
 
     void start() {
@@ -132,8 +170,14 @@ public:
             std::string log = dir_.file("sidecar.log");
             int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
             ::dup2(fd, 2);
-            ::execl(TENSORLANE_SIDECAR_BIN, "tensorlane-sidecar", "--config", config_.c_str(),
-                    "--log-level", "debug", static_cast<char *>(nullptr));
+            if (!opts_.netns.empty()) {
+                ::execlp("ip", "ip", "netns", "exec", opts_.netns.c_str(), TENSORLANE_SIDECAR_BIN,
+                         "--config", config_.c_str(), "--log-level", "debug",
+                         static_cast<char *>(nullptr));
+            } else {
+                ::execl(TENSORLANE_SIDECAR_BIN, "tensorlane-sidecar", "--config", config_.c_str(),
+                        "--log-level", "debug", static_cast<char *>(nullptr));
+            }
             ::_exit(127);
         }
         ready_ = eventually([&] {

@@ -1,0 +1,400 @@
+// Several sidecar processes as nodes on loopback (and in network namespaces), with worker
+// processes: all-to-all writes, a bad key, hostile bootstrap connections, peers that die,
+// restart, or lose their link.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <memory>
+#include <thread>
+
+#include "harness.hpp"
+#include "tensorlane/tensorlane.hpp"
+
+using namespace tltest;
+
+namespace {
+
+/// Fast failure detection so the tests stay short; the bound under test is peer_timeout_ms.
+constexpr int kPeerTimeoutMs = 1500;
+const std::string kTcp =
+    "keepalive_ms = 200\npeer_timeout_ms = 1500\nconnect_timeout_ms = 1000\n"
+    "reconnect_min_ms = 50\nreconnect_max_ms = 400\n";
+
+/// N sidecars that all list each other as peers, sharing one key.
+class Cluster {
+public:
+    explicit Cluster(int n, const std::string &key_text = "cluster-key-0123456789abcdef") {
+        key_ = dir_.file("peer.key");
+        writeFile(key_, key_text + "\n", 0600);
+        for (int i = 0; i < n; ++i) {
+            names_.push_back(std::string("node-") + static_cast<char>('a' + i));
+            ports_.push_back(freePort());
+        }
+        for (int i = 0; i < n; ++i) {
+            nodes_.push_back(std::make_unique<Sidecar>(options(i)));
+        }
+    }
+    SidecarOptions options(int i) const {
+        SidecarOptions o;
+        o.name = names_[i];
+        o.listen = "127.0.0.1:" + std::to_string(ports_[i]);
+        o.key_file = key_;
+        o.tcp = kTcp;
+        for (size_t j = 0; j < names_.size(); ++j) {
+            if (static_cast<int>(j) != i) {
+                o.peers.push_back({names_[j], "127.0.0.1:" + std::to_string(ports_[j])});
+            }
+        }
+        return o;
+    }
+    Sidecar &node(int i) { return *nodes_[i]; }
+    const std::string &name(int i) const { return names_[i]; }
+    uint16_t port(int i) const { return ports_[i]; }
+    int size() const { return static_cast<int>(nodes_.size()); }
+    std::string logs() {
+        std::string all;
+        for (auto &n : nodes_) {
+            all += n->log().substr(0, 6000);
+        }
+        return all;
+    }
+
+private:
+    TempDir dir_;
+    std::string key_;
+    std::vector<std::string> names_;
+    std::vector<uint16_t> ports_;
+    std::vector<std::unique_ptr<Sidecar>> nodes_;
+};
+
+/// Retries a lookup across nodes: the peer may still be connecting or its worker exposing.
+tl_status lookupRemote(tl_client *c, const std::string &peer, const std::string &name,
+                       tl_remote *out, uint64_t *bytes = nullptr,
+                       std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+    auto end = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+        tl_status s = tl_lookup(c, peer.c_str(), name.c_str(), out, bytes);
+        if (s == TL_OK || std::chrono::steady_clock::now() > end ||
+            (s != TL_ENOENT && s != TL_EPEER)) {
+            return s;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+}
+
+}  // namespace
+
+TEST(MultiNode, ThreeNodesAllToAllExactlyOnce) {
+    constexpr int kNodes = 3;
+    constexpr size_t kSlot = 1 << 20;
+    constexpr int kRounds = 20;
+    Cluster cluster(kNodes);
+    for (int i = 0; i < kNodes; ++i) {
+        ASSERT_TRUE(cluster.node(i).ready()) << cluster.node(i).log();
+    }
+    std::vector<pid_t> workers;
+    for (int me = 0; me < kNodes; ++me) {
+        workers.push_back(forkClient([&, me]() -> int {
+            tl_client *c = nullptr;
+            if (tl_connect(cluster.node(me).socket().c_str(), &c) != TL_OK) {
+                return 1;
+            }
+            // Inbox: one slot per writer node and round parity.
+            void *inbox = nullptr, *src = nullptr;
+            tl_region rin = 0, rsrc = 0;
+            if (tl_alloc_host(c, kSlot * kNodes * 2, &inbox, &rin) != TL_OK ||
+                tl_alloc_host(c, kSlot * 2, &src, &rsrc) != TL_OK) {
+                return 2;
+            }
+            std::memset(inbox, 0, kSlot * kNodes * 2);
+            if (tl_expose(c, rin, "inbox") != TL_OK) {
+                return 3;
+            }
+            std::vector<tl_remote> remotes(kNodes);
+            for (int p = 0; p < kNodes; ++p) {
+                if (p != me && lookupRemote(c, cluster.name(p), "inbox", &remotes[p]) != TL_OK) {
+                    std::fprintf(stderr, "lookup %d->%d: %s\n", me, p, tl_last_error());
+                    return 4;
+                }
+            }
+            std::vector<int> next_round(kNodes, 0);
+            for (int round = 0; round < kRounds; ++round) {
+                fillRandom(static_cast<char *>(src) + (round % 2) * kSlot, kSlot,
+                           me * 1000 + round);
+                std::vector<tl_ticket> tickets;
+                for (int p = 0; p < kNodes; ++p) {
+                    if (p == me) {
+                        continue;
+                    }
+                    tl_ticket t = 0;
+                    uint64_t off = (me * 2 + round % 2) * kSlot;
+                    if (tl_write(c, rsrc, (round % 2) * kSlot, remotes[p], off, kSlot,
+                                 static_cast<uint32_t>(me << 16 | round), &t) != TL_OK) {
+                        return 5;
+                    }
+                    tickets.push_back(t);
+                }
+                for (tl_ticket t : tickets) {
+                    if (tl_wait(c, t, 20000) != TL_OK) {
+                        std::fprintf(stderr, "wait: %s\n", tl_last_error());
+                        return 6;
+                    }
+                    if (tl_wait(c, t, 0) != TL_ENOENT) {
+                        return 7;  // a ticket ends exactly once
+                    }
+                }
+                // One notification from each other node for this round.
+                for (int k = 0; k < kNodes - 1; ++k) {
+                    tl_notification n{};
+                    if (tl_wait_notification(c, &n, 20000) != TL_OK) {
+                        return 8;
+                    }
+                    int from = static_cast<int>(n.imm >> 16);
+                    int r = static_cast<int>(n.imm & 0xffff);
+                    if (from < 0 || from >= kNodes || from == me || r != next_round[from] ||
+                        cluster.name(from) != n.peer || n.bytes != kSlot) {
+                        return 9;
+                    }
+                    ++next_round[from];
+                    std::vector<unsigned char> expect(kSlot);
+                    fillRandom(expect.data(), kSlot, from * 1000 + r);
+                    if (std::memcmp(static_cast<char *>(inbox) + n.offset, expect.data(), kSlot) !=
+                        0) {
+                        return 10;
+                    }
+                }
+            }
+            tl_notification extra{};
+            if (tl_wait_notification(c, &extra, 300) != TL_ETIMEDOUT) {
+                return 11;  // nothing beyond what was written
+            }
+            tl_disconnect(c);
+            return 0;
+        }));
+    }
+    for (pid_t p : workers) {
+        EXPECT_EQ(waitChild(p), 0) << cluster.logs();
+    }
+}
+
+TEST(MultiNode, WrongKeyIsRefused) {
+    TempDir dir;
+    std::string key_a = dir.file("a.key"), key_b = dir.file("b.key");
+    writeFile(key_a, "the-key-of-node-a-0123456789\n", 0600);
+    writeFile(key_b, "a-different-key-for-node-b-99\n", 0600);
+    uint16_t pa = freePort(), pb = freePort();
+    SidecarOptions a{.name = "node-a",
+                     .listen = "127.0.0.1:" + std::to_string(pa),
+                     .peers = {{"node-b", "127.0.0.1:" + std::to_string(pb)}},
+                     .key_file = key_a,
+                     .tcp = kTcp};
+    SidecarOptions b{.name = "node-b",
+                     .listen = "127.0.0.1:" + std::to_string(pb),
+                     .peers = {{"node-a", "127.0.0.1:" + std::to_string(pa)}},
+                     .key_file = key_b,
+                     .tcp = kTcp};
+    Sidecar sa(a), sb(b);
+    ASSERT_TRUE(sa.ready() && sb.ready());
+    auto cb = tensorlane::Client::connect(sb.socket());
+    ASSERT_TRUE(cb.ok());
+    auto region = cb->allocHost(4096);
+    ASSERT_TRUE(region.ok() && region->expose("inbox").ok());
+    auto ca = tensorlane::Client::connect(sa.socket());
+    ASSERT_TRUE(ca.ok());
+    tl_remote r = 0;
+    tl_status s = tl_lookup(ca->get(), "node-b", "inbox", &r, nullptr);
+    EXPECT_EQ(s, TL_EPEER) << tl_last_error();
+    EXPECT_TRUE(sa.alive() && sb.alive());
+    std::string logs = sa.log() + sb.log();
+    EXPECT_NE(logs.find("auth"), std::string::npos) << logs.substr(0, 4000);
+}
+
+TEST(MultiNode, GarbageAndSlowBootstrapConnectionsAreDropped) {
+    Cluster cluster(2);
+    ASSERT_TRUE(cluster.node(0).ready() && cluster.node(1).ready());
+    auto connectTo = [&](uint16_t port) {
+        int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_port = htons(port);
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof(a)), 0);
+        return fd;
+    };
+    // Random bytes, a half-open connection that says nothing, and a byte-per-200ms talker.
+    std::vector<int> hostile;
+    for (int i = 0; i < 5; ++i) {
+        int fd = connectTo(cluster.port(1));
+        unsigned char junk[4096];
+        fillRandom(junk, sizeof(junk), i);
+        [[maybe_unused]] ssize_t n = ::send(fd, junk, sizeof(junk), MSG_NOSIGNAL);
+        hostile.push_back(fd);
+    }
+    int silent = connectTo(cluster.port(1));
+    int slow = connectTo(cluster.port(1));
+    std::atomic<bool> slow_dropped{false};
+    std::thread slow_talker([&] {
+        for (int i = 0; i < 100; ++i) {
+            char b = static_cast<char>(i);
+            if (::send(slow, &b, 1, MSG_NOSIGNAL) < 0) {
+                slow_dropped = true;
+                return;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        }
+    });
+    // Meanwhile the good peer works.
+    {
+        auto cb = tensorlane::Client::connect(cluster.node(1).socket());
+        auto ca = tensorlane::Client::connect(cluster.node(0).socket());
+        ASSERT_TRUE(ca.ok() && cb.ok());
+        auto inbox = cb->allocHost(1 << 16);
+        auto src = ca->allocHost(1 << 16);
+        ASSERT_TRUE(inbox.ok() && src.ok() && inbox->expose("inbox").ok());
+        tl_remote r = 0;
+        ASSERT_EQ(lookupRemote(ca->get(), "node-b", "inbox", &r), TL_OK) << tl_last_error();
+        fillRandom(src->data(), 1 << 16, 77);
+        tl_ticket t = 0;
+        ASSERT_EQ(tl_write(ca->get(), src->id(), 0, r, 0, 1 << 16, 5, &t), TL_OK);
+        EXPECT_EQ(tl_wait(ca->get(), t, 10000), TL_OK) << tl_last_error();
+        EXPECT_EQ(std::memcmp(src->data(), inbox->data(), 1 << 16), 0);
+    }
+    // Every hostile connection is closed by the sidecar within its handshake bound.
+    auto closedByPeer = [](int fd) {
+        char b;
+        ssize_t n = ::recv(fd, &b, 1, MSG_DONTWAIT);
+        return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+    };
+    EXPECT_TRUE(eventually(
+        [&] {
+            for (int fd : hostile) {
+                if (!closedByPeer(fd)) {
+                    return false;
+                }
+            }
+            return closedByPeer(silent);
+        },
+        std::chrono::seconds(15)));
+    slow_talker.join();
+    EXPECT_TRUE(slow_dropped.load() || closedByPeer(slow));
+    for (int fd : hostile) {
+        ::close(fd);
+    }
+    ::close(silent);
+    ::close(slow);
+    EXPECT_TRUE(cluster.node(1).alive());
+}
+
+TEST(MultiNode, PeerKilledAndRestartedDuringTraffic) {
+    Cluster cluster(2);
+    ASSERT_TRUE(cluster.node(0).ready() && cluster.node(1).ready());
+    // A receiver worker on node-b that (re)exposes its inbox whenever it can.
+    auto startReceiver = [&] {
+        return forkClient([&]() -> int {
+            for (;;) {
+                tl_client *c = nullptr;
+                if (tl_connect(cluster.node(1).socket().c_str(), &c) != TL_OK) {
+                    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+                    continue;
+                }
+                void *p = nullptr;
+                tl_region r = 0;
+                if (tl_alloc_host(c, 1 << 20, &p, &r) == TL_OK &&
+                    tl_expose(c, r, "inbox") == TL_OK) {
+                    tl_notification n;
+                    while (tl_wait_notification(c, &n, 1000) != TL_ECONN) {
+                    }
+                }
+                tl_disconnect(c);
+            }
+        });
+    };
+    pid_t receiver = startReceiver();
+    auto ca = tensorlane::Client::connect(cluster.node(0).socket());
+    ASSERT_TRUE(ca.ok());
+    auto src = ca->allocHost(1 << 20);
+    ASSERT_TRUE(src.ok());
+    fillRandom(src->data(), 1 << 20, 1);
+    tl_remote r = 0;
+    ASSERT_EQ(lookupRemote(ca->get(), "node-b", "inbox", &r), TL_OK) << tl_last_error();
+    tl_ticket t = 0;
+    ASSERT_EQ(tl_write(ca->get(), src->id(), 0, r, 0, 1 << 20, 1, &t), TL_OK);
+    ASSERT_EQ(tl_wait(ca->get(), t, 10000), TL_OK) << tl_last_error();
+
+    // Traffic in flight, then node-b dies.
+    std::vector<tl_ticket> tickets;
+    for (int i = 0; i < 16; ++i) {
+        if (tl_write(ca->get(), src->id(), 0, r, 0, 1 << 20, i, &t) == TL_OK) {
+            tickets.push_back(t);
+        }
+    }
+    auto killed_at = std::chrono::steady_clock::now();
+    cluster.node(1).kill(SIGKILL);
+    int failed = 0, ok = 0;
+    for (tl_ticket tk : tickets) {
+        tl_status s = tl_wait(ca->get(), tk, 20000);
+        ASSERT_TRUE(s == TL_OK || s == TL_EPEER) << tl_status_str(s);
+        (s == TL_OK ? ok : failed)++;
+    }
+    auto took = std::chrono::steady_clock::now() - killed_at;
+    EXPECT_LT(took, std::chrono::milliseconds(kPeerTimeoutMs + 1500));
+    // New writes fail fast while it is down.
+    auto t0 = std::chrono::steady_clock::now();
+    tl_status s = tl_write(ca->get(), src->id(), 0, r, 0, 4096, 99, &t);
+    if (s == TL_OK) {
+        s = tl_wait(ca->get(), t, 20000);
+    }
+    EXPECT_TRUE(s == TL_EPEER || s == TL_ENOENT) << tl_status_str(s);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0,
+              std::chrono::milliseconds(kPeerTimeoutMs + 500));
+
+    // node-b comes back (a new process, new region ids); the worker on node-a is not restarted.
+    cluster.node(1).start();
+    ASSERT_TRUE(cluster.node(1).ready());
+    bool succeeded = false;
+    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!succeeded && std::chrono::steady_clock::now() < end) {
+        tl_remote fresh = 0;
+        if (lookupRemote(ca->get(), "node-b", "inbox", &fresh, nullptr, std::chrono::seconds(2)) ==
+                TL_OK &&
+            tl_write(ca->get(), src->id(), 0, fresh, 0, 1 << 20, 7, &t) == TL_OK &&
+            tl_wait(ca->get(), t, 5000) == TL_OK) {
+            succeeded = true;
+        }
+    }
+    EXPECT_TRUE(succeeded) << cluster.logs();
+    ::kill(receiver, SIGKILL);
+    waitChild(receiver);
+}
+
+TEST(MultiNode, SidecarRestartWorkersReconnect) {
+    Cluster cluster(2);
+    ASSERT_TRUE(cluster.node(0).ready() && cluster.node(1).ready());
+    auto cb = tensorlane::Client::connect(cluster.node(1).socket());
+    ASSERT_TRUE(cb.ok());
+    auto inbox = cb->allocHost(1 << 16);
+    ASSERT_TRUE(inbox.ok() && inbox->expose("inbox").ok());
+    tl_client *ca = nullptr;
+    ASSERT_EQ(tl_connect(cluster.node(0).socket().c_str(), &ca), TL_OK);
+    // node-a restarts under its worker.
+    cluster.node(0).kill(SIGKILL);
+    tl_ticket t = 0;
+    EXPECT_EQ(tl_nop(ca, &t) == TL_OK ? tl_wait(ca, t, 5000) : TL_ECONN, TL_ECONN);
+    tl_disconnect(ca);
+    cluster.node(0).start();
+    ASSERT_TRUE(cluster.node(0).ready());
+    // The worker connects again, registers again, and writes again.
+    ASSERT_EQ(tl_connect(cluster.node(0).socket().c_str(), &ca), TL_OK);
+    void *p = nullptr;
+    tl_region src = 0;
+    ASSERT_EQ(tl_alloc_host(ca, 1 << 16, &p, &src), TL_OK);
+    fillRandom(p, 1 << 16, 9);
+    tl_remote r = 0;
+    ASSERT_EQ(lookupRemote(ca, "node-b", "inbox", &r), TL_OK) << tl_last_error();
+    ASSERT_EQ(tl_write(ca, src, 0, r, 0, 1 << 16, 3, &t), TL_OK);
+    EXPECT_EQ(tl_wait(ca, t, 10000), TL_OK) << tl_last_error();
+    EXPECT_EQ(std::memcmp(p, inbox->data(), 1 << 16), 0);
+    tl_disconnect(ca);
+}

@@ -1,0 +1,171 @@
+// A link cut between two nodes, each in its own network namespace joined by a veth pair that
+// this test creates (and removes). Traffic goes only to addresses inside those namespaces.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <thread>
+
+#include "harness.hpp"
+#include "tensorlane/tensorlane.hpp"
+
+using namespace tltest;
+
+namespace {
+
+int sh(const std::string &cmd) {
+    return std::system((cmd + " >/dev/null 2>&1").c_str());
+}
+
+/// Two namespaces joined by a veth pair, 10.231.<n>.1 and .2/30; removed on destruction.
+class VethPair {
+public:
+    VethPair() {
+        std::random_device rd;
+        tag_ = std::to_string(rd() % 100000);
+        subnet_ = "10.231." + std::to_string(rd() % 250) + ".";
+        ns_a_ = "tl-a-" + tag_;
+        ns_b_ = "tl-b-" + tag_;
+        if (::geteuid() != 0) {
+            why_ = "needs root for ip netns";
+            return;
+        }
+        if (sh("ip netns add " + ns_a_) != 0 || sh("ip netns add " + ns_b_) != 0) {
+            why_ = "ip netns add is not permitted here";
+            return;
+        }
+        created_ = true;
+        const std::string va = "tlva" + tag_, vb = "tlvb" + tag_;
+        if (sh("ip link add " + va + " type veth peer name " + vb) != 0 ||
+            sh("ip link set " + va + " netns " + ns_a_) != 0 ||
+            sh("ip link set " + vb + " netns " + ns_b_) != 0 ||
+            sh("ip -n " + ns_a_ + " addr add " + addressA() + "/30 dev " + va) != 0 ||
+            sh("ip -n " + ns_b_ + " addr add " + addressB() + "/30 dev " + vb) != 0 ||
+            sh("ip -n " + ns_a_ + " link set lo up") != 0 ||
+            sh("ip -n " + ns_b_ + " link set lo up") != 0) {
+            why_ = "could not create a veth pair between namespaces";
+            return;
+        }
+        va_ = va;
+        vb_ = vb;
+        ok_ = setLink(true);
+    }
+    ~VethPair() {
+        if (created_) {
+            sh("ip netns del " + ns_a_);
+            sh("ip netns del " + ns_b_);
+        }
+    }
+    bool setLink(bool up) {
+        const char *state = up ? "up" : "down";
+        return sh("ip -n " + ns_a_ + " link set " + va_ + " " + state) == 0 &&
+               sh("ip -n " + ns_b_ + " link set " + vb_ + " " + state) == 0;
+    }
+    bool ok() const { return ok_; }
+    const std::string &why() const { return why_; }
+    std::string addressA() const { return subnet_ + "1"; }
+    std::string addressB() const { return subnet_ + "2"; }
+    const std::string &nsA() const { return ns_a_; }
+    const std::string &nsB() const { return ns_b_; }
+
+private:
+    std::string tag_, subnet_, ns_a_, ns_b_, va_, vb_, why_;
+    bool created_ = false;
+    bool ok_ = false;
+};
+
+constexpr int kPeerTimeoutMs = 1500;
+
+}  // namespace
+
+TEST(LinkCut, InFlightWritesFailWithEpeerThenRecover) {
+    VethPair net;
+    if (!net.ok()) {
+        GTEST_SKIP() << net.why();
+    }
+    TempDir dir;
+    std::string key = dir.file("peer.key");
+    writeFile(key, "link-cut-test-key-0123456789\n", 0600);
+    const std::string tcp =
+        "keepalive_ms = 200\npeer_timeout_ms = 1500\nconnect_timeout_ms = 1000\n"
+        "reconnect_min_ms = 50\nreconnect_max_ms = 400\n";
+    SidecarOptions a{.name = "node-a",
+                     .listen = net.addressA() + ":18515",
+                     .peers = {{"node-b", net.addressB() + ":18515"}},
+                     .key_file = key,
+                     .netns = net.nsA(),
+                     .tcp = tcp};
+    SidecarOptions b{.name = "node-b",
+                     .listen = net.addressB() + ":18515",
+                     .peers = {{"node-a", net.addressA() + ":18515"}},
+                     .key_file = key,
+                     .netns = net.nsB(),
+                     .tcp = tcp};
+    Sidecar sa(a), sb(b);
+    ASSERT_TRUE(sa.ready()) << sa.log();
+    ASSERT_TRUE(sb.ready()) << sb.log();
+
+    auto cb = tensorlane::Client::connect(sb.socket());
+    auto ca = tensorlane::Client::connect(sa.socket());
+    ASSERT_TRUE(ca.ok() && cb.ok());
+    constexpr size_t kBytes = 32 << 20;
+    auto inbox = cb->allocHost(kBytes);
+    auto src = ca->allocHost(kBytes);
+    ASSERT_TRUE(inbox.ok() && src.ok() && inbox->expose("inbox").ok());
+    fillRandom(src->data(), kBytes, 4);
+    tl_remote r = 0;
+    tl_status s = TL_EPEER;
+    for (int i = 0; i < 100 && (s = tl_lookup(ca->get(), "node-b", "inbox", &r, nullptr)) != TL_OK;
+         ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ASSERT_EQ(s, TL_OK) << tl_last_error() << sa.log();
+    tl_ticket t = 0;
+    ASSERT_EQ(tl_write(ca->get(), src->id(), 0, r, 0, kBytes, 1, &t), TL_OK);
+    ASSERT_EQ(tl_wait(ca->get(), t, 20000), TL_OK) << tl_last_error();
+    EXPECT_EQ(std::memcmp(src->data(), inbox->data(), kBytes), 0);
+
+    // Cut mid-transfer.
+    std::vector<tl_ticket> tickets;
+    for (int i = 0; i < 8; ++i) {
+        if (tl_write(ca->get(), src->id(), 0, r, 0, kBytes, 10 + i, &t) == TL_OK) {
+            tickets.push_back(t);
+        }
+    }
+    ASSERT_TRUE(net.setLink(false));
+    auto cut_at = std::chrono::steady_clock::now();
+    int failed = 0;
+    for (tl_ticket tk : tickets) {
+        tl_status ws = tl_wait(ca->get(), tk, 30000);
+        ASSERT_TRUE(ws == TL_OK || ws == TL_EPEER) << tl_status_str(ws);
+        failed += ws == TL_EPEER;
+    }
+    auto took = std::chrono::steady_clock::now() - cut_at;
+    EXPECT_GT(failed, 0) << "every write finished before the cut; nothing was tested";
+    EXPECT_LT(took, std::chrono::milliseconds(kPeerTimeoutMs + 1500))
+        << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms";
+
+    // While down, new writes fail fast.
+    auto t0 = std::chrono::steady_clock::now();
+    s = tl_write(ca->get(), src->id(), 0, r, 0, 4096, 99, &t);
+    if (s == TL_OK) {
+        s = tl_wait(ca->get(), t, 30000);
+    }
+    EXPECT_EQ(s, TL_EPEER);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0,
+              std::chrono::milliseconds(kPeerTimeoutMs + 500));
+
+    // Restore: writes succeed again without restarting anything.
+    ASSERT_TRUE(net.setLink(true));
+    bool recovered = false;
+    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!recovered && std::chrono::steady_clock::now() < end) {
+        if (tl_write(ca->get(), src->id(), 0, r, 0, kBytes, 50, &t) == TL_OK &&
+            tl_wait(ca->get(), t, 10000) == TL_OK) {
+            recovered = true;
+        } else {
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
+    }
+    EXPECT_TRUE(recovered) << sa.log().substr(0, 6000);
+    EXPECT_TRUE(sa.alive() && sb.alive());
+}
