@@ -1,0 +1,399 @@
+// The accepting side: the bootstrap listener, unauthenticated connections and their
+// handshakes, and the sessions peers open to us (their writes land here).
+#include <sodium.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "peer/manager.hpp"
+#include "peer/text.hpp"
+
+namespace tensorlane::sidecar {
+
+namespace {
+
+// How long a refused connection may linger so the client reads the REFUSE before our close
+// (closing with its unread bytes in our receive queue would reset the connection and lose it).
+constexpr int64_t kRefuseLingerMs = 500;
+
+std::string errnoText(int rc) {
+    return rc == ECONNRESET ? std::string("connection closed") : std::string(std::strerror(rc));
+}
+
+}  // namespace
+
+void PeerManagerImpl::acceptAll(int64_t now) {
+    // A bounded number per call, so a connection flood cannot monopolise the engine thread.
+    for (int i = 0; i < 64 && listener_; ++i) {
+        ipc::UniqueFd fd;
+        SockAddr from;
+        int rc = acceptTcp(listener_.get(), &fd, &from);
+        if (rc == EAGAIN || rc == EWOULDBLOCK) {
+            return;
+        }
+        if (rc == EINTR || rc == ECONNABORTED) {
+            continue;
+        }
+        if (rc != 0) {
+            // EMFILE and friends leave the connection in the backlog and the listener readable:
+            // stop watching it for a moment instead of spinning on it.
+            logDrop("(listener)", std::string("accept failed: ") + std::strerror(rc), now);
+            poller_.remove(listener_.get());
+            listen_paused_until_ = now + 100;
+            noteDeadline(listen_paused_until_);
+            return;
+        }
+        if (pending_.size() >= limits_.max_pending_handshakes) {
+            logDrop(from.text(),
+                    "too many unauthenticated connections (" +
+                        std::to_string(limits_.max_pending_handshakes) + ")",
+                    now);
+            continue;  // fd closes here
+        }
+        tunePeerSocket(fd.get(), cfg_.tcp.peer_timeout_ms, cfg_.tcp.keepalive_ms);
+        auto conn = std::make_unique<Connection>(poller_, std::move(fd), from.text(),
+                                                 ConnRole::kPendingIn, now, false);
+        const uint64_t token = conn->token();
+        Pending pd;
+        pd.conn = std::move(conn);
+        pd.hs = std::make_unique<ServerHandshake>(key_, identity());
+        // The whole handshake, from accept to AUTH, must fit in this; slow or silent clients are
+        // dropped at the deadline.
+        pd.deadline_ms = now + cfg_.tcp.connect_timeout_ms;
+        noteDeadline(pd.deadline_ms);
+        pending_.emplace(token, std::move(pd));
+    }
+}
+
+Status PeerManagerImpl::admit(const HelloMsg &hello) const {
+    const Peer *p = nullptr;
+    for (const Peer &q : peers_) {
+        if (q.name == hello.from) {
+            p = &q;
+        }
+    }
+    if (p == nullptr) {
+        return {Code::kPermission, "unknown peer '" + hello.from + "' (not in [[peers]])"};
+    }
+    if (hello.role == LinkRole::kData) {
+        if (!p->in || p->in->session_id != hello.session_id ||
+            p->in->remote_incarnation != hello.incarnation) {
+            return {Code::kInvalid, "data connection for an unknown session"};
+        }
+        if (hello.data_index >= p->in->data.size() || p->in->data[hello.data_index]) {
+            return {Code::kInvalid, "data connection index " + std::to_string(hello.data_index) +
+                                        " taken or "
+                                        "out of range"};
+        }
+    }
+    return Status::ok();
+}
+
+void PeerManagerImpl::refusePending(Pending &pd, const std::string &wire_reason,
+                                    const std::string &log_reason, int64_t now) {
+    Connection &c = *pd.conn;
+    const std::string who =
+        pd.claimed.empty() ? c.remote() : c.remote() + " ('" + pd.claimed + "')";
+    logDrop(who, log_reason, now);
+    const std::string text = wire_reason.substr(0, kMaxControlPayload);
+    c.queueFrame(FrameType::kRefuse, 0,
+                 std::span(reinterpret_cast<const uint8_t *>(text.data()), text.size()));
+    (void)c.flush(now);
+    // FIN after the REFUSE; then wait briefly for the client to close its end.
+    ::shutdown(c.fd(), SHUT_WR);
+    pd.closing = true;
+    pd.deadline_ms = std::min(pd.deadline_ms, now + kRefuseLingerMs);
+    noteDeadline(pd.deadline_ms);
+}
+
+void PeerManagerImpl::dropPending(uint64_t token, const std::string &reason, int64_t now) {
+    auto it = pending_.find(token);
+    if (it == pending_.end()) {
+        return;
+    }
+    Pending &pd = it->second;
+    if (!pd.closing) {
+        const std::string who =
+            pd.claimed.empty() ? pd.conn->remote() : pd.conn->remote() + " ('" + pd.claimed + "')";
+        logDrop(who, reason, now);
+    }
+    pd.conn->close();
+    dead_conns_.push_back(std::move(pd.conn));
+    pending_.erase(it);
+}
+
+void PeerManagerImpl::onPendingEvent(Connection &c, uint32_t events, int64_t now) {
+    const uint64_t token = c.token();
+    auto it = pending_.find(token);
+    if (it == pending_.end()) {
+        return;
+    }
+    Pending &pd = it->second;
+    if (pd.closing) {
+        // Discard whatever comes until the client closes (or the linger deadline passes).
+        int rc = 0;
+        while ((rc = c.fill(now)) == 0) {
+            c.consume(c.buffered());
+        }
+        if (rc != EAGAIN) {
+            dropPending(token, "refused", now);
+        }
+        return;
+    }
+    if ((events & EPOLLOUT) != 0) {
+        if (int rc = c.flush(now); rc != 0) {
+            dropPending(token, "handshake send failed: " + errnoText(rc), now);
+            return;
+        }
+    }
+    if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) == 0) {
+        return;
+    }
+    const int rc = c.fill(now);
+    for (;;) {
+        FrameHeader h;
+        std::span<const uint8_t> payload;
+        std::string error;
+        const auto parsed = c.nextFrame(kMaxHandshakePayload, &h, &payload, &error);
+        if (parsed == Connection::Parse::kNeedMore) {
+            break;
+        }
+        if (parsed == Connection::Parse::kBad) {
+            dropPending(token, "not a tensorlane peer handshake (" + error + ")", now);
+            return;
+        }
+        if (h.type == FrameType::kRefuse) {
+            std::string why = printableText(payload);
+            c.consumeFrame(h);
+            dropPending(token, "the connecting side gave up: " + why, now);
+            return;
+        }
+        if (!pd.challenged) {
+            if (h.type != FrameType::kHello) {
+                dropPending(token,
+                            "expected HELLO, got " + frameTypeName(static_cast<uint8_t>(h.type)),
+                            now);
+                return;
+            }
+            uint64_t session_id = 0;
+            do {
+                randombytes_buf(&session_id, sizeof session_id);
+            } while (session_id == 0);
+            std::vector<uint8_t> challenge;
+            Status s = pd.hs->onHello(
+                payload, [this](const HelloMsg &m) { return admit(m); }, session_id, &challenge);
+            if (s.isOk() || !pd.hs->hello().from.empty()) {
+                pd.claimed = pd.hs->hello().from;
+            }
+            c.consumeFrame(h);
+            if (!s.isOk()) {
+                refusePending(pd, s.message(), s.message(), now);
+                return;
+            }
+            c.queueFrame(FrameType::kChallenge, 0, challenge);
+            if (int wrc = c.flush(now); wrc != 0) {
+                dropPending(token, "handshake send failed: " + errnoText(wrc), now);
+                return;
+            }
+            pd.challenged = true;
+            continue;
+        }
+        if (h.type != FrameType::kAuth) {
+            dropPending(token, "expected AUTH, got " + frameTypeName(static_cast<uint8_t>(h.type)),
+                        now);
+            return;
+        }
+        HandshakeOutcome outcome;
+        Status s = pd.hs->onAuth(payload, &outcome);
+        c.consumeFrame(h);
+        if (!s.isOk()) {
+            // The refusal names the reason: after a failed proof it tells nothing the client
+            // does not know; after a good one (a settings mismatch) both ends should see it.
+            refusePending(pd, s.message(), s.message(), now);
+            return;
+        }
+        promote(token, outcome, now);
+        return;
+    }
+    if (rc == ECONNRESET) {
+        dropPending(token,
+                    pd.challenged ? "closed during the handshake (after CHALLENGE)"
+                                  : "closed before completing a handshake",
+                    now);
+    } else if (rc != 0 && rc != EAGAIN) {
+        dropPending(token, "handshake read failed: " + errnoText(rc), now);
+    }
+}
+
+void PeerManagerImpl::sendSnapshot(Connection &control) {
+    for (const auto &r : regions_.exposed()) {
+        if (r->revoked.load(std::memory_order_acquire) || r->exposed_name.empty()) {
+            continue;
+        }
+        control.queueFrame(FrameType::kRegionAdd, r->id,
+                           encodeRegionAdd(r->bytes, r->exposed_name));
+    }
+    control.queueFrame(FrameType::kReady, 0);
+}
+
+void PeerManagerImpl::promote(uint64_t token, const HandshakeOutcome &o, int64_t now) {
+    auto it = pending_.find(token);
+    Peer *p = peerNamed(o.peer_name);
+    if (it == pending_.end() || p == nullptr) {
+        return;
+    }
+    std::unique_ptr<Connection> conn = std::move(it->second.conn);
+    pending_.erase(it);
+    conn->peer = p->id;
+
+    if (o.role == LinkRole::kControl) {
+        if (p->in) {
+            closeIn(*p, "replaced by a new session from the same peer", false);
+        }
+        auto s = std::make_unique<InSession>();
+        s->session_id = o.session_id;
+        s->remote_incarnation = o.peer_incarnation;
+        s->heartbeat_ms = heartbeatInterval(o.peer_caps);
+        s->link = std::make_unique<InLink>(regions_, p->name, cfg_.tcp.chunk_bytes, limits_.window);
+        s->data.resize(cfg_.tcp.connections_per_peer);
+        conn->role = ConnRole::kInControl;
+        sendSnapshot(*conn);
+        if (int rc = conn->flush(now); rc != 0) {
+            logDrop(conn->remote(), "cannot send the region snapshot: " + errnoText(rc), now);
+            conn->close();
+            dead_conns_.push_back(std::move(conn));
+            return;
+        }
+        s->control = std::move(conn);
+        peerLog().info("peer '{}' connected from {} (session {:016x}, incarnation {:016x})",
+                       p->name, s->control->remote(), o.session_id, o.peer_incarnation);
+        p->in = std::move(s);
+        // A session from a new incarnation means the peer restarted: the session we hold to it
+        // is dead (or soon will be), and the descriptors we hold are from the old run.
+        if (p->remote_incarnation != 0 && p->remote_incarnation != o.peer_incarnation) {
+            if (p->out) {
+                failOut(*p, "the peer restarted (new incarnation)", true, now);
+            }
+            if (p->attempt_scheduled) {
+                // It is back: reconnect now instead of waiting out the backoff.
+                p->backoff_ms = cfg_.tcp.reconnect_min_ms;
+                p->next_attempt_ms = now;
+                noteDeadline(now);
+            }
+        }
+        return;
+    }
+
+    if (!p->in || p->in->session_id != o.session_id || o.data_index >= p->in->data.size() ||
+        p->in->data[o.data_index]) {
+        logDrop(conn->remote(), "data connection for a session that is gone", now);
+        conn->close();
+        dead_conns_.push_back(std::move(conn));
+        return;
+    }
+    conn->role = ConnRole::kInData;
+    conn->index = o.data_index;
+    conn->queueFrame(FrameType::kReady, 0);
+    if (int rc = conn->flush(now); rc != 0) {
+        closeIn(*p, "data connection: " + errnoText(rc), true);
+        conn->close();
+        dead_conns_.push_back(std::move(conn));
+        return;
+    }
+    p->in->data[o.data_index] = std::move(conn);
+}
+
+void PeerManagerImpl::closeIn(Peer &p, const std::string &reason, bool warn) {
+    if (!p.in) {
+        return;
+    }
+    if (warn) {
+        peerLog().warn("session from peer '{}' ({}) closed: {}", p.name,
+                       p.in->control ? p.in->control->remote() : p.address, reason);
+    } else {
+        peerLog().info("session from peer '{}' closed: {}", p.name, reason);
+    }
+    if (p.in->control) {
+        p.in->control->close();
+    }
+    for (auto &c : p.in->data) {
+        if (c) {
+            c->close();
+        }
+    }
+    // Writes half received are dropped: the writer fails them when it sees the session die.
+    dead_in_.push_back(std::move(p.in));
+    signalWake();
+}
+
+void PeerManagerImpl::onInControlEvent(Connection &c, uint32_t events, int64_t now) {
+    Peer *p = peerOf(c.peer);
+    if (p == nullptr || !p->in || p->in->control.get() != &c) {
+        return;
+    }
+    if ((events & EPOLLOUT) != 0) {
+        if (int rc = c.flush(now); rc != 0) {
+            closeIn(*p, errnoText(rc), true);
+            return;
+        }
+    }
+    if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) == 0) {
+        return;
+    }
+    const int rc = c.fill(now);
+    for (;;) {
+        FrameHeader h;
+        std::span<const uint8_t> payload;
+        std::string error;
+        const auto parsed = c.nextFrame(kMaxControlPayload, &h, &payload, &error);
+        if (parsed == Connection::Parse::kNeedMore) {
+            break;
+        }
+        if (parsed == Connection::Parse::kBad) {
+            closeIn(*p, "protocol error: " + error, true);
+            return;
+        }
+        if (h.type != FrameType::kHeartbeat) {
+            closeIn(*p,
+                    "protocol error: unexpected " + frameTypeName(static_cast<uint8_t>(h.type)) +
+                        " on the control connection",
+                    true);
+            return;
+        }
+        c.consumeFrame(h);
+    }
+    if (rc == ECONNRESET) {
+        closeIn(*p, "closed by the peer", false);
+    } else if (rc != 0 && rc != EAGAIN) {
+        closeIn(*p, errnoText(rc), true);
+    }
+}
+
+void PeerManagerImpl::onInDataEvent(Connection &c, uint32_t events, int64_t now) {
+    Peer *p = peerOf(c.peer);
+    if (p == nullptr || !p->in || c.index >= p->in->data.size() ||
+        p->in->data[c.index].get() != &c) {
+        return;
+    }
+    if ((events & EPOLLOUT) != 0) {
+        if (int rc = c.flush(now); rc != 0) {
+            closeIn(*p, "data connection: " + errnoText(rc), true);
+            return;
+        }
+    }
+    if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) == 0) {
+        return;
+    }
+    std::string error;
+    const int rc = p->in->link->onReadable(c, limits_.read_budget, now, &error);
+    if (rc == EPROTO) {
+        closeIn(*p, "protocol error on a data connection: " + error, true);
+    } else if (rc == ECONNRESET) {
+        closeIn(*p, "data connection closed by the peer", false);
+    } else if (rc != 0) {
+        closeIn(*p, "data connection: " + errnoText(rc), true);
+    }
+}
+
+}  // namespace tensorlane::sidecar

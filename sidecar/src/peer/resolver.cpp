@@ -1,0 +1,70 @@
+#include "peer/resolver.hpp"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <utility>
+
+namespace tensorlane::sidecar {
+
+Resolver::~Resolver() {
+    {
+        std::lock_guard lock(mu_);
+        stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) {
+        thread_.join();
+    }
+}
+
+int Resolver::open() {
+    int fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (fd < 0) {
+        return errno;
+    }
+    event_.reset(fd);
+    return 0;
+}
+
+void Resolver::request(uint64_t tag, std::string host, uint16_t port) {
+    {
+        std::lock_guard lock(mu_);
+        requests_.push_back(Request{tag, std::move(host), port});
+        if (!thread_.joinable()) {
+            thread_ = std::thread([this] { run(); });
+        }
+    }
+    cv_.notify_one();
+}
+
+std::vector<Resolver::Result> Resolver::take() {
+    uint64_t count = 0;
+    // Drains the eventfd counter; EAGAIN when nothing was signalled is fine.
+    (void)::read(event_.get(), &count, sizeof count);
+    std::lock_guard lock(mu_);
+    return std::exchange(results_, {});
+}
+
+void Resolver::run() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+        cv_.wait(lock, [this] { return stop_ || !requests_.empty(); });
+        if (stop_) {
+            return;
+        }
+        Request req = std::move(requests_.front());
+        requests_.pop_front();
+        lock.unlock();
+        Result res;
+        res.tag = req.tag;
+        res.rc = resolveAddress(req.host, req.port, false, &res.addr, &res.error);
+        lock.lock();
+        results_.push_back(std::move(res));
+        const uint64_t one = 1;
+        (void)::write(event_.get(), &one, sizeof one);
+    }
+}
+
+}  // namespace tensorlane::sidecar

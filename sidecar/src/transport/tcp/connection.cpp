@@ -1,0 +1,362 @@
+#include "transport/tcp/connection.hpp"
+
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+
+namespace tensorlane::sidecar {
+
+namespace {
+
+// Big enough that a readv which finishes one chunk's payload also picks up the next headers
+// and small payloads; small enough to keep thousands of connections cheap.
+constexpr size_t kInputBufferBytes = 64 * 1024;
+// sendmsg takes at most IOV_MAX (1024) iovecs; 64 items (two iovecs each) stay well under it.
+constexpr size_t kMaxIovPerWrite = 128;
+
+}  // namespace
+
+std::string frameTypeName(uint8_t type) {
+    switch (static_cast<FrameType>(type)) {
+        case FrameType::kHello:
+            return "HELLO";
+        case FrameType::kChallenge:
+            return "CHALLENGE";
+        case FrameType::kAuth:
+            return "AUTH";
+        case FrameType::kReady:
+            return "READY";
+        case FrameType::kRefuse:
+            return "REFUSE";
+        case FrameType::kRegionAdd:
+            return "REGION_ADD";
+        case FrameType::kRegionDel:
+            return "REGION_DEL";
+        case FrameType::kAck:
+            return "ACK";
+        case FrameType::kHeartbeat:
+            return "HEARTBEAT";
+        case FrameType::kChunk:
+            return "CHUNK";
+    }
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "type 0x%02x", type);
+    return buf;
+}
+
+// ----- Poller
+
+int Poller::open() {
+    int fd = ::epoll_create1(EPOLL_CLOEXEC);
+    if (fd < 0) {
+        return errno;
+    }
+    ep_.reset(fd);
+    return 0;
+}
+
+int Poller::add(int fd, uint32_t events, uint64_t token) {
+    epoll_event ev{};
+    ev.events = events;
+    ev.data.u64 = token;
+    return ::epoll_ctl(ep_.get(), EPOLL_CTL_ADD, fd, &ev) == 0 ? 0 : errno;
+}
+
+int Poller::modify(int fd, uint32_t events, uint64_t token) {
+    epoll_event ev{};
+    ev.events = events;
+    ev.data.u64 = token;
+    return ::epoll_ctl(ep_.get(), EPOLL_CTL_MOD, fd, &ev) == 0 ? 0 : errno;
+}
+
+void Poller::remove(int fd) {
+    ::epoll_ctl(ep_.get(), EPOLL_CTL_DEL, fd, nullptr);
+}
+
+int Poller::wait(epoll_event *events, int max, int timeout_ms) {
+    return ::epoll_wait(ep_.get(), events, max, timeout_ms);
+}
+
+Connection *Poller::find(uint64_t token) const {
+    auto it = conns_.find(token);
+    return it == conns_.end() ? nullptr : it->second;
+}
+
+uint64_t Poller::attach(Connection *c) {
+    const uint64_t token = next_token_++;
+    conns_.emplace(token, c);
+    return token;
+}
+
+void Poller::detach(uint64_t token) {
+    conns_.erase(token);
+}
+
+// ----- Connection
+
+Connection::Connection(Poller &poller, ipc::UniqueFd fd, std::string remote, ConnRole r,
+                       int64_t now_ms, bool is_connecting)
+    : role(r),
+      connecting(is_connecting),
+      last_rx_ms(now_ms),
+      last_tx_ms(now_ms),
+      last_out_progress_ms(now_ms),
+      poller_(poller),
+      fd_(std::move(fd)),
+      remote_(std::move(remote)),
+      in_(kInputBufferBytes) {
+    token_ = poller_.attach(this);
+    want_write_ = is_connecting;
+    // Level-triggered: a connection with more input than one progress() budget is reported
+    // again on the next epoll_wait, so nothing is lost when we stop early.
+    uint32_t events = EPOLLIN | EPOLLRDHUP | (want_write_ ? EPOLLOUT : 0u);
+    poller_.add(fd_.get(), events, token_);
+}
+
+Connection::~Connection() {
+    close();
+}
+
+void Connection::close() {
+    if (fd_) {
+        poller_.remove(fd_.get());
+        poller_.detach(token_);
+        fd_.reset();
+    }
+}
+
+void Connection::setWantWrite(bool want) {
+    if (want == want_write_ || !fd_) {
+        return;
+    }
+    want_write_ = want;
+    poller_.modify(fd_.get(), EPOLLIN | EPOLLRDHUP | (want ? EPOLLOUT : 0u), token_);
+}
+
+void Connection::queueFrame(FrameType type, uint64_t arg, std::span<const uint8_t> payload) {
+    OutItem item;
+    const size_t total = kFrameHeaderBytes + payload.size();
+    if (total <= item.head.size()) {
+        encodeFrameHeader(item.head.data(), type, static_cast<uint32_t>(payload.size()), arg);
+        std::copy(payload.begin(), payload.end(), item.head.begin() + kFrameHeaderBytes);
+        item.head_len = static_cast<uint32_t>(total);
+    } else {
+        item.big.resize(total);
+        encodeFrameHeader(item.big.data(), type, static_cast<uint32_t>(payload.size()), arg);
+        std::copy(payload.begin(), payload.end(), item.big.begin() + kFrameHeaderBytes);
+    }
+    out_bytes_ += item.size();
+    out_.push_back(std::move(item));
+}
+
+void Connection::queueChunk(const uint8_t *head, const uint8_t *data, uint32_t len) {
+    OutItem item;
+    std::copy(head, head + kChunkFrameOverhead, item.head.begin());
+    item.head_len = static_cast<uint32_t>(kChunkFrameOverhead);
+    item.data = data;
+    item.data_len = len;
+    out_bytes_ += item.size();
+    out_.push_back(std::move(item));
+}
+
+void Connection::dropOutput() {
+    out_.clear();
+    out_bytes_ = 0;
+}
+
+int Connection::flush(int64_t now_ms, size_t budget) {
+    if (!fd_) {
+        return EBADF;
+    }
+    size_t written_total = 0;
+    while (!out_.empty() && written_total < budget) {
+        iovec iov[kMaxIovPerWrite];
+        size_t n = 0;
+        for (auto it = out_.begin(); it != out_.end() && n + 2 <= kMaxIovPerWrite; ++it) {
+            const uint8_t *head = it->big.empty() ? it->head.data() : it->big.data();
+            const size_t head_len = it->big.empty() ? it->head_len : it->big.size();
+            size_t skip = it->sent;
+            if (skip < head_len) {
+                iov[n++] = {const_cast<uint8_t *>(head + skip), head_len - skip};
+                skip = 0;
+            } else {
+                skip -= head_len;
+            }
+            if (it->data_len > skip) {
+                iov[n++] = {const_cast<uint8_t *>(it->data + skip), it->data_len - skip};
+            }
+        }
+        // sendmsg rather than writev for MSG_NOSIGNAL: a peer that reset the connection must
+        // give EPIPE here, not a SIGPIPE that kills the sidecar.
+        msghdr msg{};
+        msg.msg_iov = iov;
+        msg.msg_iovlen = n;
+        ssize_t w = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL);
+        if (w < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                break;
+            }
+            return errno;
+        }
+        size_t left = static_cast<size_t>(w);
+        written_total += left;
+        bytes_out += left;
+        out_bytes_ -= left;
+        while (left > 0) {
+            OutItem &front = out_.front();
+            const size_t rest = front.size() - front.sent;
+            if (left >= rest) {
+                left -= rest;
+                out_.pop_front();
+            } else {
+                front.sent += left;
+                left = 0;
+            }
+        }
+    }
+    if (written_total > 0) {
+        last_tx_ms = now_ms;
+        last_out_progress_ms = now_ms;
+    }
+    setWantWrite(!out_.empty());
+    return 0;
+}
+
+void Connection::consume(size_t n) {
+    rpos_ += n;
+    if (rpos_ == wpos_) {
+        rpos_ = wpos_ = 0;
+    }
+}
+
+int Connection::fill(int64_t now_ms) {
+    if (!fd_) {
+        return EBADF;
+    }
+    if (rpos_ > 0 && wpos_ == in_.size()) {
+        std::copy(in_.begin() + static_cast<ptrdiff_t>(rpos_),
+                  in_.begin() + static_cast<ptrdiff_t>(wpos_), in_.begin());
+        wpos_ -= rpos_;
+        rpos_ = 0;
+    }
+    if (wpos_ == in_.size()) {
+        return ENOBUFS;
+    }
+    for (;;) {
+        ssize_t r = ::recv(fd_.get(), in_.data() + wpos_, in_.size() - wpos_, 0);
+        if (r > 0) {
+            wpos_ += static_cast<size_t>(r);
+            bytes_in += static_cast<uint64_t>(r);
+            last_rx_ms = now_ms;
+            return 0;
+        }
+        if (r == 0) {
+            return ECONNRESET;
+        }
+        if (errno == EINTR) {
+            continue;
+        }
+        return errno == EWOULDBLOCK ? EAGAIN : errno;
+    }
+}
+
+int Connection::fillAtLeast(size_t want, int64_t now_ms) {
+    if (buffered() >= want) {
+        return 0;
+    }
+    if (in_.size() - rpos_ < want) {
+        std::copy(in_.begin() + static_cast<ptrdiff_t>(rpos_),
+                  in_.begin() + static_cast<ptrdiff_t>(wpos_), in_.begin());
+        wpos_ -= rpos_;
+        rpos_ = 0;
+    }
+    return fill(now_ms);
+}
+
+Connection::Parse Connection::nextFrame(uint32_t max_payload, FrameHeader *header,
+                                        std::span<const uint8_t> *payload, std::string *error) {
+    if (buffered() < kFrameHeaderBytes) {
+        return Parse::kNeedMore;
+    }
+    FrameHeader h;
+    if (!decodeFrameHeader(bufferedData(), &h)) {
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "bad frame magic 0x%04x", loadLe16(bufferedData()));
+        *error = buf;
+        return Parse::kBad;
+    }
+    if (h.length > max_payload) {
+        *error = frameTypeName(static_cast<uint8_t>(h.type)) + " frame of " +
+                 std::to_string(h.length) + " bytes exceeds the limit of " +
+                 std::to_string(max_payload);
+        return Parse::kBad;
+    }
+    if (buffered() < kFrameHeaderBytes + h.length) {
+        // Make sure the whole frame can fit; it always can since max_payload is far below the
+        // buffer size.
+        if (in_.size() - rpos_ < kFrameHeaderBytes + h.length) {
+            std::copy(in_.begin() + static_cast<ptrdiff_t>(rpos_),
+                      in_.begin() + static_cast<ptrdiff_t>(wpos_), in_.begin());
+            wpos_ -= rpos_;
+            rpos_ = 0;
+        }
+        return Parse::kNeedMore;
+    }
+    *header = h;
+    *payload = std::span<const uint8_t>(bufferedData() + kFrameHeaderBytes, h.length);
+    return Parse::kFrame;
+}
+
+int Connection::readInto(uint8_t *dest, size_t len, size_t *got, int64_t now_ms) {
+    size_t done = 0;
+    if (buffered() > 0) {
+        done = std::min(buffered(), len);
+        std::copy(bufferedData(), bufferedData() + done, dest);
+        consume(done);
+        if (done == len) {
+            *got = done;
+            return 0;
+        }
+    }
+    // The buffer is empty now (consume() rewound it), so all of it can take the overflow.
+    iovec iov[2] = {{dest + done, len - done}, {in_.data(), in_.size()}};
+    for (;;) {
+        ssize_t r = ::readv(fd_.get(), iov, 2);
+        if (r > 0) {
+            const size_t n = static_cast<size_t>(r);
+            bytes_in += n;
+            last_rx_ms = now_ms;
+            if (n <= len - done) {
+                done += n;
+            } else {
+                wpos_ = n - (len - done);
+                rpos_ = 0;
+                done = len;
+            }
+            *got = done;
+            return 0;
+        }
+        if (r == 0) {
+            *got = done;
+            return done > 0 ? 0 : ECONNRESET;
+        }
+        if (errno == EINTR) {
+            continue;
+        }
+        *got = done;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            return done > 0 ? 0 : EAGAIN;
+        }
+        return errno;
+    }
+}
+
+}  // namespace tensorlane::sidecar

@@ -1,0 +1,168 @@
+// One non-blocking peer TCP connection: an input buffer with frame parsing, a zero-copy read
+// path into region memory, and an output queue flushed with one gathered send. Plus the epoll
+// wrapper that routes readiness to connections by token.
+//
+// Output goes out with sendmsg(MSG_NOSIGNAL) scatter-gather; input of chunk data is read straight
+// into the target memory with readv.
+#pragma once
+
+#include <sys/epoll.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "tensorlane/ipc/fd.hpp"
+#include "tensorlane/sidecar/transport.hpp"
+#include "transport/tcp/frame.hpp"
+
+namespace tensorlane::sidecar {
+
+class Connection;
+
+/// An epoll set. Connections register themselves under a token (>= kFirstConnectionToken);
+/// smaller tokens are the owner's fixed fds (listener, timer, eventfds).
+class Poller {
+public:
+    static constexpr uint64_t kFirstConnectionToken = 64;
+
+    /// Creates the epoll fd. Returns 0 or errno.
+    int open();
+    int fd() const { return ep_.get(); }
+    int add(int fd, uint32_t events, uint64_t token);
+    int modify(int fd, uint32_t events, uint64_t token);
+    void remove(int fd);
+    /// Waits up to `timeout_ms` (0: poll). Returns the count or -1 (errno set).
+    int wait(epoll_event *events, int max, int timeout_ms);
+
+    /// The connection registered under `token`, or nullptr (it was closed meanwhile).
+    Connection *find(uint64_t token) const;
+
+private:
+    friend class Connection;
+    uint64_t attach(Connection *c);
+    void detach(uint64_t token);
+
+    ipc::UniqueFd ep_;
+    std::unordered_map<uint64_t, Connection *> conns_;
+    uint64_t next_token_ = kFirstConnectionToken;
+};
+
+/// What a connection is for; the owner routes its events by this.
+enum class ConnRole : uint8_t {
+    kPendingIn,   ///< accepted, not yet authenticated
+    kInControl,   ///< a peer's control connection to us
+    kInData,      ///< a peer's data connection to us (carries its writes)
+    kOutControl,  ///< our control connection to a peer
+    kOutData,     ///< our data connection to a peer (carries our writes)
+};
+
+/// The chunk a data connection is in the middle of receiving.
+struct ChunkRx {
+    bool active = false;
+    void *write = nullptr;    ///< the receiver's record of the whole write
+    uint8_t *dest = nullptr;  ///< where the next byte goes; nullptr: discard it
+    uint64_t remaining = 0;   ///< bytes of this chunk still to come
+    uint64_t length = 0;      ///< the chunk's data bytes
+};
+
+/// A connected, non-blocking TCP socket registered with a Poller. Move-only by pointer: the
+/// Poller holds its address, so it lives in a unique_ptr.
+class Connection {
+public:
+    /// Registers `fd` with the poller (readable; also writable while `connecting`).
+    Connection(Poller &poller, ipc::UniqueFd fd, std::string remote, ConnRole role, int64_t now_ms,
+               bool connecting);
+    ~Connection();
+    Connection(const Connection &) = delete;
+    Connection &operator=(const Connection &) = delete;
+
+    int fd() const { return fd_.get(); }
+    uint64_t token() const { return token_; }
+    /// The remote address, for logs.
+    const std::string &remote() const { return remote_; }
+    bool isOpen() const { return static_cast<bool>(fd_); }
+    /// Deregisters and closes the socket; the object stays valid (owners destroy it later).
+    void close();
+
+    // Routing fields, set by the owner.
+    ConnRole role;
+    PeerId peer = 0;
+    uint32_t index = 0;  ///< data connection index
+    bool connecting = false;
+
+    // ----- output
+    /// Queues a frame, copying the payload.
+    void queueFrame(FrameType type, uint64_t arg, std::span<const uint8_t> payload = {});
+    /// Queues a chunk frame: its header is copied, `data` is sent from where it lies (it must
+    /// stay valid until sent or dropOutput()).
+    void queueChunk(const uint8_t *head, const uint8_t *data, uint32_t len);
+    /// Writes queued bytes until the socket is full or `budget` bytes went. Returns 0 or errno.
+    int flush(int64_t now_ms, size_t budget = SIZE_MAX);
+    bool hasOutput() const { return !out_.empty(); }
+    uint64_t queuedBytes() const { return out_bytes_; }
+    /// Forgets queued output (the connection is being torn down).
+    void dropOutput();
+
+    // ----- input
+    enum class Parse { kFrame, kNeedMore, kBad };
+    /// Reads what the socket has into the buffer. 0 when bytes came, EAGAIN when none,
+    /// ECONNRESET at end of stream, else errno.
+    int fill(int64_t now_ms);
+    /// The next whole frame in the buffer. The payload view stays valid until consumeFrame().
+    Parse nextFrame(uint32_t max_payload, FrameHeader *header, std::span<const uint8_t> *payload,
+                    std::string *error);
+    /// Drops the frame nextFrame() returned.
+    void consumeFrame(const FrameHeader &h) { consume(kFrameHeaderBytes + h.length); }
+    size_t buffered() const { return wpos_ - rpos_; }
+    const uint8_t *bufferedData() const { return in_.data() + rpos_; }
+    void consume(size_t n);
+    /// Makes room and reads until at least `want` bytes are buffered or the socket is empty.
+    int fillAtLeast(size_t want, int64_t now_ms);
+    /// Moves up to `len` bytes to `dest`: the buffered ones first, then straight from the socket
+    /// (readv), bytes beyond `len` landing in the buffer so the next header costs no extra call.
+    /// `*got` may be less than len. Returns 0, EAGAIN (nothing at all), ECONNRESET, or errno.
+    int readInto(uint8_t *dest, size_t len, size_t *got, int64_t now_ms);
+
+    ChunkRx rx;
+
+    // ----- liveness and counters
+    int64_t last_rx_ms = 0;
+    int64_t last_tx_ms = 0;
+    /// The last time queued output shrank (a stalled peer shows as output that never moves).
+    int64_t last_out_progress_ms = 0;
+    uint64_t bytes_in = 0;
+    uint64_t bytes_out = 0;
+
+    /// Wants EPOLLOUT (set while output is queued or a connect is in progress).
+    void setWantWrite(bool want);
+
+private:
+    struct OutItem {
+        std::array<uint8_t, kChunkFrameOverhead> head{};
+        uint32_t head_len = 0;
+        std::vector<uint8_t> big;  ///< a frame too large for `head`
+        const uint8_t *data = nullptr;
+        size_t data_len = 0;
+        size_t sent = 0;
+        size_t size() const { return (big.empty() ? head_len : big.size()) + data_len; }
+    };
+
+    Poller &poller_;
+    ipc::UniqueFd fd_;
+    std::string remote_;
+    uint64_t token_ = 0;
+    bool want_write_ = false;
+    std::vector<uint8_t> in_;
+    size_t rpos_ = 0;
+    size_t wpos_ = 0;
+    std::deque<OutItem> out_;
+    uint64_t out_bytes_ = 0;
+};
+
+}  // namespace tensorlane::sidecar

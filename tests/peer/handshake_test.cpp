@@ -1,0 +1,229 @@
+// Unit tests of the key file, the wire messages and the challenge-response, without sockets.
+#include <gtest/gtest.h>
+#include <sodium.h>
+
+#include <cstring>
+#include <random>
+
+#include "harness.hpp"
+#include "peer/handshake.hpp"
+#include "peer/key.hpp"
+#include "peer/wire.hpp"
+
+namespace tensorlane::sidecar {
+namespace {
+
+using peertest::TempDir;
+
+PeerKey keyOf(const std::string &secret) {
+    PeerKey k;
+    EXPECT_TRUE(PeerKey::fromSecret(secret, &k).isOk());
+    return k;
+}
+
+HandshakeIdentity ident(const std::string &name, uint32_t chunk = 1u << 20, uint32_t conns = 2) {
+    HandshakeIdentity id;
+    id.name = name;
+    randombytes_buf(&id.incarnation, sizeof id.incarnation);
+    id.caps = PeerCaps{chunk, conns, 5000, 1000};
+    return id;
+}
+
+ServerHandshake::AdmitFn admitAll() {
+    return [](const HelloMsg &) { return Status::ok(); };
+}
+
+TEST(PeerKey, TrimsWhitespaceAndDerivesTheSameKey) {
+    TempDir dir;
+    PeerKey a, b, c;
+    ASSERT_TRUE(PeerKey::fromFile(dir.writeFile("a", "  0123456789abcdef0123\n"), &a).isOk());
+    ASSERT_TRUE(PeerKey::fromFile(dir.writeFile("b", "0123456789abcdef0123"), &b).isOk());
+    ASSERT_TRUE(PeerKey::fromFile(dir.writeFile("c", "0123456789abcdef0124"), &c).isOk());
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), PeerKey::kBytes));
+    EXPECT_NE(0, std::memcmp(a.data(), c.data(), PeerKey::kBytes));
+}
+
+TEST(PeerKey, RejectsShortMissingAndOpenFiles) {
+    TempDir dir;
+    PeerKey k;
+    Status s = PeerKey::fromFile(dir.writeFile("short", "too short \n"), &k);
+    EXPECT_EQ(s.code(), Code::kInvalid);
+    EXPECT_NE(s.message().find("at least 16"), std::string::npos) << s.message();
+
+    s = PeerKey::fromFile(dir.path() + "/missing", &k);
+    EXPECT_FALSE(s.isOk());
+    EXPECT_NE(s.message().find("missing"), std::string::npos) << s.message();
+
+    s = PeerKey::fromFile(dir.writeFile("open", "0123456789abcdef0123", 0644), &k);
+    EXPECT_EQ(s.code(), Code::kPermission);
+    EXPECT_NE(s.message().find("0644"), std::string::npos) << s.message();
+
+    s = PeerKey::fromFile(dir.writeFile("big", std::string(5000, 'x')), &k);
+    EXPECT_EQ(s.code(), Code::kInvalid);
+}
+
+TEST(PeerHandshake, BothEndsAuthenticateAndLearnEachOther) {
+    const PeerKey key = keyOf("shared secret for the test");
+    const auto a = ident("node-a");
+    const auto b = ident("node-b");
+    ClientHandshake client(key, a, "node-b", LinkRole::kControl, 0, 0);
+    ServerHandshake server(key, b);
+    std::vector<uint8_t> challenge, auth;
+    ASSERT_TRUE(server.onHello(client.hello(), admitAll(), 77, &challenge).isOk());
+    HandshakeOutcome at_client, at_server;
+    Status s = client.onChallenge(challenge, &auth, &at_client);
+    ASSERT_TRUE(s.isOk()) << s.message();
+    s = server.onAuth(auth, &at_server);
+    ASSERT_TRUE(s.isOk()) << s.message();
+    EXPECT_EQ(at_client.peer_name, "node-b");
+    EXPECT_EQ(at_client.peer_incarnation, b.incarnation);
+    EXPECT_EQ(at_client.session_id, 77u);
+    EXPECT_EQ(at_server.peer_name, "node-a");
+    EXPECT_EQ(at_server.peer_incarnation, a.incarnation);
+    EXPECT_EQ(at_server.session_id, 77u);
+}
+
+TEST(PeerHandshake, WrongKeyIsRefusedByBothEnds) {
+    const PeerKey k1 = keyOf("the first secret key here");
+    const PeerKey k2 = keyOf("the second secret key here");
+    ClientHandshake client(k1, ident("node-a"), "node-b", LinkRole::kControl, 0, 0);
+    ServerHandshake server(k2, ident("node-b"));
+    std::vector<uint8_t> challenge, auth;
+    ASSERT_TRUE(server.onHello(client.hello(), admitAll(), 1, &challenge).isOk());
+    HandshakeOutcome out;
+    // The client catches the server's bad proof first...
+    Status s = client.onChallenge(challenge, &auth, &out);
+    EXPECT_EQ(s.code(), Code::kPermission);
+    EXPECT_NE(s.message().find("authentication failed"), std::string::npos);
+    // ...and a client that answered anyway, without the key, fails at the server.
+    std::vector<uint8_t> forged(kMacBytes);
+    randombytes_buf(forged.data(), forged.size());
+    s = server.onAuth(forged, &out);
+    EXPECT_EQ(s.code(), Code::kPermission);
+    EXPECT_NE(s.message().find("node-a"), std::string::npos);
+}
+
+TEST(PeerHandshake, ReplayedClientProofIsRefused) {
+    const PeerKey key = keyOf("shared secret for the test");
+    const auto b = ident("node-b");
+    ClientHandshake client(key, ident("node-a"), "node-b", LinkRole::kControl, 0, 0);
+    ServerHandshake first(key, b);
+    std::vector<uint8_t> challenge, auth;
+    ASSERT_TRUE(first.onHello(client.hello(), admitAll(), 1, &challenge).isOk());
+    HandshakeOutcome out;
+    ASSERT_TRUE(client.onChallenge(challenge, &auth, &out).isOk());
+    ASSERT_TRUE(first.onAuth(auth, &out).isOk());
+
+    // An eavesdropper replays HELLO and AUTH: the server's fresh nonce makes the old proof void.
+    ServerHandshake second(key, b);
+    std::vector<uint8_t> challenge2;
+    ASSERT_TRUE(second.onHello(client.hello(), admitAll(), 2, &challenge2).isOk());
+    Status s = second.onAuth(auth, &out);
+    EXPECT_EQ(s.code(), Code::kPermission);
+    EXPECT_NE(s.message().find("replayed"), std::string::npos) << s.message();
+}
+
+TEST(PeerHandshake, ReplayedServerProofIsRefused) {
+    const PeerKey key = keyOf("shared secret for the test");
+    const auto a = ident("node-a");
+    ClientHandshake first(key, a, "node-b", LinkRole::kControl, 0, 0);
+    ServerHandshake server(key, ident("node-b"));
+    std::vector<uint8_t> challenge, auth;
+    ASSERT_TRUE(server.onHello(first.hello(), admitAll(), 1, &challenge).isOk());
+    // A fake server replays the recorded CHALLENGE to a new connection of the same client.
+    ClientHandshake second(key, a, "node-b", LinkRole::kControl, 0, 0);
+    HandshakeOutcome out;
+    Status s = second.onChallenge(challenge, &auth, &out);
+    EXPECT_EQ(s.code(), Code::kPermission);
+}
+
+TEST(PeerHandshake, TamperedHelloBreaksTheProof) {
+    const PeerKey key = keyOf("shared secret for the test");
+    ClientHandshake client(key, ident("node-a"), "node-b", LinkRole::kControl, 0, 0);
+    ServerHandshake server(key, ident("node-b"));
+    std::vector<uint8_t> hello = client.hello();
+    hello[hello.size() - 1 - 6 - 1] ^= 0x01;  // a byte of the client's name
+    std::vector<uint8_t> challenge, auth;
+    ASSERT_TRUE(server.onHello(hello, admitAll(), 1, &challenge).isOk());
+    HandshakeOutcome out;
+    EXPECT_EQ(client.onChallenge(challenge, &auth, &out).code(), Code::kPermission);
+}
+
+TEST(PeerHandshake, VersionMismatchNamesBothVersions) {
+    const PeerKey key = keyOf("shared secret for the test");
+    ClientHandshake client(key, ident("node-a"), "node-b", LinkRole::kControl, 0, 0);
+    ServerHandshake server(key, ident("node-b"));
+    std::vector<uint8_t> hello = client.hello();
+    hello[0] = 9;  // version 9
+    hello[1] = 0;
+    std::vector<uint8_t> challenge;
+    Status s = server.onHello(hello, admitAll(), 1, &challenge);
+    EXPECT_EQ(s.code(), Code::kInvalid);
+    EXPECT_NE(s.message().find("version 1"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("version 9"), std::string::npos) << s.message();
+}
+
+TEST(PeerHandshake, SharedSettingMismatchNamesBothValues) {
+    const PeerKey key = keyOf("shared secret for the test");
+    ClientHandshake client(key, ident("node-a", 1u << 20), "node-b", LinkRole::kControl, 0, 0);
+    ServerHandshake server(key, ident("node-b", 2u << 20));
+    std::vector<uint8_t> challenge, auth;
+    ASSERT_TRUE(server.onHello(client.hello(), admitAll(), 1, &challenge).isOk());
+    HandshakeOutcome out;
+    Status s = client.onChallenge(challenge, &auth, &out);
+    EXPECT_EQ(s.code(), Code::kInvalid);
+    EXPECT_NE(s.message().find("chunk_bytes"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("1048576"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("2097152"), std::string::npos) << s.message();
+
+    Status t = checkSharedCaps("node-a", PeerCaps{4096, 2, 5000, 1000}, "node-b",
+                               PeerCaps{4096, 4, 5000, 1000});
+    EXPECT_NE(t.message().find("connections_per_peer"), std::string::npos) << t.message();
+}
+
+TEST(PeerHandshake, AdmitRefusalIsPassedOn) {
+    const PeerKey key = keyOf("shared secret for the test");
+    ClientHandshake client(key, ident("intruder"), "node-b", LinkRole::kControl, 0, 0);
+    ServerHandshake server(key, ident("node-b"));
+    std::vector<uint8_t> challenge;
+    Status s = server.onHello(
+        client.hello(),
+        [](const HelloMsg &m) {
+            return Status{Code::kPermission, "unknown peer '" + m.from + "'"};
+        },
+        1, &challenge);
+    EXPECT_EQ(s.code(), Code::kPermission);
+    EXPECT_TRUE(challenge.empty());
+}
+
+TEST(PeerWire, DecodersRejectTruncatedAndRandomInput) {
+    HelloMsg m;
+    m.from = "node-a";
+    m.to = "node-b";
+    const auto hello = encodeHello(m);
+    HelloMsg out;
+    std::string err;
+    ASSERT_TRUE(decodeHello(hello, &out, &err)) << err;
+    for (size_t n = 0; n < hello.size(); ++n) {
+        EXPECT_FALSE(decodeHello(std::span(hello.data(), n), &out, &err)) << n;
+    }
+    auto longer = hello;
+    longer.push_back(0);
+    EXPECT_FALSE(decodeHello(longer, &out, &err));
+
+    std::mt19937_64 rng(7);
+    for (int i = 0; i < 2000; ++i) {
+        std::vector<uint8_t> junk(rng() % 300);
+        for (auto &b : junk) {
+            b = static_cast<uint8_t>(rng());
+        }
+        ChallengeMsg c;
+        RegionDescriptor d;
+        (void)decodeHello(junk, &out, &err);
+        (void)decodeChallenge(junk, &c, &err);
+        (void)decodeRegionAdd(1, junk, &d);
+    }
+}
+
+}  // namespace
+}  // namespace tensorlane::sidecar

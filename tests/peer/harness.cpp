@@ -1,0 +1,446 @@
+#include "harness.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sched.h>
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <stdexcept>
+
+#include "tensorlane/ipc/shm.hpp"
+
+namespace tensorlane::peertest {
+
+namespace {
+
+std::atomic<uint64_t> g_order{1};
+std::atomic<uint64_t> g_op{1000};
+
+std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> logRing() {
+    // Installed on the peer logger before any node exists, so every message is captured; the
+    // logger also keeps printing to stderr for people reading test output.
+    static std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> ring = [] {
+        auto r = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(4096);
+        auto logger = spdlog::get("tensorlane.sidecar.peer");
+        if (!logger) {
+            logger = spdlog::stderr_color_mt("tensorlane.sidecar.peer");
+        }
+        logger->sinks().push_back(r);
+        logger->set_level(spdlog::level::info);
+        return r;
+    }();
+    return ring;
+}
+
+}  // namespace
+
+uint64_t nextOpId() {
+    return g_op.fetch_add(1);
+}
+
+std::vector<std::string> peerLogLines() {
+    return logRing()->last_formatted();
+}
+
+bool peerLogHas(const std::vector<std::string> &parts) {
+    for (const auto &line : peerLogLines()) {
+        bool all = true;
+        for (const auto &p : parts) {
+            if (line.find(p) == std::string::npos) {
+                all = false;
+                break;
+            }
+        }
+        if (all) {
+            return true;
+        }
+    }
+    return false;
+}
+
+uint16_t freePort() {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = 0;
+    if (::bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) != 0) {
+        ::close(fd);
+        return 0;
+    }
+    socklen_t len = sizeof a;
+    ::getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len);
+    ::close(fd);
+    return ntohs(a.sin_port);
+}
+
+TempDir::TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "tl-peer-XXXXXX").string();
+    if (::mkdtemp(tmpl.data()) == nullptr) {
+        throw std::runtime_error("mkdtemp failed");
+    }
+    path_ = tmpl;
+}
+
+TempDir::~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+}
+
+std::string TempDir::writeFile(const std::string &name, const std::string &content,
+                               unsigned mode) const {
+    const std::string p = path_ + "/" + name;
+    int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+    if (fd < 0 ||
+        ::write(fd, content.data(), content.size()) != static_cast<ssize_t>(content.size())) {
+        throw std::runtime_error("cannot write " + p);
+    }
+    ::fchmod(fd, mode);
+    ::close(fd);
+    return p;
+}
+
+// ----- sink
+
+void RecordingSink::add(Event e) {
+    e.order = g_order.fetch_add(1);
+    e.at = std::chrono::steady_clock::now();
+    {
+        std::lock_guard lock(mu_);
+        events_.push_back(std::move(e));
+    }
+    cv_.notify_all();
+}
+
+void RecordingSink::completed(uint64_t op_id, Code status, std::string_view reason) {
+    Event e;
+    e.kind = Event::Kind::kCompleted;
+    e.op_id = op_id;
+    e.code = status;
+    e.reason = std::string(reason);
+    add(std::move(e));
+}
+
+void RecordingSink::arrived(RegionId region, uint32_t imm, uint64_t offset, uint64_t bytes,
+                            std::string_view peer_name) {
+    Event e;
+    e.kind = Event::Kind::kArrived;
+    e.region = region;
+    e.imm = imm;
+    e.offset = offset;
+    e.bytes = bytes;
+    e.peer_name = std::string(peer_name);
+    add(std::move(e));
+}
+
+void RecordingSink::peerState(PeerId peer, PeerState state, std::string_view reason) {
+    Event e;
+    e.kind = Event::Kind::kState;
+    e.peer = peer;
+    e.state = state;
+    e.reason = std::string(reason);
+    add(std::move(e));
+}
+
+bool RecordingSink::waitFor(const std::function<bool(const std::vector<Event> &)> &pred,
+                            std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] { return pred(events_); });
+}
+
+std::optional<Event> RecordingSink::completion(uint64_t op_id, std::chrono::milliseconds timeout) {
+    std::optional<Event> out;
+    waitFor(
+        [&](const std::vector<Event> &evs) {
+            for (const auto &e : evs) {
+                if (e.kind == Event::Kind::kCompleted && e.op_id == op_id) {
+                    out = e;
+                    return true;
+                }
+            }
+            return false;
+        },
+        timeout);
+    return out;
+}
+
+std::vector<Event> RecordingSink::events() const {
+    std::lock_guard lock(mu_);
+    return events_;
+}
+
+std::vector<Event> RecordingSink::arrivals() const {
+    std::vector<Event> out;
+    for (auto &e : events()) {
+        if (e.kind == Event::Kind::kArrived) {
+            out.push_back(e);
+        }
+    }
+    return out;
+}
+
+size_t RecordingSink::count(Event::Kind kind) const {
+    std::lock_guard lock(mu_);
+    size_t n = 0;
+    for (const auto &e : events_) {
+        n += e.kind == kind ? 1 : 0;
+    }
+    return n;
+}
+
+// ----- regions
+
+std::shared_ptr<Region> makeHostRegion(size_t bytes) {
+    void *p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        throw std::runtime_error("mmap failed");
+    }
+    auto r = std::make_shared<Region>();
+    r->mapping = std::make_shared<ipc::Mapping>(p, bytes);
+    r->base = static_cast<unsigned char *>(p);
+    r->bytes = bytes;
+    return r;
+}
+
+void fillRandom(unsigned char *p, size_t n, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    size_t i = 0;
+    while (i < n) {
+        uint64_t v = rng();
+        for (int k = 0; k < 8 && i < n; ++k, ++i) {
+            const unsigned char b = static_cast<unsigned char>(v >> (8 * k));
+            p[i] = b == 0 ? 0x5a : b;
+        }
+    }
+}
+
+// ----- node
+
+config::Config makeConfig(const NodeOptions &o) {
+    config::Config cfg;
+    cfg.source = "<peer test>";
+    cfg.node.name = o.name;
+    cfg.node.listen = config::Endpoint{o.listen_host, o.port};
+    cfg.security.peer_key_file = o.key_file;
+    cfg.tcp.connect_timeout_ms = 1000;
+    cfg.tcp.peer_timeout_ms = 1500;
+    cfg.tcp.keepalive_ms = 250;
+    cfg.tcp.reconnect_min_ms = 50;
+    cfg.tcp.reconnect_max_ms = 400;
+    cfg.tcp.connections_per_peer = 2;
+    cfg.tcp.chunk_bytes = 1u << 20;
+    for (size_t i = 0; i < o.peers.size(); ++i) {
+        config::PeerConfig pc;
+        pc.name = o.peers[i].first;
+        pc.address = config::Endpoint{i < o.peer_hosts.size() ? o.peer_hosts[i] : "127.0.0.1",
+                                      o.peers[i].second};
+        cfg.peers.push_back(pc);
+    }
+    if (o.tweak) {
+        o.tweak(cfg);
+    }
+    return cfg;
+}
+
+Node::Node(NodeOptions opts) : opts_(std::move(opts)) {
+    (void)logRing();
+    task_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    auto started = started_.get_future();
+    thread_ = std::thread([this] { run(); });
+    started.wait();
+}
+
+Node::~Node() {
+    stop_.store(true);
+    const uint64_t one = 1;
+    (void)::write(task_fd_, &one, sizeof one);
+    thread_.join();
+    ::close(task_fd_);
+}
+
+void Node::submit(std::function<void()> task) {
+    {
+        std::lock_guard lock(mu_);
+        tasks_.push_back(std::move(task));
+    }
+    const uint64_t one = 1;
+    (void)::write(task_fd_, &one, sizeof one);
+}
+
+void Node::run() {
+    if (opts_.netns_fd >= 0 && ::setns(opts_.netns_fd, CLONE_NEWNET) != 0) {
+        start_status_ = Status{Code::kPermission, std::string("setns: ") + std::strerror(errno)};
+        started_.set_value();
+        return;
+    }
+    // Built and started on this thread, as the engine does: sockets belong to its netns.
+    const config::Config cfg = makeConfig(opts_);
+    Status error;
+    pm_ = sidecar::makePeerManager(cfg, regions_, &error);
+    if (!pm_) {
+        start_status_ = error;
+    } else {
+        start_status_ = pm_->start();
+    }
+    started_.set_value();
+    if (!pm_ || !start_status_.isOk()) {
+        while (!stop_.load()) {
+            std::vector<std::function<void()>> tasks;
+            {
+                std::lock_guard lock(mu_);
+                tasks.swap(tasks_);
+            }
+            for (auto &t : tasks) {
+                t();
+            }
+            std::this_thread::sleep_for(5ms);
+        }
+        return;
+    }
+    while (!stop_.load()) {
+        std::vector<std::function<void()>> tasks;
+        {
+            std::lock_guard lock(mu_);
+            tasks.swap(tasks_);
+        }
+        for (auto &t : tasks) {
+            t();
+        }
+        if (!paused_.load()) {
+            pm_->progress(sink);
+        }
+        pollfd fds[2] = {{pm_->wakeFd(), POLLIN, 0}, {task_fd_, POLLIN, 0}};
+        const int n = ::poll(paused_.load() ? fds + 1 : fds, paused_.load() ? 1 : 2, 50);
+        if (n > 0) {
+            if (!paused_.load() && (fds[0].revents & POLLIN) != 0) {
+                wakeups_.fetch_add(1);
+            }
+            uint64_t v = 0;
+            (void)::read(task_fd_, &v, sizeof v);
+        }
+    }
+    // Like the engine: stop on the engine thread, then destroy.
+    std::vector<std::function<void()>> tasks;
+    {
+        std::lock_guard lock(mu_);
+        tasks.swap(tasks_);
+    }
+    for (auto &t : tasks) {
+        t();
+    }
+    pm_->stop();
+    pm_->progress(sink);
+    pm_.reset();
+}
+
+std::shared_ptr<Region> Node::addRegion(size_t bytes, const std::string &name) {
+    auto r = makeHostRegion(bytes);
+    regions_.add(r);
+    if (!name.empty()) {
+        expose(r, name);
+    }
+    return r;
+}
+
+void Node::expose(const std::shared_ptr<Region> &r, const std::string &name) {
+    call([&] {
+        Status s = regions_.expose(r->id, name);
+        if (s.isOk()) {
+            pm_->regionExposed(*r);
+        }
+        return 0;
+    });
+}
+
+void Node::revoke(RegionId id) {
+    call([&] {
+        auto r = regions_.remove(id);
+        if (r) {
+            pm_->regionRevoked(id);
+        }
+        return 0;
+    });
+}
+
+std::pair<Status, RemoteRegion> Node::lookup(const std::string &peer, const std::string &region,
+                                             std::chrono::milliseconds timeout) {
+    auto result = std::make_shared<std::promise<std::pair<Status, RemoteRegion>>>();
+    auto fut = result->get_future();
+    const bool known = call([&] {
+        auto id = pm_->peerByName(peer);
+        if (!id) {
+            return false;
+        }
+        pm_->lookup(*id, region, [result](Status s, RemoteRegion rr) {
+            result->set_value({std::move(s), rr});
+        });
+        return true;
+    });
+    if (!known) {
+        return {Status{Code::kNotFound, "unknown peer " + peer}, {}};
+    }
+    if (fut.wait_for(timeout) != std::future_status::ready) {
+        return {Status{Code::kTimedOut, "lookup callback never ran"}, {}};
+    }
+    return fut.get();
+}
+
+std::pair<Status, uint64_t> Node::post(const std::string &peer, const std::shared_ptr<Region> &src,
+                                       uint64_t src_offset, RegionId remote, uint64_t dst_offset,
+                                       uint64_t bytes, uint32_t imm) {
+    const uint64_t op_id = nextOpId();
+    Status s = call([&] {
+        auto id = pm_->peerByName(peer);
+        if (!id) {
+            return Status{Code::kNotFound, "unknown peer"};
+        }
+        // What the engine does before posting.
+        if (!pm_->remoteValid(*id, remote)) {
+            return Status{Code::kNotFound, "remote region not valid"};
+        }
+        WriteOp op;
+        op.op_id = op_id;
+        op.peer = *id;
+        op.src = src;
+        op.src_offset = src_offset;
+        op.dst_region = remote;
+        op.dst_offset = dst_offset;
+        op.bytes = bytes;
+        op.imm = imm;
+        return pm_->transport().post(std::move(op));
+    });
+    return {s, op_id};
+}
+
+bool Node::remoteValid(const std::string &peer, RegionId remote) {
+    return call([&] {
+        auto id = pm_->peerByName(peer);
+        return id && pm_->remoteValid(*id, remote);
+    });
+}
+
+PeerState Node::state(const std::string &peer) {
+    return call([&] {
+        auto id = pm_->peerByName(peer);
+        return id ? pm_->peerState(*id) : PeerState::kDown;
+    });
+}
+
+std::string Node::statusJson() {
+    return call([&] { return pm_->statusJson(); });
+}
+
+}  // namespace tensorlane::peertest

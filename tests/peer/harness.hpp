@@ -1,0 +1,195 @@
+// A small in-process "sidecar" for peer tests: a RegionTable, a PeerManager and an engine-like
+// loop thread that polls wakeFd() and calls progress(), with a sink that records every event.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "tensorlane/config/config.hpp"
+#include "tensorlane/sidecar/peers.hpp"
+#include "tensorlane/sidecar/region.hpp"
+#include "tensorlane/sidecar/transport.hpp"
+
+namespace tensorlane::peertest {
+
+using sidecar::Code;
+using sidecar::PeerId;
+using sidecar::PeerState;
+using sidecar::Region;
+using sidecar::RegionId;
+using sidecar::RemoteRegion;
+using sidecar::Status;
+using sidecar::WriteOp;
+using namespace std::chrono_literals;
+
+/// A port nobody listens on right now (bound to 127.0.0.1:0, then released).
+uint16_t freePort();
+
+/// A temporary directory, removed with its files.
+class TempDir {
+public:
+    TempDir();
+    ~TempDir();
+    const std::string &path() const { return path_; }
+    /// Writes `content` to `name` in the directory with `mode`; returns the path.
+    std::string writeFile(const std::string &name, const std::string &content,
+                          unsigned mode = 0600) const;
+
+private:
+    std::string path_;
+};
+
+/// One event seen by a sink; `order` is global across all sinks of the process.
+struct Event {
+    enum class Kind { kCompleted, kArrived, kState };
+    Kind kind = Kind::kCompleted;
+    uint64_t order = 0;
+    std::chrono::steady_clock::time_point at;
+    // completed
+    uint64_t op_id = 0;
+    Code code = Code::kOk;
+    std::string reason;
+    // arrived
+    RegionId region = 0;
+    uint32_t imm = 0;
+    uint64_t offset = 0;
+    uint64_t bytes = 0;
+    std::string peer_name;
+    // state
+    PeerId peer = 0;
+    PeerState state = PeerState::kDown;
+};
+
+/// Records every event; tests wait on it from their own thread.
+class RecordingSink final : public sidecar::EventSink {
+public:
+    void completed(uint64_t op_id, Code status, std::string_view reason) override;
+    void arrived(RegionId region, uint32_t imm, uint64_t offset, uint64_t bytes,
+                 std::string_view peer_name) override;
+    void peerState(PeerId peer, PeerState state, std::string_view reason) override;
+
+    /// Waits until `pred(events)` holds; false on timeout.
+    bool waitFor(const std::function<bool(const std::vector<Event> &)> &pred,
+                 std::chrono::milliseconds timeout);
+    /// The completion of `op_id` (waits for it), or nullopt on timeout.
+    std::optional<Event> completion(uint64_t op_id, std::chrono::milliseconds timeout);
+    std::vector<Event> events() const;
+    std::vector<Event> arrivals() const;
+    size_t count(Event::Kind kind) const;
+
+private:
+    void add(Event e);
+    mutable std::mutex mu_;
+    std::condition_variable cv_;
+    std::vector<Event> events_;
+};
+
+/// A host memory region: mmap'd anonymous memory, like AllocHost's segments.
+std::shared_ptr<Region> makeHostRegion(size_t bytes);
+/// Fills `n` bytes with random data with no zero byte (so "untouched" and "written" differ).
+void fillRandom(unsigned char *p, size_t n, uint64_t seed);
+
+/// Settings for one test node.
+struct NodeOptions {
+    std::string name;
+    uint16_t port = 0;
+    std::string key_file;
+    std::vector<std::pair<std::string, uint16_t>> peers;  ///< name, port on 127.0.0.1
+    std::function<void(config::Config &)> tweak;          ///< last word on the config
+    int netns_fd = -1;                                    ///< run the node in this netns
+    std::string listen_host = "127.0.0.1";
+    std::vector<std::string> peer_hosts;  ///< per peer; default 127.0.0.1
+};
+
+/// The default test tuning: short timeouts so failure tests finish quickly.
+config::Config makeConfig(const NodeOptions &o);
+
+/// One sidecar: a RegionTable, a PeerManager built and driven on its own loop thread.
+class Node {
+public:
+    explicit Node(NodeOptions opts);
+    ~Node();
+    Node(const Node &) = delete;
+    Node &operator=(const Node &) = delete;
+
+    /// The status of makePeerManager + start().
+    const Status &startStatus() const { return start_status_; }
+    bool ok() const { return start_status_.isOk(); }
+
+    /// Runs `f` on the loop thread and returns its result.
+    template <class F>
+    auto call(F f) -> decltype(f()) {
+        using R = decltype(f());
+        auto task = std::make_shared<std::packaged_task<R()>>(std::move(f));
+        auto fut = task->get_future();
+        submit([task] { (*task)(); });
+        return fut.get();
+    }
+
+    /// Adds a host region (optionally exposed under `name`, which tells connected peers).
+    std::shared_ptr<Region> addRegion(size_t bytes, const std::string &name = "");
+    /// Exposes an existing region.
+    void expose(const std::shared_ptr<Region> &r, const std::string &name);
+    /// Deregisters a region (revoked) and tells the peers.
+    void revoke(RegionId id);
+
+    /// Looks `region` up at `peer`; waits for the callback.
+    std::pair<Status, RemoteRegion> lookup(const std::string &peer, const std::string &region,
+                                           std::chrono::milliseconds timeout = 10s);
+    /// Posts a write; returns post()'s status and the op id used.
+    std::pair<Status, uint64_t> post(const std::string &peer, const std::shared_ptr<Region> &src,
+                                     uint64_t src_offset, RegionId remote, uint64_t dst_offset,
+                                     uint64_t bytes, uint32_t imm);
+    bool remoteValid(const std::string &peer, RegionId remote);
+    PeerState state(const std::string &peer);
+    std::string statusJson();
+
+    /// Stops calling progress() (a hung engine: sockets stay open, nothing is read or sent).
+    void pause(bool paused) { paused_.store(paused); }
+    /// How many loop iterations found wakeFd() readable.
+    uint64_t wakeups() const { return wakeups_.load(); }
+
+    sidecar::RegionTable &regions() { return regions_; }
+    sidecar::PeerManager &pm() { return *pm_; }
+    RecordingSink sink;
+    const std::string &name() const { return opts_.name; }
+    uint16_t port() const { return opts_.port; }
+
+private:
+    void submit(std::function<void()> task);
+    void run();
+
+    NodeOptions opts_;
+    sidecar::RegionTable regions_;
+    std::unique_ptr<sidecar::PeerManager> pm_;
+    Status start_status_;
+    std::mutex mu_;
+    std::vector<std::function<void()>> tasks_;
+    int task_fd_ = -1;
+    std::atomic<bool> stop_{false};
+    std::atomic<bool> paused_{false};
+    std::atomic<uint64_t> wakeups_{0};
+    std::promise<void> started_;
+    std::thread thread_;
+};
+
+/// A fresh op id, unique in the process.
+uint64_t nextOpId();
+
+/// Text the peer logger printed since the process started (a ring buffer sink).
+std::vector<std::string> peerLogLines();
+/// True when a peer log line contains every one of `parts`.
+bool peerLogHas(const std::vector<std::string> &parts);
+
+}  // namespace tensorlane::peertest
