@@ -130,7 +130,8 @@ TL_API tl_status tl_lookup(tl_client *c, const char *peer, const char *name, tl_
 TL_API tl_status tl_write(tl_client *c, tl_region src, uint64_t src_off, tl_remote dst,
                           uint64_t dst_off, uint64_t bytes, uint32_t imm, tl_ticket *out) {
     TL_REQUIRE_CLIENT(c);
-    return guarded([&] { return c->impl.write(src, src_off, dst, dst_off, bytes, imm, out); });
+    tl_write_desc w{src, src_off, dst, dst_off, bytes, imm, 0};
+    return guarded([&] { return c->impl.write(&w, 1, out, nullptr); });
 }
 
 TL_API tl_status tl_wait(tl_client *c, tl_ticket t, int timeout_ms) {
@@ -150,7 +151,18 @@ TL_API tl_status tl_wait_notification(tl_client *c, tl_notification *out, int ti
 
 TL_API tl_status tl_nop(tl_client *c, tl_ticket *out) {
     TL_REQUIRE_CLIENT(c);
-    return guarded([&] { return c->impl.nop(out); });
+    return guarded([&] { return c->impl.nop(1, out, nullptr); });
+}
+
+TL_API tl_status tl_write_batch(tl_client *c, const tl_write_desc *writes, size_t n,
+                                tl_ticket *out, size_t *submitted) {
+    TL_REQUIRE_CLIENT(c);
+    return guarded([&] { return c->impl.write(writes, n, out, submitted); });
+}
+
+TL_API tl_status tl_nop_batch(tl_client *c, size_t n, tl_ticket *out, size_t *submitted) {
+    TL_REQUIRE_CLIENT(c);
+    return guarded([&] { return c->impl.nop(n, out, submitted); });
 }
 
 TL_API const char *tl_node_name(tl_client *c) {

@@ -311,53 +311,77 @@ tl_status Client::sidecarStatus(std::string *json) {
     return toStatus(call(&m, sizeof(m), &reply, nullptr, json));
 }
 
-tl_status Client::write(tl_region src, uint64_t src_off, tl_remote dst, uint64_t dst_off,
-                        uint64_t bytes, uint32_t imm, tl_ticket *out) {
-    if (!out || bytes == 0) {
-        return fail(Code::kInvalid, "tl_write: zero bytes or no ticket pointer");
+bool Client::validWrite(const tl_write_desc &w, std::string *why) const {
+    if (w.bytes == 0) {
+        *why = "zero bytes";
+        return false;
     }
-    {
-        // Wrong on its face fails here (DESIGN.md); the sidecar checks everything again.
-        std::shared_lock lock(reg_mu_);
-        auto s = regions_.find(src);
-        if (s == regions_.end()) {
-            return fail(Code::kInvalid, "tl_write: unknown source region " + std::to_string(src));
-        }
-        if (src_off > s->second.bytes || bytes > s->second.bytes - src_off) {
-            return fail(Code::kInvalid, "tl_write: source offset + bytes past the region's end");
-        }
-        auto d = remotes_.find(dst);
-        if (d == remotes_.end()) {
-            return fail(Code::kInvalid, "tl_write: unknown remote " + std::to_string(dst) +
-                                            " (not from tl_lookup)");
-        }
-        if (dst_off > d->second || bytes > d->second - dst_off) {
-            return fail(Code::kInvalid, "tl_write: target offset + bytes past the region's end");
-        }
+    auto s = regions_.find(w.src);
+    if (s == regions_.end()) {
+        *why = "unknown source region " + std::to_string(w.src);
+        return false;
     }
-    ipc::Request r{};
-    r.op = static_cast<uint32_t>(ipc::Op::kWrite);
-    r.imm = imm;
-    r.src_region = src;
-    r.src_offset = src_off;
-    r.dst_remote = dst;
-    r.dst_offset = dst_off;
-    r.bytes = bytes;
-    return submit(r, out);
+    if (w.src_off > s->second.bytes || w.bytes > s->second.bytes - w.src_off) {
+        *why = "source offset + bytes past the region's end";
+        return false;
+    }
+    auto d = remotes_.find(w.dst);
+    if (d == remotes_.end()) {
+        *why = "unknown remote " + std::to_string(w.dst) + " (not from tl_lookup)";
+        return false;
+    }
+    if (w.dst_off > d->second || w.bytes > d->second - w.dst_off) {
+        *why = "target offset + bytes past the region's end";
+        return false;
+    }
+    return true;
 }
 
-tl_status Client::nop(tl_ticket *out) {
-    if (!out) {
+tl_status Client::write(const tl_write_desc *w, size_t n, tl_ticket *out, size_t *submitted) {
+    if (!w || !out || n == 0) {
+        return fail(Code::kInvalid, "tl_write: no writes or no ticket pointer");
+    }
+    std::vector<ipc::Request> reqs(n);
+    {
+        // Wrong on its face fails here (DESIGN.md), and then none of the batch is submitted;
+        // the sidecar checks everything again.
+        std::shared_lock lock(reg_mu_);
+        std::string why;
+        for (size_t i = 0; i < n; ++i) {
+            if (!validWrite(w[i], &why)) {
+                return fail(Code::kInvalid, n == 1 ? "tl_write: " + why
+                                                   : "tl_write_batch: entry " + std::to_string(i) +
+                                                         ": " + why);
+            }
+            ipc::Request &r = reqs[i];
+            r.op = static_cast<uint32_t>(ipc::Op::kWrite);
+            r.imm = w[i].imm;
+            r.src_region = w[i].src;
+            r.src_offset = w[i].src_off;
+            r.dst_remote = w[i].dst;
+            r.dst_offset = w[i].dst_off;
+            r.bytes = w[i].bytes;
+        }
+    }
+    return submit(reqs.data(), n, out, submitted);
+}
+
+tl_status Client::nop(size_t n, tl_ticket *out, size_t *submitted) {
+    if (!out || n == 0) {
         return fail(Code::kInvalid, "tl_nop: no ticket pointer");
     }
     ipc::Request r{};
     r.op = static_cast<uint32_t>(ipc::Op::kNop);
-    return submit(r, out);
+    if (n == 1) {
+        return submit(&r, 1, out, submitted);
+    }
+    std::vector<ipc::Request> reqs(n, r);
+    return submit(reqs.data(), n, out, submitted);
 }
 
-tl_status Client::submit(const ipc::Request &req, tl_ticket *out) {
+tl_status Client::submit(ipc::Request *reqs, size_t n, tl_ticket *out, size_t *submitted) {
     std::lock_guard wlock(write_mu_);
-    ipc::Request r = req;
+    size_t k = 0;
     {
         std::lock_guard lock(comp_mu_);
         if (dead_.load(std::memory_order_acquire)) {
@@ -365,29 +389,38 @@ tl_status Client::submit(const ipc::Request &req, tl_ticket *out) {
         }
         // At most `depth` tickets outstanding, so the sidecar's completion ring never has to
         // hold more than it can.
-        if (tickets_.pending() >= depth_) {
+        if (tickets_.pending() + n > depth_) {
             drainLocked();
-            if (tickets_.pending() >= depth_) {
-                return fail(Code::kAgain, "tl_write: " + std::to_string(depth_) +
-                                              " writes outstanding; wait on a ticket first");
-            }
         }
-        r.ticket = next_ticket_;
-        if (!requests_.push(r)) {
-            return fail(requests_.corrupt() ? Code::kConnection : Code::kAgain,
-                        "tl_write: request ring full");
+        size_t room = depth_ > tickets_.pending() ? depth_ - tickets_.pending() : 0;
+        k = std::min<size_t>(
+            {n, room, requests_.freeSlots(static_cast<uint32_t>(std::min<size_t>(n, depth_)))});
+        for (size_t i = 0; i < k; ++i) {
+            reqs[i].ticket = next_ticket_;
+            out[i] = next_ticket_;
+            (void)requests_.push(reqs[i]);   // freeSlots() said there is room
+            tickets_.addPending(next_ticket_++);
         }
-        ++next_ticket_;
-        tickets_.addPending(r.ticket);
     }
-    requests_.publish();
-    // SYNC POINT: seq_cst fence between publishing the tail and reading sidecar_sleeping; pairs
-    // with the fence in the sidecar's armSleep() (Dekker): one of us sees the other.
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (view_.header->sidecar_sleeping.value.load(std::memory_order_relaxed) != 0) {
-        ipc::ring(to_sidecar_.get());
+    if (submitted) {
+        *submitted = k;
     }
-    *out = r.ticket;
+    if (k > 0) {
+        requests_.publish();
+        // SYNC POINT: seq_cst fence between publishing the tail and reading sidecar_sleeping;
+        // pairs with the fence in the sidecar's armSleep() (Dekker): one of us sees the other.
+        std::atomic_thread_fence(std::memory_order_seq_cst);
+        if (view_.header->sidecar_sleeping.value.load(std::memory_order_relaxed) != 0) {
+            ipc::ring(to_sidecar_.get());
+        }
+    }
+    if (k < n) {
+        if (requests_.corrupt()) {
+            return fail(Code::kConnection, "request ring corrupted");
+        }
+        return fail(Code::kAgain, std::to_string(depth_) +
+                                      " requests outstanding; wait on a ticket and retry");
+    }
     return TL_OK;
 }
 
@@ -440,7 +473,23 @@ void Client::markDead(const std::string &why) {
     }
 }
 
-void Client::waitForActivity(std::chrono::steady_clock::time_point deadline, uint64_t comp_seen,
+bool Client::sidecarGone() {
+    if (dead_.load(std::memory_order_acquire)) {
+        return true;
+    }
+    auto now = std::chrono::steady_clock::now();
+    if (now - last_hangup_check_ < std::chrono::milliseconds(1)) {
+        return false;
+    }
+    last_hangup_check_ = now;
+    if (sidecarHungUp()) {
+        markDead("the sidecar went away");
+        return true;
+    }
+    return false;
+}
+
+bool Client::waitForActivity(std::chrono::steady_clock::time_point deadline, uint64_t comp_seen,
                              uint64_t notif_seen) {
     using Clock = std::chrono::steady_clock;
     auto news = [&] { return completionTail() != comp_seen || notificationTail() != notif_seen; };
@@ -452,15 +501,16 @@ void Client::waitForActivity(std::chrono::steady_clock::time_point deadline, uin
     uint32_t turns = 0;
     while (poll_mode_ != 2 && Clock::now() < spin_until) {
         if (news()) {
-            return;
+            return false;
         }
         if ((++turns & 0xfff) == 0 && sidecarHungUp()) {
-            return;
+            return true;
         }
     }
     if (poll_mode_ == 0) {
-        return;
+        return false;
     }
+    bool hung_up = false;
     view_.header->client_waiting.value.store(1, std::memory_order_relaxed);
     // SYNC POINT: seq_cst fence between raising client_waiting and re-reading the tails; pairs
     // with the fence in the sidecar's Session::publish() (Dekker).
@@ -473,8 +523,10 @@ void Client::waitForActivity(std::chrono::steady_clock::time_point deadline, uin
         if (p[0].revents & POLLIN) {
             ipc::drain(to_client_.get());
         }
+        hung_up = (p[1].revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0;
     }
     view_.header->client_waiting.value.store(0, std::memory_order_relaxed);
+    return hung_up;
 }
 
 tl_status Client::wait(tl_ticket t, int timeout_ms) {
@@ -483,9 +535,14 @@ tl_status Client::wait(tl_ticket t, int timeout_ms) {
                                          : Clock::now() + std::chrono::milliseconds(timeout_ms);
     std::unique_lock lock(comp_mu_);
     for (;;) {
-        drainLocked();
+        // The table first: after one drain, a batch's other tickets are already there and
+        // need no look at shared memory.
         int32_t st = tickets_.state(t);
-        if (st == -2) {
+        if (st == TicketTable::kPending) {
+            drainLocked();
+            st = tickets_.state(t);
+        }
+        if (st == TicketTable::kUnknown) {
             return fail(Code::kNotFound, "tl_wait: unknown ticket " + std::to_string(t) +
                                              " (never issued, or already waited for)");
         }
@@ -495,8 +552,7 @@ tl_status Client::wait(tl_ticket t, int timeout_ms) {
                            : fail(static_cast<Code>(st), std::string("write failed: ") +
                                                              ipc::codeName(static_cast<Code>(st)));
         }
-        if (dead_.load(std::memory_order_acquire) || sidecarHungUp()) {
-            markDead(dead_reason_.empty() ? "the sidecar went away" : dead_reason_);
+        if (sidecarGone()) {
             tickets_.failPending(static_cast<int32_t>(Code::kConnection));
             continue;
         }
@@ -512,8 +568,11 @@ tl_status Client::wait(tl_ticket t, int timeout_ms) {
         uint64_t comp_seen = completions_.head();
         uint64_t notif_seen = notifications_.head();
         lock.unlock();
-        waitForActivity(deadline, comp_seen, notif_seen);
+        bool hung_up = waitForActivity(deadline, comp_seen, notif_seen);
         lock.lock();
+        if (hung_up) {
+            markDead("the sidecar went away");
+        }
         polling_ = false;
         comp_cv_.notify_all();
     }
@@ -524,14 +583,16 @@ tl_status Client::test(tl_ticket t, int *done) {
         return fail(Code::kInvalid, "tl_test: done is NULL");
     }
     std::unique_lock lock(comp_mu_);
-    drainLocked();
     int32_t st = tickets_.state(t);
-    if (st == -2) {
+    if (st == TicketTable::kPending) {
+        drainLocked();
+        st = tickets_.state(t);
+    }
+    if (st == TicketTable::kUnknown) {
         return fail(Code::kNotFound, "tl_test: unknown ticket " + std::to_string(t));
     }
     if (st == TicketTable::kPending) {
-        if (dead_.load(std::memory_order_acquire) || sidecarHungUp()) {
-            markDead("the sidecar went away");
+        if (sidecarGone()) {
             tickets_.failPending(static_cast<int32_t>(Code::kConnection));
             st = static_cast<int32_t>(Code::kConnection);
         } else {
@@ -559,9 +620,8 @@ tl_status Client::waitNotification(tl_notification *out, int timeout_ms) {
             notes_.pop_front();
             return TL_OK;
         }
-        if (dead_.load(std::memory_order_acquire) || sidecarHungUp()) {
-            markDead("the sidecar went away");
-            return fail(Code::kConnection, "sidecar connection lost");
+        if (sidecarGone()) {
+            return fail(Code::kConnection, "sidecar connection lost: " + dead_reason_);
         }
         if (Clock::now() >= deadline) {
             return fail(Code::kTimedOut, "tl_wait_notification: nothing arrived");
@@ -575,8 +635,11 @@ tl_status Client::waitNotification(tl_notification *out, int timeout_ms) {
         uint64_t comp_seen = completions_.head();
         uint64_t notif_seen = notifications_.head();
         lock.unlock();
-        waitForActivity(deadline, comp_seen, notif_seen);
+        bool hung_up = waitForActivity(deadline, comp_seen, notif_seen);
         lock.lock();
+        if (hung_up) {
+            markDead("the sidecar went away");
+        }
         polling_ = false;
         comp_cv_.notify_all();
     }

@@ -12,6 +12,7 @@
 #include <shared_mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "tensorlane/ipc/control.hpp"
 #include "tensorlane/ipc/fd.hpp"
@@ -44,9 +45,9 @@ public:
     tl_status deregister(tl_region r);
     tl_status expose(tl_region r, const char *name);
     tl_status lookup(const char *peer, const char *name, tl_remote *out, uint64_t *bytes);
-    tl_status write(tl_region src, uint64_t src_off, tl_remote dst, uint64_t dst_off,
-                    uint64_t bytes, uint32_t imm, tl_ticket *out);
-    tl_status nop(tl_ticket *out);
+    /// Submits n writes (one doorbell); `*submitted` (may be null) says how many went in.
+    tl_status write(const tl_write_desc *w, size_t n, tl_ticket *out, size_t *submitted);
+    tl_status nop(size_t n, tl_ticket *out, size_t *submitted);
     tl_status wait(tl_ticket t, int timeout_ms);
     tl_status test(tl_ticket t, int *done);
     tl_status waitNotification(tl_notification *out, int timeout_ms);
@@ -66,12 +67,17 @@ private:
     /// One control call: send `msg`, wait for the reply with the same sequence number.
     Code call(void *msg, size_t bytes, ipc::ReplyMsg *reply, ipc::UniqueFd *fd_out,
               std::string *text_out = nullptr);
-    tl_status submit(const ipc::Request &r, tl_ticket *out);
+    tl_status submit(ipc::Request *reqs, size_t n, tl_ticket *out, size_t *submitted);
+    bool validWrite(const tl_write_desc &w, std::string *why) const;
     /// Moves completions and notifications from the rings into private tables (comp_mu_ held).
     void drainLocked();
     /// Blocks until the rings may have news, the sidecar goes away, or `deadline` passes.
-    void waitForActivity(std::chrono::steady_clock::time_point deadline, uint64_t comp_seen,
+    /// Returns true when the sidecar hung up.
+    bool waitForActivity(std::chrono::steady_clock::time_point deadline, uint64_t comp_seen,
                          uint64_t notif_seen);
+    /// dead_, or a hang-up seen on the socket; the syscall runs at most once a millisecond so
+    /// a polling tl_test loop stays cheap (comp_mu_ held).
+    bool sidecarGone();
     void markDead(const std::string &why);
     bool sidecarHungUp();
     uint64_t completionTail() const;
@@ -97,6 +103,7 @@ private:
     std::mutex comp_mu_;
     std::condition_variable comp_cv_;
     bool polling_ = false;  ///< one thread sleeps on the doorbell, the others on comp_cv_
+    std::chrono::steady_clock::time_point last_hangup_check_{};
     ipc::RingConsumer<ipc::Completion> completions_;
     ipc::RingConsumer<ipc::Notification> notifications_;
     TicketTable tickets_;

@@ -1,9 +1,13 @@
-// Tickets issued by one client and how they ended, until a wait consumes them. Tickets are
-// sequential, so an open-addressed table indexed by the ticket's low bits has no collisions in
-// the common case; linear probing and backward-shift deletion cover the rest.
+// Tickets issued by one client and how they ended, until a wait consumes them.
+//
+// Tickets are sequential and at most `depth` are pending at once (the shim enforces it), so a
+// direct-mapped window of 4 * depth slots indexed by the ticket's low bits holds every pending
+// ticket without collisions: every operation is O(1). A finished ticket that nobody waited for
+// is moved to an overflow map when its slot is needed again, so it is never lost.
 #pragma once
 
 #include <cstdint>
+#include <unordered_map>
 #include <vector>
 
 namespace tensorlane::shim {
@@ -11,61 +15,57 @@ namespace tensorlane::shim {
 class TicketTable {
 public:
     static constexpr int32_t kPending = -1;
+    static constexpr int32_t kUnknown = -2;
 
-    explicit TicketTable(size_t capacity = 1024) { slots_.resize(roundUp(capacity * 2)); }
-
-    /// Adds a pending ticket (never 0).
-    void addPending(uint64_t t) {
-        if ((size_ + 1) * 2 > slots_.size()) {
-            grow();
+    explicit TicketTable(size_t depth = 1024) {
+        size_t w = 64;
+        while (w < depth * 4) {
+            w <<= 1;
         }
-        insert(t, kPending);
+        slots_.resize(w);
+        mask_ = w - 1;
+    }
+
+    /// Adds a pending ticket (sequential, never 0).
+    void addPending(uint64_t t) {
+        Slot &s = slots_[t & mask_];
+        if (s.ticket != 0) {
+            // An older ticket that ended and was never waited for: keep it aside.
+            overflow_[s.ticket] = s.state;
+        }
+        s = Slot{t, kPending};
         ++pending_;
     }
     /// Records how a pending ticket ended. False if it was not pending (a bogus completion).
     bool complete(uint64_t t, int32_t status) {
-        Slot *s = find(t);
-        if (!s || s->state != kPending) {
+        Slot &s = slots_[t & mask_];
+        if (s.ticket != t || s.state != kPending) {
             return false;
         }
-        s->state = status;
+        s.state = status;
         --pending_;
         return true;
     }
-    /// kPending, a status, or -2 when unknown.
+    /// kPending, a status, or kUnknown.
     int32_t state(uint64_t t) const {
-        const Slot *s = const_cast<TicketTable *>(this)->find(t);
-        return s ? s->state : -2;
+        const Slot &s = slots_[t & mask_];
+        if (s.ticket == t && t != 0) {
+            return s.state;
+        }
+        auto it = overflow_.find(t);
+        return it == overflow_.end() ? kUnknown : it->second;
     }
     /// Forgets a ticket (after its status was returned).
     void erase(uint64_t t) {
-        size_t mask = slots_.size() - 1;
-        size_t i = t & mask;
-        while (slots_[i].ticket != t) {
-            if (slots_[i].ticket == 0) {
-                return;
+        Slot &s = slots_[t & mask_];
+        if (s.ticket == t && t != 0) {
+            if (s.state == kPending) {
+                --pending_;
             }
-            i = (i + 1) & mask;
+            s = Slot{};
+            return;
         }
-        if (slots_[i].state == kPending) {
-            --pending_;
-        }
-        // Backward-shift deletion keeps every probe chain unbroken.
-        size_t j = i;
-        for (;;) {
-            j = (j + 1) & mask;
-            if (slots_[j].ticket == 0) {
-                break;
-            }
-            size_t home = slots_[j].ticket & mask;
-            bool movable = (i <= j) ? (home <= i || home > j) : (home <= i && home > j);
-            if (movable) {
-                slots_[i] = slots_[j];
-                i = j;
-            }
-        }
-        slots_[i] = Slot{};
-        --size_;
+        overflow_.erase(t);
     }
     /// Ends every pending ticket with `status` (the sidecar is gone).
     void failPending(int32_t status) {
@@ -77,55 +77,16 @@ public:
         pending_ = 0;
     }
     size_t pending() const { return pending_; }
-    size_t size() const { return size_; }
 
 private:
     struct Slot {
         uint64_t ticket = 0;
         int32_t state = 0;
     };
-    static size_t roundUp(size_t n) {
-        size_t p = 16;
-        while (p < n) {
-            p <<= 1;
-        }
-        return p;
-    }
-    Slot *find(uint64_t t) {
-        size_t mask = slots_.size() - 1;
-        for (size_t i = t & mask;; i = (i + 1) & mask) {
-            if (slots_[i].ticket == t) {
-                return &slots_[i];
-            }
-            if (slots_[i].ticket == 0) {
-                return nullptr;
-            }
-        }
-    }
-    void insert(uint64_t t, int32_t state) {
-        size_t mask = slots_.size() - 1;
-        size_t i = t & mask;
-        while (slots_[i].ticket != 0) {
-            i = (i + 1) & mask;
-        }
-        slots_[i] = Slot{t, state};
-        ++size_;
-    }
-    void grow() {
-        std::vector<Slot> old;
-        old.swap(slots_);
-        slots_.resize(old.size() * 2);
-        size_ = 0;
-        for (const Slot &s : old) {
-            if (s.ticket != 0) {
-                insert(s.ticket, s.state);
-            }
-        }
-    }
-
     std::vector<Slot> slots_;
-    size_t size_ = 0;
+    uint64_t mask_ = 0;
     size_t pending_ = 0;
+    std::unordered_map<uint64_t, int32_t> overflow_;
 };
 
 }  // namespace tensorlane::shim

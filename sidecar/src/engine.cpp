@@ -110,8 +110,7 @@ Status EngineImpl::start() {
                    std::strerror(errno));
     }
     if (int rc = addToEpoll(epoll_.get(), listen_.get(), EPOLLIN, kTagListen);
-        rc || (rc = addToEpoll(epoll_.get(), stop_fd_.get(), EPOLLIN, kTagStop)) ||
-        (rc = addToEpoll(epoll_.get(), local_->wakeFd(), EPOLLIN, kTagLocal))) {
+        rc || (rc = addToEpoll(epoll_.get(), stop_fd_.get(), EPOLLIN, kTagStop))) {
         return {Code::kInternal, std::string("epoll_ctl: ") + std::strerror(rc)};
     }
     if (peers_) {
@@ -152,8 +151,6 @@ size_t EngineImpl::pollEvents(int timeout_ms) {
             case kTagStop:
                 ipc::drain(stop_fd_.get());
                 break;
-            case kTagLocal:
-                break;  // progress() below drains it
             case kTagPeers:
                 break;
             case kTagBell:
@@ -230,6 +227,7 @@ void EngineImpl::run() {
         bool sleep = false;
         if (mode != config::PollMode::kBusy) {
             bool idle_long = mode == config::PollMode::kEvent || Clock::now() - last_work >= spin;
+            // Local copies run on this thread: never sleep with one pending.
             if (idle_long && local_->inFlight() == 0) {
                 sleep = armSleep();
                 if (!sleep) {

@@ -45,7 +45,6 @@ private:
     enum Tag : uint64_t {
         kTagListen = 1ull << 56,
         kTagStop = 2ull << 56,
-        kTagLocal = 3ull << 56,
         kTagPeers = 4ull << 56,
         kTagSock = 5ull << 56,
         kTagBell = 6ull << 56,

@@ -11,6 +11,7 @@ bool Session::complete(uint64_t ticket, Code status, uint64_t bytes) {
     ++counters.completions;
     published = true;
     if (completion_backlog.empty() && completions.push(c)) {
+        completions_dirty = true;
         return true;
     }
     completion_backlog.push_back(c);
@@ -21,6 +22,7 @@ bool Session::notify(const ipc::Notification &n) {
     ++counters.notifications;
     published = true;
     if (notification_backlog.empty() && notifications.push(n)) {
+        notifications_dirty = true;
         return true;
     }
     notification_backlog.push_back(n);
@@ -31,10 +33,12 @@ size_t Session::flushBacklog() {
     size_t moved = 0;
     while (!completion_backlog.empty() && completions.push(completion_backlog.front())) {
         completion_backlog.pop_front();
+        completions_dirty = true;
         ++moved;
     }
     while (!notification_backlog.empty() && notifications.push(notification_backlog.front())) {
         notification_backlog.pop_front();
+        notifications_dirty = true;
         ++moved;
     }
     if (moved) {
@@ -48,11 +52,19 @@ void Session::publish() {
         return;
     }
     published = false;
-    completions.publish();
-    notifications.publish();
-    // A client that scribbles on the heads it owns is caught here, once per batch.
-    completions.check();
-    notifications.check();
+    // Only rings that changed: the client spins on both tails, and a store to an unchanged
+    // one would cost it a cache miss for nothing. A client that scribbles on the heads it
+    // owns is caught here, once per batch.
+    if (completions_dirty) {
+        completions_dirty = false;
+        completions.publish();
+        completions.check();
+    }
+    if (notifications_dirty) {
+        notifications_dirty = false;
+        notifications.publish();
+        notifications.check();
+    }
     // SYNC POINT: seq_cst fence between publishing the tails and reading client_waiting; the
     // client stores client_waiting, fences, then re-reads the tails before sleeping (Dekker),
     // so either it sees our entries or we see its flag and ring it.

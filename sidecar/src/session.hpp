@@ -49,6 +49,8 @@ struct Session {
     uint64_t next_remote = 1;
     uint64_t in_flight = 0;  ///< accepted requests not yet completed
     bool published = false;  ///< rings advanced since the last doorbell check
+    bool completions_dirty = false;    ///< the completion ring has unpublished entries
+    bool notifications_dirty = false;  ///< the notification ring has unpublished entries
     bool closing = false;
     std::string close_reason;
     SessionCounters counters;

@@ -4,7 +4,7 @@
 //                           busy-polling: p50/p99 (ns) and ops/s
 //   SeqpacketPingPong       the baseline: 64 bytes (one request entry) ping-pong over a
 //                           SOCK_SEQPACKET pair to a forked, busy-polling echo process
-//   RingNopBatch/N          N tl_nop submitted, then the N tickets waited: ops/s
+//   RingNopBatch/N          N no-ops per tl_nop_batch, two batches in flight: ops/s
 //   Memcpy/SIZE             the baseline: memcpy between two pre-faulted buffers
 //   LocalWrite/MODE/SIZE    tl_write + tl_wait from one host region into another (exposed by
 //                           the same client, found with tl_lookup of this node): bytes/s
@@ -202,25 +202,32 @@ void seqpacketPingPong(benchmark::State &state) {
     reportLatency(state, samples);
 }
 
-/// Batches of no-ops: submit `batch`, then wait for every ticket.
+/// Batches of no-ops, pipelined two deep like a perftest window: submit batch k+1 with one
+/// tl_nop_batch call (one doorbell), then wait for every ticket of batch k, so the client's
+/// waiting overlaps the sidecar's work.
 void ringNopBatch(benchmark::State &state) {
     const auto batch = static_cast<size_t>(state.range(0));
     Client c;
     if (!c.connect(state, "busy")) {
         return;
     }
-    std::vector<tl_ticket> tickets(batch);
+    std::vector<tl_ticket> tickets[2] = {std::vector<tl_ticket>(batch),
+                                         std::vector<tl_ticket>(batch)};
+    size_t cur = 0;
+    if (tl_nop_batch(c.get(), batch, tickets[cur].data(), nullptr) != TL_OK) {
+        state.SkipWithError("tl_nop_batch failed");
+        return;
+    }
     auto once = [&]() -> tl_status {
+        if (tl_status s = tl_nop_batch(c.get(), batch, tickets[cur ^ 1].data(), nullptr)) {
+            return s;
+        }
         for (size_t i = 0; i < batch; ++i) {
-            if (tl_status s = tl_nop(c.get(), &tickets[i])) {
+            if (tl_status s = tl_wait(c.get(), tickets[cur][i], -1)) {
                 return s;
             }
         }
-        for (size_t i = 0; i < batch; ++i) {
-            if (tl_status s = tl_wait(c.get(), tickets[i], -1)) {
-                return s;
-            }
-        }
+        cur ^= 1;
         return TL_OK;
     };
     for (int i = 0; i < 100; ++i) {

@@ -99,6 +99,25 @@ TL_API tl_status tl_wait_notification(tl_client *c, tl_notification *out, int ti
 /** Submits a no-op that the sidecar completes at once: a health check and the ring round-trip
  *  benchmark's unit. */
 TL_API tl_status tl_nop(tl_client *c, tl_ticket *out);
+/** One write of a batch (the arguments of tl_write). */
+typedef struct tl_write_desc {
+    tl_region src;
+    uint64_t src_off;
+    tl_remote dst;
+    uint64_t dst_off;
+    uint64_t bytes;
+    uint32_t imm;
+    uint32_t reserved; /* 0 */
+} tl_write_desc;
+
+/** Submits n writes with one doorbell; out[i] gets the ticket of writes[i]. If any entry is
+ *  wrong on its face, nothing is submitted (TL_EINVAL names the entry). If the rings have room
+ *  for only some, those are submitted, *submitted (may be NULL) says how many, and the result
+ *  is TL_EAGAIN. Notifications of one batch arrive in its order. */
+TL_API tl_status tl_write_batch(tl_client *c, const tl_write_desc *writes, size_t n,
+                                tl_ticket *out, size_t *submitted);
+/** n no-ops with one doorbell (tl_write_batch's rules). */
+TL_API tl_status tl_nop_batch(tl_client *c, size_t n, tl_ticket *out, size_t *submitted);
 /** The name of the node the sidecar serves (for tl_lookup of this node). */
 TL_API const char *tl_node_name(tl_client *c);
 /** The sidecar's status as JSON text, copied into buf (NUL-terminated). *len gets the length. */

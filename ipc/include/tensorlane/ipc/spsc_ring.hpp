@@ -49,12 +49,13 @@ public:
         head_cache_ = tail_ - depth_;
     }
 
-    /// Free slots, refreshing the consumer's head only when the cached one says "full".
-    uint32_t freeSlots() {
+    /// Free slots, refreshing the consumer's head only when the cached one says fewer than
+    /// `want` are free.
+    uint32_t freeSlots(uint32_t want = 1) {
         if (corrupt_) {
             return 0;
         }
-        if (tail_ - head_cache_ >= depth_) {
+        if (tail_ - head_cache_ + want > depth_) {
             refreshHead();
         }
         return corrupt_ ? 0 : static_cast<uint32_t>(depth_ - (tail_ - head_cache_));

@@ -1,108 +1,65 @@
 #include "transport/local/local_transport.hpp"
 
+#include <algorithm>
 #include <cstring>
-
-#include "tensorlane/ipc/doorbell.hpp"
 
 namespace tensorlane::sidecar {
 
 LocalTransport::LocalTransport(RegionTable &regions, std::string node_name)
-    : regions_(regions), node_name_(std::move(node_name)) {
-    (void)ipc::makeEventFd(&wake_);
-    worker_ = std::thread([this] { copyLoop(); });
-}
-
-LocalTransport::~LocalTransport() {
-    {
-        std::lock_guard lock(mu_);
-        stopping_ = true;
-    }
-    cv_.notify_all();
-    worker_.join();
-}
-
-LocalTransport::Done LocalTransport::execute(const WriteOp &op) {
-    Done d{op.op_id, Code::kOk, op.dst_region, op.imm, op.dst_offset, op.bytes, {}};
-    // Look the target up at copy time: a region revoked after the post is not written.
-    auto dst = regions_.find(op.dst_region);
-    if (!dst || dst->revoked.load(std::memory_order_acquire) ||
-        !dst->exposed.load(std::memory_order_acquire)) {
-        d.status = Code::kNotFound;
-        d.reason = "target region " + std::to_string(op.dst_region) + " is gone";
-        return d;
-    }
-    if (!dst->contains(op.dst_offset, op.bytes) || !op.src->contains(op.src_offset, op.bytes)) {
-        d.status = Code::kInvalid;
-        d.reason = "write out of bounds";
-        return d;
-    }
-    std::memcpy(dst->base + op.dst_offset, op.src->base + op.src_offset, op.bytes);
-    return d;
-}
+    : regions_(regions), node_name_(std::move(node_name)) {}
 
 Status LocalTransport::post(WriteOp op) {
-    std::unique_lock lock(mu_);
-    ++in_flight_;
-    // Inline only when nothing is queued ahead, so notifications keep submission order.
-    if (op.bytes <= kInlineBytes && queue_.empty() && !copying_) {
-        lock.unlock();
-        Done d = execute(op);
-        lock.lock();
-        done_.push_back(std::move(d));
-        return Status::ok();
-    }
-    queue_.push_back(std::move(op));
-    lock.unlock();
-    cv_.notify_one();
+    queue_.push_back(Pending{std::move(op), nullptr, 0});
     return Status::ok();
 }
 
-void LocalTransport::copyLoop() {
-    std::unique_lock lock(mu_);
-    for (;;) {
-        cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-        if (stopping_) {
-            return;
-        }
-        WriteOp op = std::move(queue_.front());
-        queue_.pop_front();
-        copying_ = true;
-        lock.unlock();
-        Done d = execute(op);
-        op.src.reset();
-        lock.lock();
-        copying_ = false;
-        done_.push_back(std::move(d));
-        ipc::ring(wake_.get());
-    }
-}
-
 size_t LocalTransport::progress(EventSink &sink) {
-    {
-        std::lock_guard lock(mu_);
-        if (done_.empty()) {
-            return 0;
+    size_t events = 0;
+    uint64_t budget = kSliceBytes;
+    while (!queue_.empty() && budget > 0) {
+        Pending &p = queue_.front();
+        const WriteOp &op = p.op;
+        if (p.copied == 0) {
+            // Resolve the target when the copy starts: a region revoked after the post is not
+            // written, and a region cannot go away under a copy that holds it.
+            p.dst = regions_.find(op.dst_region);
+            Code code = Code::kOk;
+            const char *why = "";
+            if (!p.dst || p.dst->revoked.load(std::memory_order_acquire) ||
+                !p.dst->exposed.load(std::memory_order_acquire)) {
+                code = Code::kNotFound;
+                why = "target region is gone";
+            } else if (!p.dst->contains(op.dst_offset, op.bytes) ||
+                       !op.src->contains(op.src_offset, op.bytes)) {
+                code = Code::kInvalid;
+                why = "write out of bounds";
+            }
+            if (code != Code::kOk) {
+                uint64_t id = op.op_id;
+                queue_.pop_front();
+                sink.completed(id, code, why);
+                ++events;
+                continue;
+            }
         }
-        reporting_.swap(done_);
-        in_flight_ -= reporting_.size();
-    }
-    ipc::drain(wake_.get());
-    for (const Done &d : reporting_) {
-        // The copy is complete and visible (same address space, program order): notify the
-        // owner first, then complete the writer, as DESIGN.md's data path requires.
-        if (d.status == Code::kOk) {
-            sink.arrived(d.dst, d.imm, d.offset, d.bytes, node_name_);
+        uint64_t n = std::min(op.bytes - p.copied, budget);
+        std::memcpy(p.dst->base + op.dst_offset + p.copied,
+                    op.src->base + op.src_offset + p.copied, n);
+        p.copied += n;
+        budget -= n;
+        if (p.copied == op.bytes) {
+            // Same address space, program order: the bytes are visible. Notify the owner
+            // first, then complete the writer, as DESIGN.md's data path requires.
+            RegionId dst = op.dst_region;
+            uint64_t id = op.op_id, offset = op.dst_offset, bytes = op.bytes;
+            uint32_t imm = op.imm;
+            queue_.pop_front();
+            sink.arrived(dst, imm, offset, bytes, node_name_);
+            sink.completed(id, Code::kOk, {});
+            events += 2;
         }
-        sink.completed(d.op_id, d.status, d.reason);
     }
-    size_t n = reporting_.size();
-    reporting_.clear();
-    return n;
-}
-
-size_t LocalTransport::inFlight() const {
-    std::lock_guard lock(mu_);
-    return in_flight_;
+    return events;
 }
 
 }  // namespace tensorlane::sidecar
