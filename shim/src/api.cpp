@@ -154,8 +154,8 @@ TL_API tl_status tl_nop(tl_client *c, tl_ticket *out) {
     return guarded([&] { return c->impl.nop(1, out, nullptr); });
 }
 
-TL_API tl_status tl_write_batch(tl_client *c, const tl_write_desc *writes, size_t n,
-                                tl_ticket *out, size_t *submitted) {
+TL_API tl_status tl_write_batch(tl_client *c, const tl_write_desc *writes, size_t n, tl_ticket *out,
+                                size_t *submitted) {
     TL_REQUIRE_CLIENT(c);
     return guarded([&] { return c->impl.write(writes, n, out, submitted); });
 }

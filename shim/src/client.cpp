@@ -349,9 +349,9 @@ tl_status Client::write(const tl_write_desc *w, size_t n, tl_ticket *out, size_t
         std::string why;
         for (size_t i = 0; i < n; ++i) {
             if (!validWrite(w[i], &why)) {
-                return fail(Code::kInvalid, n == 1 ? "tl_write: " + why
-                                                   : "tl_write_batch: entry " + std::to_string(i) +
-                                                         ": " + why);
+                return fail(Code::kInvalid,
+                            n == 1 ? "tl_write: " + why
+                                   : "tl_write_batch: entry " + std::to_string(i) + ": " + why);
             }
             ipc::Request &r = reqs[i];
             r.op = static_cast<uint32_t>(ipc::Op::kWrite);
@@ -398,7 +398,7 @@ tl_status Client::submit(ipc::Request *reqs, size_t n, tl_ticket *out, size_t *s
         for (size_t i = 0; i < k; ++i) {
             reqs[i].ticket = next_ticket_;
             out[i] = next_ticket_;
-            (void)requests_.push(reqs[i]);   // freeSlots() said there is room
+            (void)requests_.push(reqs[i]);  // freeSlots() said there is room
             tickets_.addPending(next_ticket_++);
         }
     }
@@ -418,8 +418,8 @@ tl_status Client::submit(ipc::Request *reqs, size_t n, tl_ticket *out, size_t *s
         if (requests_.corrupt()) {
             return fail(Code::kConnection, "request ring corrupted");
         }
-        return fail(Code::kAgain, std::to_string(depth_) +
-                                      " requests outstanding; wait on a ticket and retry");
+        return fail(Code::kAgain,
+                    std::to_string(depth_) + " requests outstanding; wait on a ticket and retry");
     }
     return TL_OK;
 }

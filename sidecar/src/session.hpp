@@ -47,8 +47,8 @@ struct Session {
     std::deque<ipc::Notification> notification_backlog;
     std::unordered_map<uint64_t, RemoteRef> remotes;
     uint64_t next_remote = 1;
-    uint64_t in_flight = 0;  ///< accepted requests not yet completed
-    bool published = false;  ///< rings advanced since the last doorbell check
+    uint64_t in_flight = 0;            ///< accepted requests not yet completed
+    bool published = false;            ///< rings advanced since the last doorbell check
     bool completions_dirty = false;    ///< the completion ring has unpublished entries
     bool notifications_dirty = false;  ///< the notification ring has unpublished entries
     bool closing = false;

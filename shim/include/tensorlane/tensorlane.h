@@ -114,8 +114,8 @@ typedef struct tl_write_desc {
  *  wrong on its face, nothing is submitted (TL_EINVAL names the entry). If the rings have room
  *  for only some, those are submitted, *submitted (may be NULL) says how many, and the result
  *  is TL_EAGAIN. Notifications of one batch arrive in its order. */
-TL_API tl_status tl_write_batch(tl_client *c, const tl_write_desc *writes, size_t n,
-                                tl_ticket *out, size_t *submitted);
+TL_API tl_status tl_write_batch(tl_client *c, const tl_write_desc *writes, size_t n, tl_ticket *out,
+                                size_t *submitted);
 /** n no-ops with one doorbell (tl_write_batch's rules). */
 TL_API tl_status tl_nop_batch(tl_client *c, size_t n, tl_ticket *out, size_t *submitted);
 /** The name of the node the sidecar serves (for tl_lookup of this node). */

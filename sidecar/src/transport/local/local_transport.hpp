@@ -34,7 +34,7 @@ public:
 private:
     struct Pending {
         WriteOp op;
-        std::shared_ptr<Region> dst;   ///< resolved when its first byte is copied
+        std::shared_ptr<Region> dst;  ///< resolved when its first byte is copied
         uint64_t copied = 0;
     };
 
