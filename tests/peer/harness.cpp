@@ -266,7 +266,7 @@ Node::Node(NodeOptions opts) : opts_(std::move(opts)) {
 Node::~Node() {
     stop_.store(true);
     const uint64_t one = 1;
-    (void)::write(task_fd_, &one, sizeof one);
+    [[maybe_unused]] ssize_t n = ::write(task_fd_, &one, sizeof one);
     thread_.join();
     ::close(task_fd_);
 }
@@ -277,7 +277,7 @@ void Node::submit(std::function<void()> task) {
         tasks_.push_back(std::move(task));
     }
     const uint64_t one = 1;
-    (void)::write(task_fd_, &one, sizeof one);
+    [[maybe_unused]] ssize_t n = ::write(task_fd_, &one, sizeof one);
 }
 
 void Node::run() {
@@ -329,7 +329,7 @@ void Node::run() {
                 wakeups_.fetch_add(1);
             }
             uint64_t v = 0;
-            (void)::read(task_fd_, &v, sizeof v);
+            [[maybe_unused]] ssize_t drained = ::read(task_fd_, &v, sizeof v);
         }
     }
     // Like the engine: stop on the engine thread, then destroy.

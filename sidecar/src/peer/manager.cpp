@@ -1,5 +1,7 @@
 #include "peer/manager.hpp"
 
+#include "tensorlane/ipc/doorbell.hpp"
+
 #include <sodium.h>
 #include <sys/eventfd.h>
 #include <sys/timerfd.h>
@@ -476,8 +478,7 @@ void PeerManagerImpl::signalWake() {
         return;
     }
     wake_signalled_ = true;
-    const uint64_t one = 1;
-    (void)::write(wake_.get(), &one, sizeof one);
+    ipc::ring(wake_.get());
 }
 
 void PeerManagerImpl::noteDeadline(int64_t at) {
@@ -542,7 +543,7 @@ void PeerManagerImpl::dispatch(const epoll_event &ev, int64_t now) {
             return;
         case kTokenTimer: {
             uint64_t expirations = 0;
-            (void)::read(timer_.get(), &expirations, sizeof expirations);
+            [[maybe_unused]] ssize_t n = ::read(timer_.get(), &expirations, sizeof expirations);
             // The armed deadline fired; force a timer pass even if the clock read above is a hair
             // early.
             next_deadline_ = std::min(next_deadline_, now);
@@ -550,8 +551,7 @@ void PeerManagerImpl::dispatch(const epoll_event &ev, int64_t now) {
             return;
         }
         case kTokenWake: {
-            uint64_t count = 0;
-            (void)::read(wake_.get(), &count, sizeof count);
+            ipc::drain(wake_.get());
             wake_signalled_ = false;
             return;
         }

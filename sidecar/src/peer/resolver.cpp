@@ -1,5 +1,7 @@
 #include "peer/resolver.hpp"
 
+#include "tensorlane/ipc/doorbell.hpp"
+
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -40,9 +42,8 @@ void Resolver::request(uint64_t tag, std::string host, uint16_t port) {
 }
 
 std::vector<Resolver::Result> Resolver::take() {
-    uint64_t count = 0;
     // Drains the eventfd counter; EAGAIN when nothing was signalled is fine.
-    (void)::read(event_.get(), &count, sizeof count);
+    ipc::drain(event_.get());
     std::lock_guard lock(mu_);
     return std::exchange(results_, {});
 }
@@ -62,8 +63,7 @@ void Resolver::run() {
         res.rc = resolveAddress(req.host, req.port, false, &res.addr, &res.error);
         lock.lock();
         results_.push_back(std::move(res));
-        const uint64_t one = 1;
-        (void)::write(event_.get(), &one, sizeof one);
+        ipc::ring(event_.get());
     }
 }
 
