@@ -97,6 +97,7 @@ Code Client::connect(const std::string &path) {
     node_name_ = hello.node_name;
     poll_mode_ = hello.poll_mode;
     spin_us_ = hello.spin_us;
+    spin_window_us_ = spin_us_;
     depth_ = g.request_depth;
     tickets_ = TicketTable(depth_);
     return Code::kOk;
@@ -489,12 +490,29 @@ bool Client::sidecarGone() {
     return false;
 }
 
+void Client::adaptSpin(std::chrono::steady_clock::duration slept, bool woke_with_news) {
+    // Adaptive mode's spin window, like KVM's halt polling: a sleep that ended soon with news
+    // means spinning a little longer would have caught it without a wake-up (which costs tens
+    // to hundreds of microseconds on a busy or virtual machine), so the window grows toward
+    // twice that sleep; a long or empty sleep means the client is idle, so it falls back to
+    // spin_us and the idle cost stays what the configuration says.
+    constexpr int64_t kMaxWindowUs = 1000;
+    constexpr int64_t kShortSleepUs = 2000;
+    const int64_t us = std::chrono::duration_cast<std::chrono::microseconds>(slept).count();
+    if (woke_with_news && us < kShortSleepUs) {
+        int64_t grown = std::max<int64_t>(2 * spin_window_us_, 2 * us);
+        spin_window_us_ = static_cast<uint32_t>(std::min<int64_t>(grown, kMaxWindowUs));
+    } else {
+        spin_window_us_ = spin_us_;
+    }
+}
+
 bool Client::waitForActivity(std::chrono::steady_clock::time_point deadline, uint64_t comp_seen,
                              uint64_t notif_seen) {
     using Clock = std::chrono::steady_clock;
     auto news = [&] { return completionTail() != comp_seen || notificationTail() != notif_seen; };
-    // Spin first (busy: until the deadline; adaptive: spin_us; event: not at all).
-    auto spin_until = Clock::now() + std::chrono::microseconds(spin_us_);
+    // Spin first (busy: until the deadline; adaptive: the current window; event: not at all).
+    auto spin_until = Clock::now() + std::chrono::microseconds(spin_window_us_);
     if (poll_mode_ == 0) {
         spin_until = deadline;
     }
@@ -519,11 +537,15 @@ bool Client::waitForActivity(std::chrono::steady_clock::time_point deadline, uin
         auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
         int timeout = static_cast<int>(std::clamp<int64_t>(left.count() + 1, 0, 1000));
         pollfd p[2] = {{to_client_.get(), POLLIN, 0}, {sock_.get(), POLLRDHUP, 0}};
+        auto slept_from = Clock::now();
         ::poll(p, 2, timeout);
         if (p[0].revents & POLLIN) {
             ipc::drain(to_client_.get());
         }
         hung_up = (p[1].revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0;
+        if (poll_mode_ == 1) {
+            adaptSpin(Clock::now() - slept_from, news());
+        }
     }
     view_.header->client_waiting.value.store(0, std::memory_order_relaxed);
     return hung_up;

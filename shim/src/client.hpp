@@ -78,6 +78,8 @@ private:
     /// dead_, or a hang-up seen on the socket; the syscall runs at most once a millisecond so
     /// a polling tl_test loop stays cheap (comp_mu_ held).
     bool sidecarGone();
+    /// Grows or resets the adaptive spin window after a sleep (the polling thread only).
+    void adaptSpin(std::chrono::steady_clock::duration slept, bool woke_with_news);
     void markDead(const std::string &why);
     bool sidecarHungUp();
     uint64_t completionTail() const;
@@ -92,6 +94,7 @@ private:
     std::string node_name_;
     uint32_t poll_mode_ = 1;
     uint32_t spin_us_ = 50;
+    uint32_t spin_window_us_ = 50;  ///< adaptive mode's current spin (only the poller uses it)
     uint32_t depth_ = 0;
 
     // Producer side of the request ring.
