@@ -551,6 +551,28 @@ bool Client::waitForActivity(std::chrono::steady_clock::time_point deadline, uin
     return hung_up;
 }
 
+void Client::waitTurn(std::unique_lock<std::mutex> &lock,
+                      std::chrono::steady_clock::time_point deadline) {
+    using Clock = std::chrono::steady_clock;
+    if (polling_) {
+        // Another thread sleeps on the doorbell; it wakes us when it has drained news.
+        comp_cv_.wait_until(lock,
+                            std::min(deadline, Clock::now() + std::chrono::milliseconds(100)));
+        return;
+    }
+    polling_ = true;
+    uint64_t comp_seen = completions_.head();
+    uint64_t notif_seen = notifications_.head();
+    lock.unlock();
+    bool hung_up = waitForActivity(deadline, comp_seen, notif_seen);
+    lock.lock();
+    if (hung_up) {
+        markDead("the sidecar went away");
+    }
+    polling_ = false;
+    comp_cv_.notify_all();
+}
+
 tl_status Client::wait(tl_ticket t, int timeout_ms) {
     using Clock = std::chrono::steady_clock;
     const auto deadline = timeout_ms < 0 ? Clock::time_point::max()
@@ -581,22 +603,7 @@ tl_status Client::wait(tl_ticket t, int timeout_ms) {
         if (Clock::now() >= deadline) {
             return fail(Code::kTimedOut, "tl_wait: ticket " + std::to_string(t) + " pending");
         }
-        if (polling_) {
-            comp_cv_.wait_until(lock,
-                                std::min(deadline, Clock::now() + std::chrono::milliseconds(100)));
-            continue;
-        }
-        polling_ = true;
-        uint64_t comp_seen = completions_.head();
-        uint64_t notif_seen = notifications_.head();
-        lock.unlock();
-        bool hung_up = waitForActivity(deadline, comp_seen, notif_seen);
-        lock.lock();
-        if (hung_up) {
-            markDead("the sidecar went away");
-        }
-        polling_ = false;
-        comp_cv_.notify_all();
+        waitTurn(lock, deadline);
     }
 }
 
@@ -648,22 +655,7 @@ tl_status Client::waitNotification(tl_notification *out, int timeout_ms) {
         if (Clock::now() >= deadline) {
             return fail(Code::kTimedOut, "tl_wait_notification: nothing arrived");
         }
-        if (polling_) {
-            comp_cv_.wait_until(lock,
-                                std::min(deadline, Clock::now() + std::chrono::milliseconds(100)));
-            continue;
-        }
-        polling_ = true;
-        uint64_t comp_seen = completions_.head();
-        uint64_t notif_seen = notifications_.head();
-        lock.unlock();
-        bool hung_up = waitForActivity(deadline, comp_seen, notif_seen);
-        lock.lock();
-        if (hung_up) {
-            markDead("the sidecar went away");
-        }
-        polling_ = false;
-        comp_cv_.notify_all();
+        waitTurn(lock, deadline);
     }
 }
 

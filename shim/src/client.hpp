@@ -78,6 +78,10 @@ private:
     /// dead_, or a hang-up seen on the socket; the syscall runs at most once a millisecond so
     /// a polling tl_test loop stays cheap (comp_mu_ held).
     bool sidecarGone();
+    /// One turn of waiting (comp_mu_ held via `lock`): the first waiter sleeps on the doorbell,
+    /// the others on comp_cv_ until it has drained what arrived.
+    void waitTurn(std::unique_lock<std::mutex> &lock,
+                  std::chrono::steady_clock::time_point deadline);
     /// Grows or resets the adaptive spin window after a sleep (the polling thread only).
     void adaptSpin(std::chrono::steady_clock::duration slept, bool woke_with_news);
     void markDead(const std::string &why);

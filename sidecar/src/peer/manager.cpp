@@ -18,20 +18,6 @@ namespace tensorlane::sidecar {
 
 namespace {
 
-const char *stateName(PeerState s) {
-    switch (s) {
-        case PeerState::kDown:
-            return "down";
-        case PeerState::kConnecting:
-            return "connecting";
-        case PeerState::kUp:
-            return "up";
-        case PeerState::kFailed:
-            return "failed";
-    }
-    return "unknown";
-}
-
 std::string endpointText(const config::Endpoint &e) {
     if (e.host.find(':') != std::string::npos && e.host.front() != '[') {
         return "[" + e.host + "]:" + std::to_string(e.port);
@@ -834,7 +820,7 @@ std::string PeerManagerImpl::statusJson() const {
         nlohmann::json j;
         j["name"] = p.name;
         j["address"] = p.address;
-        j["state"] = stateName(p.state);
+        j["state"] = toString(p.state);
         j["transport"] = "tcp";
         j["connections"] = conns;
         j["writes_sent"] = p.writes_sent;
