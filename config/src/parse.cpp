@@ -668,7 +668,9 @@ ParseResult validate(const toml::table &root, const std::string &source, const P
     }
 
     checkPeers(c, cfg, node_name_ok, peer_sources);
-    if (opts.check_key_file && key_file_ok) {
+    // The key authenticates peers: a node with no [[peers]] neither listens nor connects, so it
+    // needs no key file (docs/peers.md).
+    if (opts.check_key_file && key_file_ok && !cfg.peers.empty()) {
         checkKeyFile(c, cfg.security.peer_key_file, key_file_key);
     }
 

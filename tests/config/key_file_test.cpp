@@ -17,8 +17,10 @@ using testing::TempDir;
 
 const ParseOptions kCheck{.check_key_file = true};
 
+const std::string kPeer = "[[peers]]\nname = \"b\"\naddress = \"127.0.0.1:18516\"\n";
+
 std::string docWithKey(const std::string &path) {
-    return "[node]\nname = \"a\"\n[security]\npeer_key_file = \"" + path + "\"\n";
+    return "[node]\nname = \"a\"\n[security]\npeer_key_file = \"" + path + "\"\n" + kPeer;
 }
 
 ParseResult parseWithKey(const std::string &path) {
@@ -90,12 +92,19 @@ TEST(ConfigKeyFile, DefaultPathWithoutKeyHasNoPosition) {
     if (::stat("/etc/tensorlane/peer.key", &st) == 0) {
         GTEST_SKIP() << "this host has /etc/tensorlane/peer.key";
     }
-    const Error e = onlyError(parseString("", "test.toml", kCheck));
+    const Error e = onlyError(parseString(kPeer, "test.toml", kCheck));
     EXPECT_EQ(e.key, "security.peer_key_file");
     EXPECT_EQ(e.line, 0u);
     EXPECT_EQ(e.column, 0u);
     EXPECT_EQ(e.text().rfind("test.toml: key 'security.peer_key_file': expected ", 0), 0u)
         << e.text();
+}
+
+TEST(ConfigKeyFile, NotNeededWithoutPeers) {
+    const ParseResult r =
+        parseString("[node]\nname = \"a\"\n[security]\npeer_key_file = \"/nonexistent/peer.key\"\n",
+                    "test.toml", kCheck);
+    EXPECT_TRUE(r.ok()) << allErrors(r);
 }
 
 TEST(ConfigKeyFile, NotCheckedWhenTurnedOff) {
