@@ -227,59 +227,37 @@ void EngineImpl::handleControl(Session &s, const unsigned char *msg, size_t byte
         reply(s, h.seq, Code::kInvalid, 0, 0, "unexpected file descriptors");
         return;
     }
-    bool size_ok = false;
     switch (static_cast<ipc::MsgType>(h.type)) {
-        case ipc::MsgType::kAllocHost: {
-            ipc::AllocHostMsg m;
-            if ((size_ok = readAs(msg, bytes, &m))) {
-                onAllocHost(s, m);
-            }
-            break;
-        }
-        case ipc::MsgType::kRegister: {
-            ipc::RegisterMsg m;
-            if ((size_ok = readAs(msg, bytes, &m))) {
-                onRegister(s, m);
-            }
-            break;
-        }
-        case ipc::MsgType::kDeregister: {
-            ipc::DeregisterMsg m;
-            if ((size_ok = readAs(msg, bytes, &m))) {
-                onDeregister(s, m);
-            }
-            break;
-        }
-        case ipc::MsgType::kExpose: {
-            ipc::ExposeMsg m;
-            if ((size_ok = readAs(msg, bytes, &m))) {
-                onExpose(s, m);
-            }
-            break;
-        }
-        case ipc::MsgType::kLookup: {
-            ipc::LookupMsg m;
-            if ((size_ok = readAs(msg, bytes, &m))) {
-                onLookup(s, m);
-            }
-            break;
-        }
-        case ipc::MsgType::kStatus: {
-            ipc::StatusMsg m;
-            if ((size_ok = readAs(msg, bytes, &m))) {
-                onStatus(s, m);
-            }
-            break;
-        }
+        case ipc::MsgType::kAllocHost:
+            return dispatch(s, h, msg, bytes, &EngineImpl::onAllocHost);
+        case ipc::MsgType::kRegister:
+            return dispatch(s, h, msg, bytes, &EngineImpl::onRegister);
+        case ipc::MsgType::kDeregister:
+            return dispatch(s, h, msg, bytes, &EngineImpl::onDeregister);
+        case ipc::MsgType::kExpose:
+            return dispatch(s, h, msg, bytes, &EngineImpl::onExpose);
+        case ipc::MsgType::kLookup:
+            return dispatch(s, h, msg, bytes, &EngineImpl::onLookup);
+        case ipc::MsgType::kStatus:
+            return dispatch(s, h, msg, bytes, &EngineImpl::onStatus);
         default:
             reply(s, h.seq, Code::kInvalid, 0, 0,
                   "unknown control message type " + std::to_string(h.type));
             return;
     }
-    if (!size_ok) {
+}
+
+template <class Msg>
+void EngineImpl::dispatch(Session &s, const ipc::MsgHeader &h, const unsigned char *msg,
+                          size_t bytes, void (EngineImpl::*handler)(Session &, const Msg &)) {
+    // Each message has one fixed size; copy it out of the datagram before looking at it.
+    Msg m;
+    if (!readAs(msg, bytes, &m)) {
         reply(s, h.seq, Code::kInvalid, 0, 0,
               "control message of type " + std::to_string(h.type) + " has the wrong size");
+        return;
     }
+    (this->*handler)(s, m);
 }
 
 void EngineImpl::onAllocHost(Session &s, const ipc::AllocHostMsg &m) {

@@ -332,9 +332,7 @@ void EngineImpl::completed(uint64_t op_id, Code status, std::string_view reason)
         log_->debug("session {} ticket {} failed: {} ({})", s->id, op.ticket, ipc::codeName(status),
                     reason);
     }
-    if (!s->complete(op.ticket, status, op.bytes)) {
-        closeSession(*s, "client does not drain its completion ring");
-    }
+    completeOrClose(*s, op.ticket, status, op.bytes);
 }
 
 void EngineImpl::arrived(RegionId region, uint32_t imm, uint64_t offset, uint64_t bytes,

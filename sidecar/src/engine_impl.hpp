@@ -69,6 +69,11 @@ private:
                        size_t nfds);
     void reply(Session &s, uint64_t seq, Code status, uint64_t v0, uint64_t v1,
                const std::string &error, int fd = -1);
+    /// Copies a fixed-size message out of the datagram (wrong size: an error reply) and runs
+    /// its handler.
+    template <class Msg>
+    void dispatch(Session &s, const ipc::MsgHeader &h, const unsigned char *msg, size_t bytes,
+                  void (EngineImpl::*handler)(Session &, const Msg &));
     void onAllocHost(Session &s, const ipc::AllocHostMsg &m);
     void onRegister(Session &s, const ipc::RegisterMsg &m);
     void onDeregister(Session &s, const ipc::DeregisterMsg &m);
@@ -78,6 +83,9 @@ private:
     void releaseRegion(const std::shared_ptr<Region> &r);
 
     // requests.cpp
+    /// Ends a request on the client's completion ring; a client whose backlog overflows is
+    /// disconnected.
+    void completeOrClose(Session &s, uint64_t ticket, Code status, uint64_t bytes);
     size_t drainRequests();
     /// Handles one copied-out request. False: the transport is full, retry this entry later.
     bool handleRequest(Session &s, const ipc::Request &r);

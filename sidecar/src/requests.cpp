@@ -11,6 +11,12 @@ constexpr uint32_t kBatch = 256;
 
 }  // namespace
 
+void EngineImpl::completeOrClose(Session &s, uint64_t ticket, Code status, uint64_t bytes) {
+    if (!s.complete(ticket, status, bytes)) {
+        closeSession(s, "client does not drain its completion ring");
+    }
+}
+
 void EngineImpl::reject(Session &s, const ipc::Request &r, Code code, const char *why) {
     ++s.counters.rejected;
     ++counters_.requests_rejected;
@@ -21,17 +27,13 @@ void EngineImpl::reject(Session &s, const ipc::Request &r, Code code, const char
                    s.cred.pid, r.ticket, r.op, ipc::codeName(code), why,
                    n > 10 ? " [rate-limited]" : "");
     }
-    if (!s.complete(r.ticket, code, 0)) {
-        closeSession(s, "client does not drain its completion ring");
-    }
+    completeOrClose(s, r.ticket, code, 0);
 }
 
 bool EngineImpl::handleRequest(Session &s, const ipc::Request &r) {
     switch (static_cast<ipc::Op>(r.op)) {
         case ipc::Op::kNop:
-            if (!s.complete(r.ticket, Code::kOk, 0)) {
-                closeSession(s, "client does not drain its completion ring");
-            }
+            completeOrClose(s, r.ticket, Code::kOk, 0);
             return true;
         case ipc::Op::kWrite:
             break;
@@ -95,9 +97,7 @@ bool EngineImpl::handleRequest(Session &s, const ipc::Request &r) {
         return false;
     }
     if (!st.isOk()) {
-        if (!s.complete(r.ticket, st.code(), 0)) {
-            closeSession(s, "client does not drain its completion ring");
-        }
+        completeOrClose(s, r.ticket, st.code(), 0);
         return true;
     }
     ops_.emplace(next_op_++, PendingOp{s.id, r.ticket, r.bytes});
