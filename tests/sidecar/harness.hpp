@@ -180,6 +180,7 @@ public:
             }
             ::_exit(127);
         }
+        bool died = false;
         ready_ = eventually([&] {
             tl_client *c = nullptr;
             if (tl_connect(socket_.c_str(), &c) == TL_OK) {
@@ -187,8 +188,13 @@ public:
                 return true;
             }
             int status;
-            return ::waitpid(pid_, &status, WNOHANG) == pid_;  // died: give up
+            died = ::waitpid(pid_, &status, WNOHANG) == pid_;
+            return died;  // died: give up
         });
+        if (died) {
+            ready_ = false;
+            pid_ = -1;  // reaped: never signal a pid that may be reused
+        }
     }
 
     /// Sends `sig` and reaps the process.

@@ -398,3 +398,16 @@ TEST(MultiNode, SidecarRestartWorkersReconnect) {
     EXPECT_EQ(std::memcmp(p, inbox->data(), 1 << 16), 0);
     tl_disconnect(ca);
 }
+
+TEST(MultiNode, VerbsByNameIsRefusedNotSilentlyReplaced) {
+    // The verbs transport is not in this build: asking for it must fail loudly at start.
+    SidecarOptions o{.name = "node-a",
+                     .listen = "127.0.0.1:" + std::to_string(freePort()),
+                     .peers = {{"node-b", "127.0.0.1:" + std::to_string(freePort())}},
+                     .extra = "[fabric]\ntransport = \"verbs\"\n"};
+    Sidecar sc(o);
+    EXPECT_FALSE(sc.ready());
+    EXPECT_FALSE(sc.alive());
+    EXPECT_NE(sc.log().find("verbs (RoCE) transport is not in this build"), std::string::npos)
+        << sc.log();
+}
