@@ -381,8 +381,8 @@ tl_status Client::nop(size_t n, tl_ticket *out, size_t *submitted) {
 }
 
 tl_status Client::submit(ipc::Request *reqs, size_t n, tl_ticket *out, size_t *submitted) {
-    std::lock_guard wlock(write_mu_);
     size_t k = 0;
+    bool corrupt = false;
     {
         std::lock_guard lock(comp_mu_);
         if (dead_.load(std::memory_order_acquire)) {
@@ -402,13 +402,16 @@ tl_status Client::submit(ipc::Request *reqs, size_t n, tl_ticket *out, size_t *s
             (void)requests_.push(reqs[i]);  // freeSlots() said there is room
             tickets_.addPending(next_ticket_++);
         }
+        if (k > 0) {
+            requests_.publish();  // under the lock: it publishes every entry pushed so far
+        }
+        corrupt = requests_.corrupt();
     }
     if (submitted) {
         *submitted = k;
     }
     if (k > 0) {
-        requests_.publish();
-        // SYNC POINT: seq_cst fence between publishing the tail and reading sidecar_sleeping;
+        // SYNC POINT: seq_cst fence between publishing the slots and reading sidecar_sleeping;
         // pairs with the fence in the sidecar's armSleep() (Dekker): one of us sees the other.
         std::atomic_thread_fence(std::memory_order_seq_cst);
         if (view_.header->sidecar_sleeping.value.load(std::memory_order_relaxed) != 0) {
@@ -416,7 +419,7 @@ tl_status Client::submit(ipc::Request *reqs, size_t n, tl_ticket *out, size_t *s
         }
     }
     if (k < n) {
-        if (requests_.corrupt()) {
+        if (corrupt) {
             return fail(Code::kConnection, "request ring corrupted");
         }
         return fail(Code::kAgain,
@@ -449,16 +452,16 @@ void Client::drainLocked() {
     if (n) {
         notifications_.release(n);
     }
-    if (completions_.corrupt() || notifications_.corrupt()) {
-        markDead("the completion rings are corrupted");
-    }
 }
 
-uint64_t Client::completionTail() const {
-    return view_.completion_ctl->tail.value.load(std::memory_order_acquire);
-}
-uint64_t Client::notificationTail() const {
-    return view_.notification_ctl->tail.value.load(std::memory_order_acquire);
+bool Client::ringsChanged() const {
+    // Only the slots' sequence words, never the cursors: reading a word the sidecar has not
+    // written since is a hit in our cache, so the spin costs the sidecar nothing.
+    auto changed = [](const auto &ring, const SlotWatch &w) {
+        const uint64_t now = ring.sequenceAt(w.pos);
+        return now != w.word || now == w.pos + 1;
+    };
+    return changed(completions_, comp_watch_) || changed(notifications_, notif_watch_);
 }
 
 bool Client::sidecarHungUp() {
@@ -507,21 +510,27 @@ void Client::adaptSpin(std::chrono::steady_clock::duration slept, bool woke_with
     }
 }
 
-bool Client::waitForActivity(std::chrono::steady_clock::time_point deadline, uint64_t comp_seen,
-                             uint64_t notif_seen) {
+bool Client::waitForActivity(std::chrono::steady_clock::time_point deadline) {
     using Clock = std::chrono::steady_clock;
-    auto news = [&] { return completionTail() != comp_seen || notificationTail() != notif_seen; };
+    auto news = [&] { return ringsChanged(); };
     // Spin first (busy: until the deadline; adaptive: the current window; event: not at all).
     auto spin_until = Clock::now() + std::chrono::microseconds(spin_window_us_);
     if (poll_mode_ == 0) {
         spin_until = deadline;
     }
+    // The clock is read once per 64 looks at the slots: a look is a cache hit until the
+    // sidecar writes, and a clock read between two looks would delay seeing that write.
     uint32_t turns = 0;
-    while (poll_mode_ != 2 && Clock::now() < spin_until) {
-        if (news()) {
-            return false;
+    while (poll_mode_ != 2) {
+        for (int i = 0; i < 64; ++i) {
+            if (news()) {
+                return false;
+            }
         }
-        if ((++turns & 0xfff) == 0 && sidecarHungUp()) {
+        if (Clock::now() >= spin_until) {
+            break;
+        }
+        if ((++turns & 0x3f) == 0 && sidecarHungUp()) {
             return true;
         }
     }
@@ -530,7 +539,7 @@ bool Client::waitForActivity(std::chrono::steady_clock::time_point deadline, uin
     }
     bool hung_up = false;
     view_.header->client_waiting.value.store(1, std::memory_order_relaxed);
-    // SYNC POINT: seq_cst fence between raising client_waiting and re-reading the tails; pairs
+    // SYNC POINT: seq_cst fence between raising client_waiting and re-reading the slots; pairs
     // with the fence in the sidecar's Session::publish() (Dekker).
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (!news()) {
@@ -561,10 +570,12 @@ void Client::waitTurn(std::unique_lock<std::mutex> &lock,
         return;
     }
     polling_ = true;
-    uint64_t comp_seen = completions_.head();
-    uint64_t notif_seen = notifications_.head();
+    comp_watch_.pos = completions_.head();
+    comp_watch_.word = completions_.sequenceAt(comp_watch_.pos);
+    notif_watch_.pos = notifications_.head();
+    notif_watch_.word = notifications_.sequenceAt(notif_watch_.pos);
     lock.unlock();
-    bool hung_up = waitForActivity(deadline, comp_seen, notif_seen);
+    bool hung_up = waitForActivity(deadline);
     lock.lock();
     if (hung_up) {
         markDead("the sidecar went away");

@@ -73,8 +73,7 @@ private:
     void drainLocked();
     /// Blocks until the rings may have news, the sidecar goes away, or `deadline` passes.
     /// Returns true when the sidecar hung up.
-    bool waitForActivity(std::chrono::steady_clock::time_point deadline, uint64_t comp_seen,
-                         uint64_t notif_seen);
+    bool waitForActivity(std::chrono::steady_clock::time_point deadline);
     /// dead_, or a hang-up seen on the socket; the syscall runs at most once a millisecond so
     /// a polling tl_test loop stays cheap (comp_mu_ held).
     bool sidecarGone();
@@ -86,8 +85,9 @@ private:
     void adaptSpin(std::chrono::steady_clock::duration slept, bool woke_with_news);
     void markDead(const std::string &why);
     bool sidecarHungUp();
-    uint64_t completionTail() const;
-    uint64_t notificationTail() const;
+    /// Whether a slot the polling thread watches has changed since waitTurn() looked (any
+    /// thread may drain the rings meanwhile, so "changed" and not "ready" is the news).
+    bool ringsChanged() const;
 
     // The connection and the segment (set once by connect()).
     ipc::UniqueFd sock_;
@@ -101,18 +101,28 @@ private:
     uint32_t spin_window_us_ = 50;  ///< adaptive mode's current spin (only the poller uses it)
     uint32_t depth_ = 0;
 
-    // Producer side of the request ring.
-    std::mutex write_mu_;
+    // One lock for both sides: a write takes a ticket-table entry and a request slot together,
+    // and one lock round trip per call is what the no-op round trip can afford.
+    std::mutex comp_mu_;
+
+    // Producer side of the request ring (comp_mu_ held).
     ipc::RingProducer<ipc::Request> requests_;
     uint64_t next_ticket_ = 1;
 
     // Consumer side of the completion and notification rings.
-    std::mutex comp_mu_;
     std::condition_variable comp_cv_;
     bool polling_ = false;  ///< one thread sleeps on the doorbell, the others on comp_cv_
     std::chrono::steady_clock::time_point last_hangup_check_{};
     ipc::RingConsumer<ipc::Completion> completions_;
     ipc::RingConsumer<ipc::Notification> notifications_;
+    /// The next completion and notification slots as waitTurn() saw them: position and
+    /// sequence word (polling_ thread only).
+    struct SlotWatch {
+        uint64_t pos = 0;
+        uint64_t word = 0;
+    };
+    SlotWatch comp_watch_;
+    SlotWatch notif_watch_;
     TicketTable tickets_;
     std::deque<tl_notification> notes_;
     std::atomic<bool> dead_{false};

@@ -197,11 +197,11 @@ bool EngineImpl::armSleep() {
         s->view.header->sidecar_sleeping.value.store(1, std::memory_order_relaxed);
     }
     // SYNC POINT: seq_cst fence between raising sidecar_sleeping and re-reading the request
-    // tails; the client publishes its tail, fences, then reads sidecar_sleeping (Dekker), so
+    // slots; the client publishes its slots, fences, then reads sidecar_sleeping (Dekker), so
     // either we see its request here or it sees our flag and rings to_sidecar.
     std::atomic_thread_fence(std::memory_order_seq_cst);
     for (Session *s : active_) {
-        if (s->requests.available() > 0 || s->requests.corrupt()) {
+        if (s->requests.available() > 0) {
             return false;
         }
     }
@@ -254,8 +254,9 @@ void EngineImpl::run() {
         if (sleep) {
             work += pollEvents(kIdleTickMs);
             disarmSleep();
-        } else if ((++iteration & 63) == 0 || mode != config::PollMode::kBusy) {
-            // Busy loops look at sockets every 64 turns: control calls are rare, requests not.
+        } else if ((++iteration & 1023) == 0 || mode != config::PollMode::kBusy) {
+            // Busy loops look at sockets every 1024 turns (tens of microseconds): control calls
+            // are rare, requests not, and an epoll_wait costs as much as several round trips.
             work += pollEvents(0);
         }
         work += drainRequests();

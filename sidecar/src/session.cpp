@@ -7,7 +7,10 @@
 namespace tensorlane::sidecar {
 
 bool Session::complete(uint64_t ticket, Code status, uint64_t bytes) {
-    ipc::Completion c{ticket, static_cast<int32_t>(status), 0, bytes, 0};
+    ipc::Completion c{};
+    c.ticket = ticket;
+    c.status = static_cast<int32_t>(status);
+    c.bytes = bytes;
     ++counters.completions;
     published = true;
     if (completion_backlog.empty() && completions.push(c)) {
@@ -52,21 +55,25 @@ void Session::publish() {
         return;
     }
     published = false;
-    // Only rings that changed: the client spins on both tails, and a store to an unchanged
-    // one would cost it a cache miss for nothing. A client that scribbles on the heads it
-    // owns is caught here, once per batch.
+    // Only rings that changed. A client that scribbles on the heads it owns is caught when a
+    // ring looks full, and here on the first and every kHeadCheckEvery-th publish: reading
+    // the head line at every publish would pull it out of the client's cache, and the
+    // client's next store to it would then wait for that line on its way to the next request.
+    const bool check_heads = publishes++ % kHeadCheckEvery == 0;
     if (completions_dirty) {
         completions_dirty = false;
         completions.publish();
-        completions.check();
     }
     if (notifications_dirty) {
         notifications_dirty = false;
         notifications.publish();
+    }
+    if (check_heads) {
+        completions.check();
         notifications.check();
     }
-    // SYNC POINT: seq_cst fence between publishing the tails and reading client_waiting; the
-    // client stores client_waiting, fences, then re-reads the tails before sleeping (Dekker),
+    // SYNC POINT: seq_cst fence between publishing the slots and reading client_waiting; the
+    // client stores client_waiting, fences, then re-reads the slots before sleeping (Dekker),
     // so either it sees our entries or we see its flag and ring it.
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (view.header->client_waiting.value.load(std::memory_order_relaxed) != 0) {

@@ -52,6 +52,7 @@ struct Session {
     bool completions_dirty = false;    ///< the completion ring has unpublished entries
     bool notifications_dirty = false;  ///< the notification ring has unpublished entries
     bool closing = false;
+    uint32_t publishes = 0;  ///< counts publish() calls, to pace the head checks
     std::string close_reason;
     SessionCounters counters;
 
@@ -66,6 +67,9 @@ struct Session {
 
     /// Most entries kept for a client that does not drain its rings, per ring.
     static constexpr size_t kMaxBacklog = 1u << 20;
+    /// Every this many publishes (and on the first) the client-owned heads are validated even
+    /// when the rings have room; in between, a head is read only when a ring looks full.
+    static constexpr uint32_t kHeadCheckEvery = 64;
 };
 
 }  // namespace tensorlane::sidecar

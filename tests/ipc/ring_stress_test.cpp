@@ -66,9 +66,6 @@ std::string consumeAll(RingConsumer<Entry> &cons, const Entry *slots, uint64_t c
         if (n > cons.depth()) {
             return "available() = " + std::to_string(n) + " exceeds the depth";
         }
-        if (cons.corrupt()) {
-            return "honest producer flagged corrupt at entry " + std::to_string(expected);
-        }
         if (n == 0) {
             if (pastDeadline(start)) {
                 return "consumer timed out at entry " + std::to_string(expected);
@@ -152,7 +149,6 @@ void runProducerConsumer(bool batch_push) {
     EXPECT_EQ(cons.head(), count);
     EXPECT_EQ(ring.sharedTail(), count);
     EXPECT_EQ(cons.available(), 0u);
-    EXPECT_FALSE(cons.corrupt());
 }
 
 TEST(SpscRingStress, TwoThreadsKeepOrderAndPayload) {
@@ -179,23 +175,23 @@ uint64_t bogusCursor(std::mt19937_64 &rng, uint64_t behind_limit, uint64_t ahead
     }
 }
 
-// A producer publishes honest entries, then at a random moment a tail it cannot honestly have
-// (behind the consumer's head, or more than depth ahead). The consumer must read every honest
-// entry it saw intact, flag corrupt(), and from then on read nothing.
-TEST(SpscRingStress, ConsumerFlagsBogusTails) {
+// A producer publishes honest entries while another thread keeps storing tails that no honest
+// producer can have written (behind the consumer, far ahead, garbage). The consumer polls the
+// slots' sequence words and never the tail: it must read every honest entry once, in order and
+// intact, and nothing more.
+TEST(SpscRingStress, ConsumerIgnoresBogusTails) {
     const uint64_t rounds = std::max<uint64_t>(20, stressIterations(2'000'000) / 2000);
     std::mt19937_64 seeds(1234);
-    uint64_t flagged = 0;
     for (uint64_t round = 0; round < rounds; ++round) {
         GuardedRing<Entry> ring(kDepth);
         const uint64_t seed = seeds();
-        const uint64_t honest = seed % 3000;
+        const uint64_t honest = 1 + seed % 3000;
         std::atomic<bool> stop{false};
         std::string producer_error;
-        uint64_t bogus = 0;
+        // Attached before the scribbler starts: a producer takes its tail from shared memory.
+        auto prod = ring.producer();
 
         std::thread producer([&] {
-            auto prod = ring.producer();
             std::mt19937_64 rng(seed);
             Backoff backoff;
             const auto start = std::chrono::steady_clock::now();
@@ -220,60 +216,25 @@ TEST(SpscRingStress, ConsumerFlagsBogusTails) {
                 }
                 backoff.pause();
             }
-            // The consumer's head only grows: anything below what we read now is below its
-            // head when it looks; anything above our tail + depth is beyond any honest tail.
-            bogus = bogusCursor(rng, ring.sharedHead(), prod.tail() + kDepth);
-            ring.setTail(bogus);
+        });
+        std::thread scribbler([&] {
+            std::mt19937_64 rng(seed ^ 0x5555);
+            while (!stop.load(std::memory_order_relaxed)) {
+                ring.setTail(bogusCursor(rng, ring.sharedHead(), ring.sharedHead() + 2 * kDepth));
+                std::this_thread::yield();
+            }
         });
 
         auto cons = ring.consumer();
-        Backoff backoff;
-        const auto start = std::chrono::steady_clock::now();
-        std::string consumer_error;
-        uint64_t expected = 0;
-        while (!cons.corrupt()) {
-            const uint32_t n = cons.available();
-            if (n > kDepth) {
-                consumer_error = "available() beyond the depth: " + std::to_string(n);
-                break;
-            }
-            if (n == 0) {
-                if (pastDeadline(start)) {
-                    consumer_error = "bogus tail never flagged";
-                    break;
-                }
-                backoff.pause();
-                continue;
-            }
-            backoff.reset();
-            for (uint32_t i = 0; i < n; ++i) {
-                const Entry e = cons.read(i);
-                if (e.seq != expected + i ||
-                    peekSeq(ring.slots(), kDepth, cons.head() + i) != e.seq || !entryIsIntact(e)) {
-                    consumer_error = "bad entry at " + std::to_string(expected + i);
-                }
-            }
-            cons.release(n);
-            expected += n;
-            if (!consumer_error.empty() || expected > honest) {
-                break;
-            }
-        }
-        stop.store(true, std::memory_order_relaxed);
+        const std::string consumer_error = consumeAll(cons, ring.slots(), honest, true);
         producer.join();
+        const uint32_t extra = cons.available();
+        stop.store(true, std::memory_order_relaxed);
+        scribbler.join();
         ASSERT_EQ(producer_error, "") << "round " << round;
-        ASSERT_EQ(consumer_error, "") << "round " << round << " bogus tail " << bogus;
-        ASSERT_TRUE(cons.corrupt()) << "round " << round << " bogus tail " << bogus;
-        EXPECT_LE(expected, honest) << "read past the last honest tail";
-        // Dead from now on, and touching no slot (they are made inaccessible).
-        ring.lockSlots();
-        Entry e{};
-        EXPECT_EQ(cons.available(), 0u);
-        EXPECT_FALSE(cons.pop(e));
-        ring.unlockSlots();
-        ++flagged;
+        ASSERT_EQ(consumer_error, "") << "round " << round;
+        ASSERT_EQ(extra, 0u) << "round " << round << ": read past the last honest entry";
     }
-    EXPECT_EQ(flagged, rounds);
 }
 
 // The mirror image: a consumer reads honestly, then stores a head it cannot have reached (ahead

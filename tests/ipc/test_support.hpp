@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -32,11 +33,13 @@
 
 namespace tensorlane::ipc::test {
 
-/// A 64-byte ring entry that carries its own sequence number and a checksum of its payload.
+/// A 64-byte ring entry that carries its own sequence number and a checksum of its payload,
+/// then the ring's sequence word.
 struct Entry {
     uint64_t seq;
-    uint64_t payload[6];
+    uint64_t payload[5];
     uint64_t check;
+    uint64_t ring_seq;
 };
 static_assert(sizeof(Entry) == 64);
 
@@ -52,7 +55,7 @@ inline Entry makeEntry(uint64_t seq) {
     Entry e{};
     e.seq = seq;
     uint64_t sum = seq;
-    for (int i = 0; i < 6; ++i) {
+    for (int i = 0; i < 5; ++i) {
         e.payload[i] = mix(seq * 8 + static_cast<uint64_t>(i));
         sum = sum * 31 + e.payload[i];
     }
@@ -62,7 +65,7 @@ inline Entry makeEntry(uint64_t seq) {
 
 inline bool entryIsIntact(const Entry &e) {
     uint64_t sum = e.seq;
-    for (int i = 0; i < 6; ++i) {
+    for (int i = 0; i < 5; ++i) {
         if (e.payload[i] != mix(e.seq * 8 + static_cast<uint64_t>(i))) {
             return false;
         }
@@ -114,6 +117,12 @@ public:
     void setTail(uint64_t v) { ctl_->tail.value.store(v, std::memory_order_release); }
     uint64_t sharedHead() const { return ctl_->head.value.load(std::memory_order_acquire); }
     uint64_t sharedTail() const { return ctl_->tail.value.load(std::memory_order_acquire); }
+    /// Stores a slot's sequence word the way a misbehaving producer would (release, so a
+    /// consumer that takes the slot also sees the payload written before).
+    void setSlotSeq(uint64_t pos, uint64_t word) {
+        std::atomic_ref<uint64_t>(slots_[pos & (depth_ - 1)].ring_seq)
+            .store(word, std::memory_order_release);
+    }
 
 private:
     uint32_t depth_;

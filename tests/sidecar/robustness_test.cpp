@@ -3,6 +3,8 @@
 #include <poll.h>
 #include <sys/mman.h>
 
+#include <atomic>
+#include <cstddef>
 #include <thread>
 
 #include "harness.hpp"
@@ -221,6 +223,9 @@ TEST(HostileClient, RandomRequestEntriesGetErrorCompletions) {
                 r.op = static_cast<uint32_t>(ipc::Op::kWrite);  // plausible op, bogus fields
             }
             std::memcpy(&raw.view.requests[tail & (depth - 1)], &r, sizeof(r));
+            // Publication is the slot's sequence word (spsc_ring.hpp), written last.
+            std::atomic_ref<uint64_t>(raw.view.requests[tail & (depth - 1)].ring_seq)
+                .store(tail + 1, std::memory_order_release);
             ++tail;
             ++sent;
         }
@@ -244,25 +249,60 @@ TEST(HostileClient, RandomRequestEntriesGetErrorCompletions) {
     EXPECT_TRUE(healthyRoundTrip(sc.socket(), 2));
 }
 
+/// Writes a no-op into request slot `pos` of a raw client and publishes it the way the ring does.
+void rawNop(RawClient &raw, uint64_t pos, uint64_t ticket) {
+    const uint32_t mask = raw.geometry.request_depth - 1;
+    ipc::Request nop{};
+    nop.op = static_cast<uint32_t>(ipc::Op::kNop);
+    nop.ticket = ticket;
+    std::memcpy(&raw.view.requests[pos & mask], &nop, offsetof(ipc::Request, ring_seq));
+    std::atomic_ref<uint64_t>(raw.view.requests[pos & mask].ring_seq)
+        .store(pos + 1, std::memory_order_release);
+    raw.doorbell();
+}
+
+/// Whether completion `pos` arrives with `ticket` and TL_OK within `ms`.
+bool rawCompleted(RawClient &raw, uint64_t pos, uint64_t ticket) {
+    const uint32_t mask = raw.geometry.completion_depth - 1;
+    const ipc::Completion *c = &raw.view.completions[pos & mask];
+    if (!eventually([&] {
+            return std::atomic_ref<uint64_t>(const_cast<ipc::Completion *>(c)->ring_seq)
+                       .load(std::memory_order_acquire) == pos + 1;
+        })) {
+        return false;
+    }
+    return c->ticket == ticket && c->status == 0;
+}
+
+TEST(HostileClient, ScribbledRequestTailIsIgnored) {
+    Sidecar sc;
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    // The sidecar polls the request slots' sequence words, never the tail the client owns, so
+    // a bogus tail (far ahead, behind, garbage) changes nothing: the session keeps working.
+    RawClient a;
+    ASSERT_TRUE(a.connect(sc.socket()));
+    uint64_t pos = 0;
+    for (uint64_t bogus : {uint64_t{1} << 40, ~uint64_t{0}, uint64_t{0xdeadbeef}}) {
+        a.view.request_ctl->tail.value.store(bogus, std::memory_order_release);
+        a.doorbell();
+        rawNop(a, pos, 100 + pos);
+        ASSERT_TRUE(rawCompleted(a, pos, 100 + pos)) << "tail " << bogus << "\n" << sc.log();
+        ++pos;
+        a.view.completion_ctl->head.value.store(pos, std::memory_order_release);
+    }
+    EXPECT_FALSE(a.hungUp(200));
+    EXPECT_TRUE(sc.alive());
+    EXPECT_TRUE(healthyRoundTrip(sc.socket(), 4));
+}
+
 TEST(HostileClient, ScribbledCursorsCloseOnlyThatSession) {
     Sidecar sc;
     ASSERT_TRUE(sc.ready()) << sc.log();
-    // Bogus request tail: far ahead of head.
-    RawClient a;
-    ASSERT_TRUE(a.connect(sc.socket()));
-    a.view.request_ctl->tail.value.store(uint64_t{1} << 40, std::memory_order_release);
-    a.doorbell();
-    EXPECT_TRUE(a.hungUp(5000));
-    // Bogus completion head (the cursor the client owns): behind zero / ahead of tail.
+    // Bogus completion head (the cursor the client owns): ahead of anything written.
     RawClient b;
     ASSERT_TRUE(b.connect(sc.socket()));
     b.view.completion_ctl->head.value.store(uint64_t{1} << 50, std::memory_order_release);
-    ipc::Request nop{};
-    nop.op = static_cast<uint32_t>(ipc::Op::kNop);
-    nop.ticket = 1;
-    b.view.requests[0] = nop;
-    b.view.request_ctl->tail.value.store(1, std::memory_order_release);
-    b.doorbell();
+    rawNop(b, 0, 1);
     EXPECT_TRUE(b.hungUp(5000));
     // Random bytes over a whole segment, header included.
     RawClient c;

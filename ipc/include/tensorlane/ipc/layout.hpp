@@ -17,7 +17,7 @@
 namespace tensorlane::ipc {
 
 inline constexpr uint64_t kSegmentMagic = 0x314745534c4e4c54ull;  // "TLNLSEG1"
-inline constexpr uint32_t kLayoutVersion = 1;
+inline constexpr uint32_t kLayoutVersion = 2;  ///< 2: per-slot sequence words (ring_seq)
 inline constexpr uint32_t kMinRingDepth = 16;
 inline constexpr uint32_t kMaxRingDepth = 65536;
 inline constexpr size_t kPeerNameBytes = 64;  ///< tl_notification.peer, NUL included
@@ -39,10 +39,11 @@ struct Request {
     uint64_t dst_remote;  ///< a handle from lookup
     uint64_t dst_offset;
     uint64_t bytes;
-    uint64_t reserved;
+    uint64_t ring_seq;  ///< the ring's (spsc_ring.hpp); set by publish, ignored by push
 };
 static_assert(sizeof(Request) == 64 && std::is_trivially_copyable_v<Request>);
 static_assert(offsetof(Request, ticket) == 8 && offsetof(Request, bytes) == 48);
+static_assert(isRingEntry<Request>());
 
 /// The end of one request, written by the sidecar into the completion ring.
 struct Completion {
@@ -50,9 +51,10 @@ struct Completion {
     int32_t status;  ///< Code
     uint32_t reserved;
     uint64_t bytes;
-    uint64_t reserved2;
+    uint64_t ring_seq;  ///< the ring's
 };
 static_assert(sizeof(Completion) == 32 && std::is_trivially_copyable_v<Completion>);
+static_assert(isRingEntry<Completion>());
 
 /// Data arrived in one of the client's regions, written by the sidecar into the notification
 /// ring only once the data is in place.
@@ -63,9 +65,11 @@ struct Notification {
     uint32_t imm;
     uint32_t reserved;
     char peer[kPeerNameBytes];  ///< NUL-terminated node name of the writer
-    uint64_t reserved2[4];
+    uint64_t reserved2[3];
+    uint64_t ring_seq;  ///< the ring's
 };
 static_assert(sizeof(Notification) == 128 && std::is_trivially_copyable_v<Notification>);
+static_assert(isRingEntry<Notification>());
 static_assert(offsetof(Notification, peer) == 32);
 
 /// Flags of the doorbell protocol; each on its own line because each has one writer.
