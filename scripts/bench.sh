@@ -139,11 +139,17 @@ ring_p50, sock_p50 = get("RingNop", "p50_ns"), get("SeqpacketPingPong", "p50_ns"
 if ring_p50 and sock_p50:
     ratio = sock_p50 / ring_p50
     print(f"ring round trip (no-op, busy-polling): p50 {ring_p50:.0f} ns, p99 "
-          f"{get('RingNop', 'p99_ns'):.0f} ns, {get('RingNop', 'ops_per_s'):,.0f} ops/s")
+          f"{get('RingNop', 'p99_ns'):.0f} ns, "
+          f"{get('RingNop', 'ops_per_s'):,.0f} ops/s")
     print(f"SOCK_SEQPACKET 64 B ping-pong:          p50 {sock_p50:.0f} ns, p99 "
           f"{get('SeqpacketPingPong', 'p99_ns'):.0f} ns, "
           f"{get('SeqpacketPingPong', 'ops_per_s'):,.0f} ops/s")
     print(f"  socket p50 / ring p50 = {ratio:.1f}x  (goal >= 10x: {verdict(ratio >= 10)})")
+    raw_p50 = get("RingRaw", "p50_ns")
+    if raw_p50:
+        print(f"  the floor, the two rings alone (no sidecar, no shim): p50 {raw_p50:.0f} ns = "
+              f"{sock_p50 / raw_p50:.1f}x below the socket; RingNop spends "
+              f"{ring_p50 - raw_p50:.0f} ns more")
 
 batches = sorted((int(n.split("/")[1]), b) for n, b in runs.items()
                  if n.startswith("RingNopBatch/"))

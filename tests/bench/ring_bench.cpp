@@ -4,6 +4,8 @@
 //                           busy-polling: p50/p99 (ns) and ops/s
 //   SeqpacketPingPong       the baseline: 64 bytes (one request entry) ping-pong over a
 //                           SOCK_SEQPACKET pair to a forked, busy-polling echo process
+//   RingRaw                 the floor: the same rings (ipc/spsc_ring.hpp) in a shared mapping,
+//                           a no-op echoed by a forked process, no sidecar and no shim
 //   RingNopBatch/N          N no-ops per tl_nop_batch, two batches in flight: ops/s
 //   Memcpy/SIZE             the baseline: memcpy between two pre-faulted buffers
 //   LocalWrite/MODE/SIZE    tl_write with two writes in flight (wait for the previous one) from one
@@ -23,6 +25,7 @@
 #include <memory>
 
 #include "bench_support.hpp"
+#include "tensorlane/ipc/layout.hpp"
 
 namespace {
 
@@ -369,12 +372,97 @@ void localWrite(benchmark::State &state, const std::string &mode) {
     reportBandwidthP50(state, samples, bytes);
 }
 
+/// The ring alone: what a round trip through a request and a completion ring costs with no
+/// sidecar loop and no shim around it (the floor RingNop is compared with in docs/benchmarks.md).
+void ringRaw(benchmark::State &state) {
+    g_sidecars.stopAll();
+    using namespace tensorlane::ipc;
+    constexpr uint32_t kDepth = 1024;
+    const SegmentGeometry g = SegmentGeometry::forDepth(kDepth);
+    void *base =
+        ::mmap(nullptr, g.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) {
+        state.SkipWithError(std::strerror(errno));
+        return;
+    }
+    initSegment(base, g, 1);
+    const SegmentView v = SegmentView::at(base, g);
+    auto *stop = &v.header->client_waiting.value;  // unused by this test otherwise
+    const pid_t parent = ::getpid();
+    pid_t child = ::fork();
+    if (child == 0) {
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (::getppid() != parent) {
+            ::_exit(1);
+        }
+        RingConsumer<Request> requests(v.request_ctl, v.requests, kDepth);
+        RingProducer<Completion> completions(v.completion_ctl, v.completions, kDepth);
+        while (stop->load(std::memory_order_relaxed) == 0) {
+            const uint32_t n = requests.available();
+            for (uint32_t i = 0; i < n; ++i) {
+                const Request r = requests.read(i);
+                Completion c{};
+                c.ticket = r.ticket;
+                if (!completions.push(c)) {
+                    ::_exit(2);
+                }
+            }
+            if (n) {
+                requests.release(n);
+                completions.publish();
+            }
+        }
+        ::_exit(0);
+    }
+    RingProducer<Request> requests(v.request_ctl, v.requests, kDepth);
+    RingConsumer<Completion> completions(v.completion_ctl, v.completions, kDepth);
+    uint64_t ticket = 0;
+    auto roundTrip = [&] {
+        Request r{};
+        r.op = static_cast<uint32_t>(Op::kNop);
+        r.ticket = ++ticket;
+        if (!requests.push(r)) {
+            return false;
+        }
+        requests.publish();
+        while (completions.available() == 0) {
+        }
+        const bool good = completions.read(0).ticket == ticket;
+        completions.release(1);
+        return good;
+    };
+    bool good = true;
+    for (int i = 0; i < 10000 && good; ++i) {
+        good = roundTrip();
+    }
+    std::vector<double> samples;
+    samples.reserve(static_cast<size_t>(state.max_iterations));
+    if (!good) {
+        state.SkipWithError("echo process failed");
+    } else {
+        for (auto _ : state) {
+            auto t0 = Clock::now();
+            if (!roundTrip()) {
+                state.SkipWithError("echo process failed");
+                break;
+            }
+            samples.push_back(ns(Clock::now() - t0));
+        }
+    }
+    stop->store(1, std::memory_order_relaxed);
+    int st = 0;
+    ::waitpid(child, &st, 0);
+    ::munmap(base, g.total_bytes);
+    reportLatency(state, samples);
+}
+
 void registerAll() {
     // Latency first: the socket baseline, then the ring.
     benchmark::RegisterBenchmark("SeqpacketPingPong", seqpacketPingPong)
         ->UseRealTime()
         ->Unit(benchmark::kNanosecond);
     benchmark::RegisterBenchmark("RingNop", ringNop)->UseRealTime()->Unit(benchmark::kNanosecond);
+    benchmark::RegisterBenchmark("RingRaw", ringRaw)->UseRealTime()->Unit(benchmark::kNanosecond);
     benchmark::RegisterBenchmark("RingNopBatch", ringNopBatch)
         ->Arg(64)
         ->Arg(256)
