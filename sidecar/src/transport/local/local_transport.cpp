@@ -7,7 +7,7 @@
 #include <cstring>
 
 #if defined(__x86_64__)
-#include <emmintrin.h>
+#include <immintrin.h>
 #endif
 
 namespace tensorlane::sidecar {
@@ -27,14 +27,18 @@ uint64_t streamingThreshold() {
     return threshold;
 }
 
-/// memcpy with non-temporal stores where the CPU has them. The caller fences before anyone
-/// may look at the bytes.
-void copyStreaming(unsigned char *dst, const unsigned char *src, uint64_t n) {
 #if defined(__x86_64__)
-    // Head: plain copy up to a 64-byte aligned destination.
-    uint64_t head = (64 - (reinterpret_cast<uintptr_t>(dst) & 63)) & 63;
-    head = std::min(head, n);
+/// Copies up to a 64-byte aligned destination; returns the bytes copied.
+uint64_t copyHead(unsigned char *dst, const unsigned char *src, uint64_t n) {
+    const uint64_t head =
+        std::min<uint64_t>((64 - (reinterpret_cast<uintptr_t>(dst) & 63)) & 63, n);
     std::memcpy(dst, src, head);
+    return head;
+}
+
+/// Non-temporal copy with 16-byte SSE2 stores (every x86-64).
+void copyStreamingSse2(unsigned char *dst, const unsigned char *src, uint64_t n) {
+    const uint64_t head = copyHead(dst, src, n);
     dst += head;
     src += head;
     n -= head;
@@ -49,6 +53,41 @@ void copyStreaming(unsigned char *dst, const unsigned char *src, uint64_t n) {
         _mm_stream_si128(d + 3, e);
     }
     std::memcpy(dst, src, n);
+}
+
+/// Non-temporal copy with 32-byte AVX2 stores, two lines per turn. Measured on the GPU
+/// machine's Xeon, 256 MiB in 512 KiB slices: 91-97% of glibc's memcpy, where SSE2 stores
+/// reach 75-87%.
+__attribute__((target("avx2"))) void copyStreamingAvx2(unsigned char *dst, const unsigned char *src,
+                                                       uint64_t n) {
+    const uint64_t head = copyHead(dst, src, n);
+    dst += head;
+    src += head;
+    n -= head;
+    for (; n >= 128; n -= 128, dst += 128, src += 128) {
+        const auto *s = reinterpret_cast<const __m256i *>(src);
+        auto *d = reinterpret_cast<__m256i *>(dst);
+        __m256i a = _mm256_loadu_si256(s), b = _mm256_loadu_si256(s + 1);
+        __m256i c = _mm256_loadu_si256(s + 2), e = _mm256_loadu_si256(s + 3);
+        _mm256_stream_si256(d, a);
+        _mm256_stream_si256(d + 1, b);
+        _mm256_stream_si256(d + 2, c);
+        _mm256_stream_si256(d + 3, e);
+    }
+    std::memcpy(dst, src, n);
+}
+#endif
+
+/// memcpy with non-temporal stores where the CPU has them (AVX2 if it can, else SSE2). The
+/// caller fences before anyone may look at the bytes.
+void copyStreaming(unsigned char *dst, const unsigned char *src, uint64_t n) {
+#if defined(__x86_64__)
+    static const bool avx2 = __builtin_cpu_supports("avx2");
+    if (avx2) {
+        copyStreamingAvx2(dst, src, n);
+    } else {
+        copyStreamingSse2(dst, src, n);
+    }
 #else
     std::memcpy(dst, src, n);
 #endif
