@@ -514,12 +514,10 @@ bool Client::waitForActivity(std::chrono::steady_clock::time_point deadline) {
     using Clock = std::chrono::steady_clock;
     auto news = [&] { return ringsChanged(); };
     // Spin first (busy: until the deadline; adaptive: the current window; event: not at all).
-    auto spin_until = Clock::now() + std::chrono::microseconds(spin_window_us_);
-    if (poll_mode_ == 0) {
-        spin_until = deadline;
-    }
-    // The clock is read once per 64 looks at the slots: a look is a cache hit until the
-    // sidecar writes, and a clock read between two looks would delay seeing that write.
+    // The clock is read once per 64 looks at the slots, and first after the first 64: a look
+    // is a cache hit until the sidecar writes, and on a virtual machine a clock read can cost
+    // as much as a third of a whole no-op round trip.
+    Clock::time_point spin_until{};
     uint32_t turns = 0;
     while (poll_mode_ != 2) {
         for (int i = 0; i < 64; ++i) {
@@ -527,7 +525,12 @@ bool Client::waitForActivity(std::chrono::steady_clock::time_point deadline) {
                 return false;
             }
         }
-        if (Clock::now() >= spin_until) {
+        const auto now = Clock::now();
+        if (turns == 0) {
+            spin_until =
+                poll_mode_ == 0 ? deadline : now + std::chrono::microseconds(spin_window_us_);
+        }
+        if (now >= spin_until) {
             break;
         }
         if ((++turns & 0x3f) == 0 && sidecarHungUp()) {
@@ -589,6 +592,7 @@ tl_status Client::wait(tl_ticket t, int timeout_ms) {
     const auto deadline = timeout_ms < 0 ? Clock::time_point::max()
                                          : Clock::now() + std::chrono::milliseconds(timeout_ms);
     std::unique_lock lock(comp_mu_);
+    bool first = true;
     for (;;) {
         // The table first: after one drain, a batch's other tickets are already there and
         // need no look at shared memory.
@@ -607,11 +611,16 @@ tl_status Client::wait(tl_ticket t, int timeout_ms) {
                            : fail(static_cast<Code>(st), std::string("write failed: ") +
                                                              ipc::codeName(static_cast<Code>(st)));
         }
-        if (sidecarGone()) {
+        // An endless wait skips this before its first turn: the polling thread watches the
+        // socket too, and the clock read in sidecarGone() would sit between submitting and
+        // looking for the completion. A wait with a timeout (a tl_wait(t, 0) poll loop) must
+        // see a dead sidecar on every call.
+        if ((!first || timeout_ms >= 0) && sidecarGone()) {
             tickets_.failPending(static_cast<int32_t>(Code::kConnection));
             continue;
         }
-        if (Clock::now() >= deadline) {
+        first = false;
+        if (deadline != Clock::time_point::max() && Clock::now() >= deadline) {
             return fail(Code::kTimedOut, "tl_wait: ticket " + std::to_string(t) + " pending");
         }
         waitTurn(lock, deadline);

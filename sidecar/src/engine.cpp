@@ -268,8 +268,8 @@ void EngineImpl::run() {
         if (!to_reap_.empty()) {
             reapSessions();
         }
-        if (work) {
-            last_work = Clock::now();
+        if (work && mode != config::PollMode::kBusy) {
+            last_work = Clock::now();  // only the sleeping modes look at it
         }
     }
     running_ = false;
