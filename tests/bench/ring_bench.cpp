@@ -103,6 +103,29 @@ void reportBandwidthP50(benchmark::State &state, std::vector<double> &samples, s
     }
 }
 
+/// Warms up with 10,000 round trips, then times one per benchmark iteration; a failed round
+/// trip (the forked echo process died) ends the benchmark with an error.
+template <class RoundTrip>
+std::vector<double> timeRoundTrips(benchmark::State &state, RoundTrip &roundTrip) {
+    std::vector<double> samples;
+    for (int i = 0; i < 10000; ++i) {
+        if (!roundTrip()) {
+            state.SkipWithError("echo process failed");
+            return samples;
+        }
+    }
+    samples.reserve(static_cast<size_t>(state.max_iterations));
+    for (auto _ : state) {
+        auto t0 = Clock::now();
+        if (!roundTrip()) {
+            state.SkipWithError("echo process failed");
+            break;
+        }
+        samples.push_back(ns(Clock::now() - t0));
+    }
+    return samples;
+}
+
 // ---- ring round trip ----
 
 void ringNop(benchmark::State &state) {
@@ -182,24 +205,7 @@ void seqpacketPingPong(benchmark::State &state) {
             }
         }
     };
-    bool good = true;
-    for (int i = 0; i < 10000 && good; ++i) {
-        good = roundTrip();
-    }
-    std::vector<double> samples;
-    samples.reserve(static_cast<size_t>(state.max_iterations));
-    if (!good) {
-        state.SkipWithError("echo process failed");
-    } else {
-        for (auto _ : state) {
-            auto t0 = Clock::now();
-            if (!roundTrip()) {
-                state.SkipWithError("echo process failed");
-                break;
-            }
-            samples.push_back(ns(Clock::now() - t0));
-        }
-    }
+    std::vector<double> samples = timeRoundTrips(state, roundTrip);
     ::close(sv[0]);
     int status = 0;
     ::waitpid(child, &status, 0);
@@ -431,24 +437,7 @@ void ringRaw(benchmark::State &state) {
         completions.release(1);
         return good;
     };
-    bool good = true;
-    for (int i = 0; i < 10000 && good; ++i) {
-        good = roundTrip();
-    }
-    std::vector<double> samples;
-    samples.reserve(static_cast<size_t>(state.max_iterations));
-    if (!good) {
-        state.SkipWithError("echo process failed");
-    } else {
-        for (auto _ : state) {
-            auto t0 = Clock::now();
-            if (!roundTrip()) {
-                state.SkipWithError("echo process failed");
-                break;
-            }
-            samples.push_back(ns(Clock::now() - t0));
-        }
-    }
+    std::vector<double> samples = timeRoundTrips(state, roundTrip);
     stop->store(1, std::memory_order_relaxed);
     int st = 0;
     ::waitpid(child, &st, 0);
