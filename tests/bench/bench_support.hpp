@@ -111,6 +111,20 @@ inline double schedSeconds(pid_t pid) {
 }
 
 /// The value at quantile q (0..1) of `v` (sorted in place).
+/// fork() for helper processes that must never outlive the benchmark: the child gets SIGKILL
+/// when the parent dies (and exits at once if it already has). Returns what fork() returns.
+inline pid_t forkTied() {
+    const pid_t parent = ::getpid();
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (::getppid() != parent) {
+            ::_exit(1);
+        }
+    }
+    return pid;
+}
+
 inline double percentile(std::vector<double> &v, double q) {
     if (v.empty()) {
         return 0;

@@ -51,13 +51,12 @@ int main(int argc, char **argv) {
             std::cerr << "idle_cost: pipe: " << std::strerror(errno) << "\n";
             return 1;
         }
-        const pid_t parent = ::getpid();
-        pid_t client = ::fork();
+        const pid_t client = tlbench::forkTied();
+        if (client < 0) {
+            std::cerr << "idle_cost: fork: " << std::strerror(errno) << "\n";
+            return 1;
+        }
         if (client == 0) {
-            ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-            if (::getppid() != parent) {
-                ::_exit(1);
-            }
             ::close(ready[0]);
             tl_client *c = nullptr;
             void *p = nullptr;

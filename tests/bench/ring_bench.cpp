@@ -168,13 +168,14 @@ void seqpacketPingPong(benchmark::State &state) {
         state.SkipWithError(std::strerror(errno));
         return;
     }
-    const pid_t parent = ::getpid();
-    pid_t child = ::fork();
+    const pid_t child = tlbench::forkTied();
+    if (child < 0) {
+        state.SkipWithError(std::strerror(errno));
+        ::close(sv[0]);
+        ::close(sv[1]);
+        return;
+    }
     if (child == 0) {
-        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (::getppid() != parent) {
-            ::_exit(1);
-        }
         ::close(sv[0]);
         char buf[kBytes];
         for (;;) {
@@ -394,13 +395,13 @@ void ringRaw(benchmark::State &state) {
     initSegment(base, g, 1);
     const SegmentView v = SegmentView::at(base, g);
     auto *stop = &v.header->client_waiting.value;  // unused by this test otherwise
-    const pid_t parent = ::getpid();
-    pid_t child = ::fork();
+    const pid_t child = tlbench::forkTied();
+    if (child < 0) {
+        state.SkipWithError(std::strerror(errno));
+        ::munmap(base, g.total_bytes);
+        return;
+    }
     if (child == 0) {
-        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (::getppid() != parent) {
-            ::_exit(1);
-        }
         RingConsumer<Request> requests(v.request_ctl, v.requests, kDepth);
         RingProducer<Completion> completions(v.completion_ctl, v.completions, kDepth);
         while (stop->load(std::memory_order_relaxed) == 0) {
