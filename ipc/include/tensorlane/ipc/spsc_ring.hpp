@@ -5,9 +5,9 @@
 // its ring_seq with release; the consumer at head h polls slot h's ring_seq until it reads h + 1.
 // A round trip through two rings thus costs one cache-line transfer per direction (the slot),
 // not two (the tail cursor, then the slot), which is what makes the no-op round trip several
-// times cheaper than a socket on a many-core Xeon. The same idea as FastForward (Giacomoni et
-// al., PPoPP 2008) and DPDK's rte_ring "peek" mode; the slot words never share a line with
-// another ring.
+// times cheaper than a socket. The same idea as FastForward (Giacomoni et al., PPoPP 2008) and
+// the Linux kernel's ptr_ring, where the slot's own content says whether it is full; here a
+// sequence number, so that a stale slot from the previous lap can never look new.
 //
 // The ring lives in memory that the other side can scribble on:
 // - the consumer never reads the producer's tail cursor (the producer still stores it, for
