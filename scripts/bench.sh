@@ -139,8 +139,7 @@ ring_p50, sock_p50 = get("RingNop", "p50_ns"), get("SeqpacketPingPong", "p50_ns"
 if ring_p50 and sock_p50:
     ratio = sock_p50 / ring_p50
     print(f"ring round trip (no-op, busy-polling): p50 {ring_p50:.0f} ns, p99 "
-          f"{get('RingNop', 'p99_ns'):.0f} ns, "
-          f"{get('RingNop', 'ops_per_s'):,.0f} ops/s")
+          f"{get('RingNop', 'p99_ns'):.0f} ns, {get('RingNop', 'ops_per_s'):,.0f} ops/s")
     print(f"SOCK_SEQPACKET 64 B ping-pong:          p50 {sock_p50:.0f} ns, p99 "
           f"{get('SeqpacketPingPong', 'p99_ns'):.0f} ns, "
           f"{get('SeqpacketPingPong', 'ops_per_s'):,.0f} ops/s")

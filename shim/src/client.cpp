@@ -512,7 +512,6 @@ void Client::adaptSpin(std::chrono::steady_clock::duration slept, bool woke_with
 
 bool Client::waitForActivity(std::chrono::steady_clock::time_point deadline) {
     using Clock = std::chrono::steady_clock;
-    auto news = [&] { return ringsChanged(); };
     // Spin first (busy: until the deadline; adaptive: the current window; event: not at all).
     // The clock is read once per 64 looks at the slots, and first after the first 64: a look
     // is a cache hit until the sidecar writes, and on a virtual machine a clock read can cost
@@ -521,7 +520,7 @@ bool Client::waitForActivity(std::chrono::steady_clock::time_point deadline) {
     uint32_t turns = 0;
     while (poll_mode_ != 2) {
         for (int i = 0; i < 64; ++i) {
-            if (news()) {
+            if (ringsChanged()) {
                 return false;
             }
         }
@@ -545,7 +544,7 @@ bool Client::waitForActivity(std::chrono::steady_clock::time_point deadline) {
     // SYNC POINT: seq_cst fence between raising client_waiting and re-reading the slots; pairs
     // with the fence in the sidecar's Session::publish() (Dekker).
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (!news()) {
+    if (!ringsChanged()) {
         auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
         int timeout = static_cast<int>(std::clamp<int64_t>(left.count() + 1, 0, 1000));
         pollfd p[2] = {{to_client_.get(), POLLIN, 0}, {sock_.get(), POLLRDHUP, 0}};
@@ -556,7 +555,7 @@ bool Client::waitForActivity(std::chrono::steady_clock::time_point deadline) {
         }
         hung_up = (p[1].revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0;
         if (poll_mode_ == 1) {
-            adaptSpin(Clock::now() - slept_from, news());
+            adaptSpin(Clock::now() - slept_from, ringsChanged());
         }
     }
     view_.header->client_waiting.value.store(0, std::memory_order_relaxed);

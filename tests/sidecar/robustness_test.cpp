@@ -200,6 +200,36 @@ TEST(Credentials, AllowedUidIsServed) {
     EXPECT_EQ(waitChild(p), 0) << sc.log();
 }
 
+/// Writes `r` into request slot `pos` of a raw client and publishes it the way the ring does:
+/// the payload, then the slot's sequence word (release). No doorbell.
+void rawPublish(RawClient &raw, uint64_t pos, const ipc::Request &r) {
+    ipc::Request &slot = raw.view.requests[pos & (raw.geometry.request_depth - 1)];
+    std::memcpy(&slot, &r, offsetof(ipc::Request, ring_seq));
+    std::atomic_ref<uint64_t>(slot.ring_seq).store(pos + 1, std::memory_order_release);
+}
+
+/// Publishes a no-op into request slot `pos` of a raw client and rings the doorbell.
+void rawNop(RawClient &raw, uint64_t pos, uint64_t ticket) {
+    ipc::Request nop{};
+    nop.op = static_cast<uint32_t>(ipc::Op::kNop);
+    nop.ticket = ticket;
+    rawPublish(raw, pos, nop);
+    raw.doorbell();
+}
+
+/// Whether completion `pos` arrives with `ticket` and TL_OK within `ms`.
+bool rawCompleted(RawClient &raw, uint64_t pos, uint64_t ticket) {
+    const uint32_t mask = raw.geometry.completion_depth - 1;
+    const ipc::Completion *c = &raw.view.completions[pos & mask];
+    if (!eventually([&] {
+            return std::atomic_ref<uint64_t>(const_cast<ipc::Completion *>(c)->ring_seq)
+                       .load(std::memory_order_acquire) == pos + 1;
+        })) {
+        return false;
+    }
+    return c->ticket == ticket && c->status == 0;
+}
+
 TEST(HostileClient, RandomRequestEntriesGetErrorCompletions) {
     Sidecar sc;
     ASSERT_TRUE(sc.ready()) << sc.log();
@@ -222,10 +252,7 @@ TEST(HostileClient, RandomRequestEntriesGetErrorCompletions) {
             if (i % 4 == 0) {
                 r.op = static_cast<uint32_t>(ipc::Op::kWrite);  // plausible op, bogus fields
             }
-            std::memcpy(&raw.view.requests[tail & (depth - 1)], &r, sizeof(r));
-            // Publication is the slot's sequence word (spsc_ring.hpp), written last.
-            std::atomic_ref<uint64_t>(raw.view.requests[tail & (depth - 1)].ring_seq)
-                .store(tail + 1, std::memory_order_release);
+            rawPublish(raw, tail, r);
             ++tail;
             ++sent;
         }
@@ -247,31 +274,6 @@ TEST(HostileClient, RandomRequestEntriesGetErrorCompletions) {
     EXPECT_TRUE(sc.alive());
     EXPECT_NE(sc.log().find("rejected"), std::string::npos);
     EXPECT_TRUE(healthyRoundTrip(sc.socket(), 2));
-}
-
-/// Writes a no-op into request slot `pos` of a raw client and publishes it the way the ring does.
-void rawNop(RawClient &raw, uint64_t pos, uint64_t ticket) {
-    const uint32_t mask = raw.geometry.request_depth - 1;
-    ipc::Request nop{};
-    nop.op = static_cast<uint32_t>(ipc::Op::kNop);
-    nop.ticket = ticket;
-    std::memcpy(&raw.view.requests[pos & mask], &nop, offsetof(ipc::Request, ring_seq));
-    std::atomic_ref<uint64_t>(raw.view.requests[pos & mask].ring_seq)
-        .store(pos + 1, std::memory_order_release);
-    raw.doorbell();
-}
-
-/// Whether completion `pos` arrives with `ticket` and TL_OK within `ms`.
-bool rawCompleted(RawClient &raw, uint64_t pos, uint64_t ticket) {
-    const uint32_t mask = raw.geometry.completion_depth - 1;
-    const ipc::Completion *c = &raw.view.completions[pos & mask];
-    if (!eventually([&] {
-            return std::atomic_ref<uint64_t>(const_cast<ipc::Completion *>(c)->ring_seq)
-                       .load(std::memory_order_acquire) == pos + 1;
-        })) {
-        return false;
-    }
-    return c->ticket == ticket && c->status == 0;
 }
 
 TEST(HostileClient, ScribbledRequestTailIsIgnored) {

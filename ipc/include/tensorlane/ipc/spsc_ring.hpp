@@ -52,12 +52,13 @@ static_assert(std::is_trivially_destructible_v<RingControl>);
 /// ring_seq` (0 in a fresh segment; p + 1 once entry p is published in that slot).
 template <class T>
 constexpr bool isRingEntry() {
-    if constexpr (std::is_trivially_copyable_v<T> && std::is_standard_layout_v<T> &&
-                  std::is_same_v<decltype(T::ring_seq), uint64_t>) {
-        return offsetof(T, ring_seq) == sizeof(T) - sizeof(uint64_t) &&
+    if constexpr (std::is_standard_layout_v<T> &&
+                  requires { requires std::is_same_v<decltype(T::ring_seq), uint64_t>; }) {
+        return std::is_trivially_copyable_v<T> &&
+               offsetof(T, ring_seq) == sizeof(T) - sizeof(uint64_t) &&
                alignof(T) >= alignof(uint64_t);
     } else {
-        return false;
+        return false;  // no uint64_t ring_seq member (or offsetof would not be defined)
     }
 }
 
@@ -194,13 +195,11 @@ public:
 
     /// Whether entry `pos` (a position, not an index) is published. Touches only that slot's
     /// sequence word; safe to call from a thread that does not own this consumer.
-    bool ready(uint64_t pos) const {
-        // SYNC POINT: acquire pairs with the producer's release store in publish(): the slot's
-        // payload is fully written before we copy it out.
-        return detail::seqOf(&slots_[pos & mask_]).load(std::memory_order_acquire) == pos + 1;
-    }
+    bool ready(uint64_t pos) const { return sequenceAt(pos) == pos + 1; }
     /// The raw sequence word of the slot that holds position `pos`; see ready().
     uint64_t sequenceAt(uint64_t pos) const {
+        // SYNC POINT: acquire pairs with the producer's release store in publish(): the slot's
+        // payload is fully written before we copy it out.
         return detail::seqOf(&slots_[pos & mask_]).load(std::memory_order_acquire);
     }
 
