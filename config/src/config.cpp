@@ -93,6 +93,44 @@ const char *toString(TrustMode t) {
     return "?";
 }
 
+const char *toString(TclassOverride t) {
+    return t == TclassOverride::kAdopt ? "adopt" : "fail";
+}
+
+const char *toString(Preflight p) {
+    return p == Preflight::kFail ? "fail" : "warn";
+}
+
+const char *toString(GdrFlush g) {
+    switch (g) {
+        case GdrFlush::kAuto:
+            return "auto";
+        case GdrFlush::kOn:
+            return "on";
+        case GdrFlush::kOff:
+            return "off";
+    }
+    return "?";
+}
+
+const char *toString(TcpIntegrity t) {
+    return t == TcpIntegrity::kNone ? "none" : "mac";
+}
+
+std::string formatBytes(uint64_t bytes) {
+    // The largest binary unit that divides it exactly, as a person would write it in the file.
+    static constexpr const char *kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    size_t unit = 0;
+    while (bytes != 0 && unit + 1 < std::size(kUnits) && bytes % 1024 == 0) {
+        bytes /= 1024;
+        ++unit;
+    }
+    if (unit == 0) {
+        return std::to_string(bytes);
+    }
+    return std::to_string(bytes) + kUnits[unit];
+}
+
 namespace detail {
 
 std::string quote(std::string_view s, size_t max_bytes) {

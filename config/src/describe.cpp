@@ -77,7 +77,10 @@ std::string describeText(const Config &cfg, const TransportChoice &choice) {
     os << "retry_cnt = " << unsigned{f.retry_cnt} << "\n"
        << "rnr_retry = " << unsigned{f.rnr_retry} << (f.rnr_retry == 7 ? " (infinite)" : "") << "\n"
        << "min_rnr_timer = " << unsigned{f.min_rnr_timer} << "\n"
-       << "qps_per_peer = " << f.qps_per_peer << "\n";
+       << "qps_per_peer = " << f.qps_per_peer << "\n"
+       << "tclass_override = " << toString(f.tclass_override) << "\n"
+       << "preflight = " << toString(f.preflight) << "\n"
+       << "gdr_flush = " << toString(f.gdr_flush) << "\n";
 
     const TcpConfig &t = cfg.tcp;
     os << "\n[tcp]\n"
@@ -99,7 +102,24 @@ std::string describeText(const Config &cfg, const TransportChoice &choice) {
        << "allowed_uids = " << idList(s.allowed_uids)
        << (s.allowed_uids.empty() ? " (root and the sidecar's own uid)" : "") << "\n"
        << "allowed_gids = " << idList(s.allowed_gids) << "\n"
-       << "peer_key_file = " << quote(s.peer_key_file, kNoCut) << "\n";
+       << "peer_key_file = " << quote(s.peer_key_file, kNoCut) << "\n"
+       << "tcp_integrity = " << toString(s.tcp_integrity)
+       << (s.tcp_integrity == TcpIntegrity::kNone ? " (TCP data frames are not authenticated)" : "")
+       << "\n";
+
+    const LimitsConfig &l = cfg.limits;
+    os << "\n[limits]\n"
+       << "regions = " << l.regions << "\n"
+       << "registered_bytes = " << quote(formatBytes(l.registered_bytes), kNoCut) << " ("
+       << l.registered_bytes << " bytes)\n"
+       << "in_flight = " << l.in_flight << "\n"
+       << "peer_regions = " << l.peer_regions << "\n";
+
+    os << "\n[metrics]\n"
+       << "listen = "
+       << (cfg.metrics.listen ? quote(cfg.metrics.listen->text(), kNoCut)
+                              : std::string("\"\" (off)"))
+       << "\n";
 
     if (cfg.peers.empty()) {
         os << "\n# peers: none\n";
@@ -141,7 +161,10 @@ std::string describeJson(const Config &cfg, const TransportChoice &choice) {
                    {"retry_cnt", f.retry_cnt},
                    {"rnr_retry", f.rnr_retry},
                    {"min_rnr_timer", f.min_rnr_timer},
-                   {"qps_per_peer", f.qps_per_peer}};
+                   {"qps_per_peer", f.qps_per_peer},
+                   {"tclass_override", toString(f.tclass_override)},
+                   {"preflight", toString(f.preflight)},
+                   {"gdr_flush", toString(f.gdr_flush)}};
     j["tcp"] = {{"connections_per_peer", t.connections_per_peer},
                 {"chunk_bytes", t.chunk_bytes},
                 {"keepalive_ms", t.keepalive_ms},
@@ -154,7 +177,13 @@ std::string describeJson(const Config &cfg, const TransportChoice &choice) {
                 {"spin_us", cfg.ipc.spin_us}};
     j["security"] = {{"allowed_uids", s.allowed_uids},
                      {"allowed_gids", s.allowed_gids},
-                     {"peer_key_file", s.peer_key_file}};
+                     {"peer_key_file", s.peer_key_file},
+                     {"tcp_integrity", toString(s.tcp_integrity)}};
+    j["limits"] = {{"regions", cfg.limits.regions},
+                   {"registered_bytes", cfg.limits.registered_bytes},
+                   {"in_flight", cfg.limits.in_flight},
+                   {"peer_regions", cfg.limits.peer_regions}};
+    j["metrics"] = {{"listen", cfg.metrics.listen ? cfg.metrics.listen->text() : std::string()}};
     Json peers = Json::array();
     for (const auto &peer : cfg.peers) {
         peers.push_back({{"name", peer.name}, {"address", peer.address.text()}});

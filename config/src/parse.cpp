@@ -12,6 +12,7 @@
 #include <array>
 #include <cerrno>
 #include <cstdio>
+#include <optional>
 #include <span>
 #include <sstream>
 #include <variant>
@@ -362,19 +363,24 @@ bool isSimpleName(std::string_view s, size_t max_len) {
 
 constexpr std::array<std::string_view, 4> kNodeKeys = {"name", "listen", "socket",
                                                        "connect_eagerly"};
-constexpr std::array<std::string_view, 15> kFabricKeys = {
-    "transport", "device",    "port",         "netdev",        "gid_index",
-    "dscp",      "ecn",       "pfc_priority", "trust",         "mtu",
-    "timeout",   "retry_cnt", "rnr_retry",    "min_rnr_timer", "qps_per_peer"};
+constexpr std::array<std::string_view, 18> kFabricKeys = {
+    "transport", "device",        "port",         "netdev",
+    "gid_index", "dscp",          "ecn",          "pfc_priority",
+    "trust",     "mtu",           "timeout",      "retry_cnt",
+    "rnr_retry", "min_rnr_timer", "qps_per_peer", "tclass_override",
+    "preflight", "gdr_flush"};
 constexpr std::array<std::string_view, 7> kTcpKeys = {
     "connections_per_peer", "chunk_bytes",      "keepalive_ms",    "peer_timeout_ms",
     "connect_timeout_ms",   "reconnect_min_ms", "reconnect_max_ms"};
 constexpr std::array<std::string_view, 3> kIpcKeys = {"ring_depth", "poll_mode", "spin_us"};
-constexpr std::array<std::string_view, 3> kSecurityKeys = {"allowed_uids", "allowed_gids",
-                                                           "peer_key_file"};
+constexpr std::array<std::string_view, 4> kSecurityKeys = {"allowed_uids", "allowed_gids",
+                                                           "peer_key_file", "tcp_integrity"};
+constexpr std::array<std::string_view, 4> kLimitsKeys = {"regions", "registered_bytes", "in_flight",
+                                                         "peer_regions"};
+constexpr std::array<std::string_view, 1> kMetricsKeys = {"listen"};
 constexpr std::array<std::string_view, 2> kPeerKeys = {"name", "address"};
-constexpr std::array<std::string_view, 6> kTopKeys = {"node", "fabric",   "tcp",
-                                                      "ipc",  "security", "peers"};
+constexpr std::array<std::string_view, 8> kTopKeys = {"node",     "fabric", "tcp",     "ipc",
+                                                      "security", "limits", "metrics", "peers"};
 
 constexpr std::array<std::pair<std::string_view, TransportKind>, 3> kTransports = {
     {{"auto", TransportKind::kAuto},
@@ -382,6 +388,14 @@ constexpr std::array<std::pair<std::string_view, TransportKind>, 3> kTransports 
      {"tcp", TransportKind::kTcp}}};
 constexpr std::array<std::pair<std::string_view, TrustMode>, 2> kTrustModes = {
     {{"dscp", TrustMode::kDscp}, {"pcp", TrustMode::kPcp}}};
+constexpr std::array<std::pair<std::string_view, TclassOverride>, 2> kTclassOverrides = {
+    {{"fail", TclassOverride::kFail}, {"adopt", TclassOverride::kAdopt}}};
+constexpr std::array<std::pair<std::string_view, Preflight>, 2> kPreflights = {
+    {{"warn", Preflight::kWarn}, {"fail", Preflight::kFail}}};
+constexpr std::array<std::pair<std::string_view, GdrFlush>, 3> kGdrFlushes = {
+    {{"auto", GdrFlush::kAuto}, {"on", GdrFlush::kOn}, {"off", GdrFlush::kOff}}};
+constexpr std::array<std::pair<std::string_view, TcpIntegrity>, 2> kTcpIntegrities = {
+    {{"mac", TcpIntegrity::kMac}, {"none", TcpIntegrity::kNone}}};
 constexpr std::array<std::pair<std::string_view, PollMode>, 3> kPollModes = {
     {{"busy", PollMode::kBusy}, {"adaptive", PollMode::kAdaptive}, {"event", PollMode::kEvent}}};
 
@@ -446,6 +460,9 @@ void readFabric(const TableReader &r, FabricConfig &out) {
     r.range("rnr_retry", 0, 7, out.rnr_retry);
     r.range("min_rnr_timer", 0, 31, out.min_rnr_timer);
     r.range("qps_per_peer", 1, 64, out.qps_per_peer);
+    r.enumeration("tclass_override", kTclassOverrides, out.tclass_override);
+    r.enumeration("preflight", kPreflights, out.preflight);
+    r.enumeration("gdr_flush", kGdrFlushes, out.gdr_flush);
 }
 
 void readTcp(const TableReader &r, TcpConfig &out) {
@@ -486,9 +503,104 @@ void readIpc(const TableReader &r, IpcConfig &out) {
 bool readSecurity(const TableReader &r, SecurityConfig &out) {
     r.idList("allowed_uids", out.allowed_uids);
     r.idList("allowed_gids", out.allowed_gids);
+    r.enumeration("tcp_integrity", kTcpIntegrities, out.tcp_integrity);
     return r.string(
         "peer_key_file", "a non-empty file path",
         [](std::string_view s) { return !s.empty() && !hasNul(s); }, out.peer_key_file);
+}
+
+/// "1TiB", "512 MiB", "64k"-style sizes (binary units; B, KiB..PiB, also K/M/G/T/P and KB..PB
+/// as binary), or a plain integer of bytes. nullopt for anything else or on overflow.
+std::optional<uint64_t> parseBytes(std::string_view text) {
+    size_t i = 0;
+    uint64_t value = 0;
+    if (text.empty() || text[0] < '0' || text[0] > '9') {
+        return std::nullopt;
+    }
+    for (; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i) {
+        const uint64_t digit = static_cast<uint64_t>(text[i] - '0');
+        if (value > (UINT64_MAX - digit) / 10) {
+            return std::nullopt;
+        }
+        value = value * 10 + digit;
+    }
+    while (i < text.size() && text[i] == ' ') {
+        ++i;
+    }
+    std::string unit;
+    for (; i < text.size(); ++i) {
+        const char ch = text[i];
+        unit += (ch >= 'a' && ch <= 'z') ? static_cast<char>(ch - 'a' + 'A') : ch;
+    }
+    static constexpr std::array<std::pair<std::string_view, int>, 16> kUnits = {{
+        {"", 0},
+        {"B", 0},
+        {"K", 10},
+        {"KB", 10},
+        {"KIB", 10},
+        {"M", 20},
+        {"MB", 20},
+        {"MIB", 20},
+        {"G", 30},
+        {"GB", 30},
+        {"GIB", 30},
+        {"T", 40},
+        {"TB", 40},
+        {"TIB", 40},
+        {"PIB", 50},
+        {"PB", 50},
+    }};
+    for (const auto &[name, shift] : kUnits) {
+        if (unit == name) {
+            if (shift > 0 && value > (UINT64_MAX >> shift)) {
+                return std::nullopt;
+            }
+            return value << shift;
+        }
+    }
+    return std::nullopt;
+}
+
+void readLimits(const TableReader &r, LimitsConfig &out) {
+    r.range("regions", 1, 1 << 20, out.regions);
+    r.range("in_flight", 1, 65536, out.in_flight);
+    r.range("peer_regions", 1, 1 << 24, out.peer_regions);
+    if (const toml::node *n = r.node("registered_bytes")) {
+        static const std::string kExpected =
+            "a size 4KiB-1PiB, as bytes or with a unit (\"64GiB\", \"1TiB\")";
+        constexpr uint64_t kLo = 4096, kHi = uint64_t{1} << 50;
+        std::optional<uint64_t> v;
+        std::string found;
+        if (n->is_integer()) {
+            const int64_t i = n->as_integer()->get();
+            found = std::to_string(i);
+            if (i > 0) {
+                v = static_cast<uint64_t>(i);
+            }
+        } else if (n->is_string()) {
+            found = quote(n->as_string()->get());
+            v = parseBytes(n->as_string()->get());
+        } else {
+            found = foundTyped(*n);
+        }
+        if (v && *v >= kLo && *v <= kHi) {
+            out.registered_bytes = *v;
+        } else {
+            r.collector().add(n->source(), r.keyPath("registered_bytes"), kExpected, found);
+        }
+    }
+}
+
+void readMetrics(const TableReader &r, MetricsConfig &out) {
+    const toml::node *n = r.node("listen");
+    if (n != nullptr && n->is_string() && n->as_string()->get().empty()) {
+        out.listen.reset();  // "" is the documented "off"
+        return;
+    }
+    Endpoint ep;
+    if (n != nullptr && r.endpoint("listen", ep)) {
+        out.listen = ep;
+    }
 }
 
 /// Where a peer's values sit in the file, for the cross rules after all peers are read.
@@ -661,6 +773,12 @@ ParseResult validate(const toml::table &root, const std::string &source, const P
         const TableReader r(c, *t, "security", "[security]", kSecurityKeys);
         key_file_ok = readSecurity(r, cfg.security);
         key_file_key = r.keyOf("peer_key_file");
+    }
+    if (const toml::table *t = section("limits")) {
+        readLimits(TableReader(c, *t, "limits", "[limits]", kLimitsKeys), cfg.limits);
+    }
+    if (const toml::table *t = section("metrics")) {
+        readMetrics(TableReader(c, *t, "metrics", "[metrics]", kMetricsKeys), cfg.metrics);
     }
     std::vector<PeerSource> peer_sources;
     if (const toml::node *n = root.get("peers")) {

@@ -139,7 +139,12 @@ TEST(ConfigDescribe, JsonMirrorsTheTables) {
     EXPECT_EQ(j["fabric"]["ecn"], true);
     EXPECT_EQ(j["fabric"]["mtu"], 4096);
     EXPECT_EQ(j["fabric"]["trust"], "dscp");
-    EXPECT_EQ(j["fabric"].size(), 15u);
+    EXPECT_EQ(j["fabric"].size(), 18u);
+    EXPECT_EQ(j["fabric"]["tclass_override"], "fail");
+    EXPECT_EQ(j["security"]["tcp_integrity"], "mac");
+    EXPECT_EQ(j["limits"]["registered_bytes"], uint64_t{1} << 40);
+    EXPECT_EQ(j["limits"]["in_flight"], 1024);
+    EXPECT_EQ(j["metrics"]["listen"], "");
     EXPECT_EQ(j["tcp"]["chunk_bytes"], 1048576);
     EXPECT_EQ(j["tcp"].size(), 7u);
     EXPECT_EQ(j["ipc"]["poll_mode"], "adaptive");

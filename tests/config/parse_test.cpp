@@ -54,6 +54,15 @@ TEST(ConfigDefaults, EmptyFileGivesEveryDefault) {
     EXPECT_TRUE(c.security.allowed_uids.empty());
     EXPECT_TRUE(c.security.allowed_gids.empty());
     EXPECT_EQ(c.security.peer_key_file, "/etc/tensorlane/peer.key");
+    EXPECT_EQ(c.security.tcp_integrity, TcpIntegrity::kMac);
+    EXPECT_EQ(c.fabric.tclass_override, TclassOverride::kFail);
+    EXPECT_EQ(c.fabric.preflight, Preflight::kWarn);
+    EXPECT_EQ(c.fabric.gdr_flush, GdrFlush::kAuto);
+    EXPECT_EQ(c.limits.regions, 4096u);
+    EXPECT_EQ(c.limits.registered_bytes, uint64_t{1} << 40);
+    EXPECT_EQ(c.limits.in_flight, 1024u);
+    EXPECT_EQ(c.limits.peer_regions, 65536u);
+    EXPECT_FALSE(c.metrics.listen.has_value());
     EXPECT_TRUE(c.peers.empty());
 }
 
@@ -89,6 +98,9 @@ retry_cnt = 5
 rnr_retry = 6
 min_rnr_timer = 10
 qps_per_peer = 8
+tclass_override = "adopt"
+preflight = "fail"
+gdr_flush = "off"
 [tcp]
 connections_per_peer = 4
 chunk_bytes = 65536
@@ -105,6 +117,14 @@ spin_us = 0
 allowed_uids = [1000, 1001]
 allowed_gids = [100]
 peer_key_file = "/k"
+tcp_integrity = "none"
+[limits]
+regions = 16
+registered_bytes = "64GiB"
+in_flight = 32
+peer_regions = 100
+[metrics]
+listen = "127.0.0.1:9464"
 [[peers]]
 name = "n2"
 address = "10.0.0.2:2000"
@@ -133,6 +153,16 @@ address = "[fe80::1%eth0]:2001"
     EXPECT_EQ(c.fabric.rnr_retry, 6);
     EXPECT_EQ(c.fabric.min_rnr_timer, 10);
     EXPECT_EQ(c.fabric.qps_per_peer, 8u);
+    EXPECT_EQ(c.fabric.tclass_override, TclassOverride::kAdopt);
+    EXPECT_EQ(c.fabric.preflight, Preflight::kFail);
+    EXPECT_EQ(c.fabric.gdr_flush, GdrFlush::kOff);
+    EXPECT_EQ(c.security.tcp_integrity, TcpIntegrity::kNone);
+    EXPECT_EQ(c.limits.regions, 16u);
+    EXPECT_EQ(c.limits.registered_bytes, uint64_t{64} << 30);
+    EXPECT_EQ(c.limits.in_flight, 32u);
+    EXPECT_EQ(c.limits.peer_regions, 100u);
+    ASSERT_TRUE(c.metrics.listen.has_value());
+    EXPECT_EQ(c.metrics.listen->text(), "127.0.0.1:9464");
     EXPECT_EQ(c.tcp.connections_per_peer, 4u);
     EXPECT_EQ(c.tcp.chunk_bytes, 65536u);
     EXPECT_EQ(c.tcp.keepalive_ms, 200u);
@@ -337,10 +367,11 @@ TEST(ConfigUnknownKeys, RejectedAtTopLevel) {
     EXPECT_EQ(e.column, 1u);
     EXPECT_EQ(e.found, "unknown key");
 
-    e = onlyError(parse("# comment\n[metrics]\nport = 9100\n"));
-    EXPECT_EQ(e.key, "metrics");
+    e = onlyError(parse("# comment\n[telemetry]\nport = 9100\n"));
+    EXPECT_EQ(e.key, "telemetry");
     EXPECT_EQ(e.line, 2u);
-    EXPECT_NE(e.expected.find("node, fabric, tcp, ipc, security, peers"), std::string::npos)
+    EXPECT_NE(e.expected.find("node, fabric, tcp, ipc, security, limits, metrics, peers"),
+              std::string::npos)
         << e.expected;
 }
 
@@ -644,6 +675,55 @@ TEST(ConfigDerived, RcTimeout) {
 TEST(ConfigDerived, EndpointText) {
     EXPECT_EQ((Endpoint{"10.0.0.2", 18515}).text(), "10.0.0.2:18515");
     EXPECT_EQ((Endpoint{"::1", 18515}).text(), "[::1]:18515");
+}
+
+TEST(ConfigLimits, RegisteredBytesTakesUnitsAndIntegers) {
+    const auto bytes = [](const std::string &v) {
+        const ParseResult r = parse("[limits]\nregistered_bytes = " + v + "\n");
+        return r.ok() ? r.config->limits.registered_bytes : uint64_t{0};
+    };
+    EXPECT_EQ(bytes("\"1TiB\""), uint64_t{1} << 40);
+    EXPECT_EQ(bytes("\"512 MiB\""), uint64_t{512} << 20);
+    EXPECT_EQ(bytes("\"4k\""), 4096u);
+    EXPECT_EQ(bytes("\"2g\""), uint64_t{2} << 30);
+    EXPECT_EQ(bytes("1048576"), 1048576u);
+    EXPECT_EQ(bytes("\"1PiB\""), uint64_t{1} << 50);
+}
+
+TEST(ConfigLimits, BadSizesNameWhatWasFound) {
+    for (const char *v : {"\"1XiB\"", "\"\"", "\"-1MiB\"", "0", "-5", "4095", "\"2PiB\"",
+                          "\"99999999999999999999\"", "\"16777216TiB\"", "1.5", "true"}) {
+        const Error e = onlyError(parse(std::string("[limits]\nregistered_bytes = ") + v + "\n"));
+        EXPECT_EQ(e.key, "limits.registered_bytes") << v;
+        EXPECT_NE(e.expected.find("4KiB-1PiB"), std::string::npos) << v;
+        EXPECT_FALSE(e.found.empty()) << v;
+    }
+}
+
+TEST(ConfigLimits, CountsHaveRanges) {
+    EXPECT_EQ(onlyError(parse("[limits]\nregions = 0\n")).key, "limits.regions");
+    EXPECT_EQ(onlyError(parse("[limits]\nin_flight = 65537\n")).key, "limits.in_flight");
+    EXPECT_EQ(onlyError(parse("[limits]\npeer_regions = 0\n")).key, "limits.peer_regions");
+}
+
+TEST(ConfigMetrics, EmptyListenIsOffAndBadAddressesAreErrors) {
+    const ParseResult off = parse("[metrics]\nlisten = \"\"\n");
+    ASSERT_TRUE(off.ok()) << allErrors(off);
+    EXPECT_FALSE(off.config->metrics.listen.has_value());
+    EXPECT_EQ(onlyError(parse("[metrics]\nlisten = \"nope\"\n")).key, "metrics.listen");
+    EXPECT_EQ(onlyError(parse("[metrics]\nlisten = 9464\n")).key, "metrics.listen");
+}
+
+TEST(ConfigEnums, NewFabricAndSecurityValues) {
+    EXPECT_EQ(onlyError(parse("[fabric]\ntclass_override = \"ignore\"\n")).key,
+              "fabric.tclass_override");
+    EXPECT_EQ(onlyError(parse("[fabric]\npreflight = \"strict\"\n")).key, "fabric.preflight");
+    EXPECT_EQ(onlyError(parse("[fabric]\ngdr_flush = true\n")).key, "fabric.gdr_flush");
+    EXPECT_EQ(onlyError(parse("[security]\ntcp_integrity = \"hmac\"\n")).key,
+              "security.tcp_integrity");
+    EXPECT_EQ(formatBytes(uint64_t{1} << 40), "1TiB");
+    EXPECT_EQ(formatBytes(4097), "4097");
+    EXPECT_EQ(formatBytes(3u << 20), "3MiB");
 }
 
 }  // namespace

@@ -20,6 +20,14 @@ enum class TransportKind { kAuto, kVerbs, kTcp };
 enum class PollMode { kBusy, kAdaptive, kEvent };
 /// Switch trust mode in [fabric] trust.
 enum class TrustMode { kDscp, kPcp };
+/// [fabric] tclass_override: what to do when the host-wide traffic class in sysfs differs.
+enum class TclassOverride { kFail, kAdopt };
+/// [fabric] preflight: whether a failing diag finding stops the sidecar at start.
+enum class Preflight { kWarn, kFail };
+/// [fabric] gdr_flush: flush NIC writes into GPU memory before notifying (auto: where needed).
+enum class GdrFlush { kAuto, kOn, kOff };
+/// [security] tcp_integrity: authenticate every TCP data frame (mac) or not (none).
+enum class TcpIntegrity { kMac, kNone };
 
 /// A host:port pair as written in the file; names are resolved when connecting, not parsing.
 struct Endpoint {
@@ -75,6 +83,13 @@ struct FabricConfig {
     uint8_t min_rnr_timer = 12;
     /// 1-64.
     uint32_t qps_per_peer = 2;
+    /// fail | adopt: the host-wide traffic class (sysfs tc/<port>/traffic_class) differs.
+    TclassOverride tclass_override = TclassOverride::kFail;
+    /// warn | fail: refuse to start on a failing `tensorlane diag` finding.
+    Preflight preflight = Preflight::kWarn;
+    /// auto | on | off: GDR flush (an RDMA READ on a loopback QP) before notifying the owner
+    /// of a GPU region; auto flushes where the platform needs it.
+    GdrFlush gdr_flush = GdrFlush::kAuto;
 };
 
 /// [tcp]: the TCP transport, used when no RDMA port is up or transport = "tcp".
@@ -113,6 +128,26 @@ struct SecurityConfig {
     std::vector<uint32_t> allowed_gids;
     /// Mode 0600 (no group or other access); shared by the nodes that may talk.
     std::string peer_key_file = "/etc/tensorlane/peer.key";
+    /// mac | none: authenticate every TCP data frame with a key derived from the handshake.
+    TcpIntegrity tcp_integrity = TcpIntegrity::kMac;
+};
+
+/// [limits]: per-client quotas (and one per peer), refused with a clear status when exceeded.
+struct LimitsConfig {
+    /// Regions one client may hold, 1-1048576.
+    uint32_t regions = 4096;
+    /// Bytes one client may allocate or register, 4 KiB - 1 PiB ("1TiB" or an integer).
+    uint64_t registered_bytes = uint64_t{1} << 40;
+    /// Requests one client may have in flight (the rest waits in its ring), 1-65536.
+    uint32_t in_flight = 1024;
+    /// Regions a peer may describe to us, 1-16777216.
+    uint32_t peer_regions = 65536;
+};
+
+/// [metrics]: the Prometheus endpoint.
+struct MetricsConfig {
+    /// "host:port" serving Prometheus text at /metrics; nullopt (the file's "") is off.
+    std::optional<Endpoint> listen;
 };
 
 /// One [[peers]] entry; both keys are required.
@@ -137,6 +172,10 @@ struct Config {
     IpcConfig ipc;
     /// [security].
     SecurityConfig security;
+    /// [limits].
+    LimitsConfig limits;
+    /// [metrics].
+    MetricsConfig metrics;
     /// [[peers]], in file order.
     std::vector<PeerConfig> peers;
 
@@ -221,5 +260,15 @@ const char *toString(TransportKind k);
 const char *toString(PollMode m);
 /// The name used in the file: "dscp", "pcp".
 const char *toString(TrustMode t);
+/// The name used in the file: "fail", "adopt".
+const char *toString(TclassOverride t);
+/// The name used in the file: "warn", "fail".
+const char *toString(Preflight p);
+/// The name used in the file: "auto", "on", "off".
+const char *toString(GdrFlush g);
+/// The name used in the file: "mac", "none".
+const char *toString(TcpIntegrity t);
+/// Bytes as the file may write them: "1TiB", "512MiB", "4096".
+std::string formatBytes(uint64_t bytes);
 
 }  // namespace tensorlane::config
