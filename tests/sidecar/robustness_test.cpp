@@ -21,8 +21,9 @@ namespace {
 
 /// A client that speaks the protocol by hand, so it can lie.
 struct RawClient {
-    ipc::UniqueFd sock, to_sidecar, to_client;
+    ipc::UniqueFd sock, to_sidecar, to_client, seg_fd;
     ipc::Mapping seg;
+    uint64_t seq = 1;
     ipc::SegmentView view;
     ipc::SegmentGeometry geometry;
     int32_t hello_status = -1;
@@ -46,9 +47,57 @@ struct RawClient {
             return false;
         }
         view = ipc::SegmentView::at(seg.data(), geometry);
+        seg_fd = std::move(fds[0]);
         to_sidecar = std::move(fds[1]);
         to_client = std::move(fds[2]);
         return true;
+    }
+    /// One control call by hand: `msg` (its header's seq is set here) and the reply, with the
+    /// fd it carried if any.
+    template <class Msg>
+    ipc::ReplyMsg call(Msg &msg, ipc::UniqueFd *fd = nullptr) {
+        msg.h = ipc::MsgHeader{ipc::kControlMagic, ipc::kControlVersion, msg.h.type, seq++};
+        ipc::ReplyMsg reply{};
+        reply.status = -1;
+        if (ipc::sendMessage(sock.get(), &msg, sizeof(msg)) != 0) {
+            return reply;
+        }
+        pollfd p{sock.get(), POLLIN, 0};
+        if (::poll(&p, 1, 5000) <= 0) {
+            return reply;
+        }
+        ipc::UniqueFd fds[ipc::kMaxFdsPerMessage];
+        size_t got = 0, nfds = 0;
+        alignas(8) unsigned char buf[ipc::kMaxControlMessage];
+        if (ipc::receiveMessage(sock.get(), buf, sizeof(buf), &got, fds, &nfds) != 0 ||
+            got < sizeof(reply)) {
+            return reply;
+        }
+        std::memcpy(&reply, buf, sizeof(reply));
+        if (fd != nullptr && nfds > 0) {
+            *fd = std::move(fds[0]);
+        }
+        return reply;
+    }
+    /// tl_alloc_host by hand, keeping the buffer's fd: returns the region id (0 on failure).
+    uint64_t allocHost(uint64_t bytes, ipc::UniqueFd *fd, ipc::Mapping *map) {
+        ipc::AllocHostMsg m{};
+        m.h.type = static_cast<uint16_t>(ipc::MsgType::kAllocHost);
+        m.bytes = bytes;
+        ipc::ReplyMsg r = call(m, fd);
+        if (r.status != 0 || !*fd || ipc::mapSegment(fd->get(), r.value1, map) != 0) {
+            return 0;
+        }
+        return r.value0;
+    }
+    /// tl_lookup by hand: the remote handle (0 on failure).
+    uint64_t lookup(const char *peer, const char *name) {
+        ipc::LookupMsg m{};
+        m.h.type = static_cast<uint16_t>(ipc::MsgType::kLookup);
+        ipc::copyName(m.peer, sizeof(m.peer), peer);
+        ipc::copyName(m.name, sizeof(m.name), name);
+        ipc::ReplyMsg r = call(m);
+        return r.status == 0 ? r.value0 : 0;
     }
     void doorbell() {
         uint64_t one = 1;
@@ -218,7 +267,7 @@ void rawNop(RawClient &raw, uint64_t pos, uint64_t ticket) {
 }
 
 /// Whether completion `pos` arrives with `ticket` and TL_OK within `ms`.
-bool rawCompleted(RawClient &raw, uint64_t pos, uint64_t ticket) {
+bool rawCompleted(RawClient &raw, uint64_t pos, uint64_t ticket, int32_t want_status = 0) {
     const uint32_t mask = raw.geometry.completion_depth - 1;
     const ipc::Completion *c = &raw.view.completions[pos & mask];
     if (!eventually([&] {
@@ -227,7 +276,7 @@ bool rawCompleted(RawClient &raw, uint64_t pos, uint64_t ticket) {
         })) {
         return false;
     }
-    return c->ticket == ticket && c->status == 0;
+    return c->ticket == ticket && c->status == want_status;
 }
 
 TEST(HostileClient, RandomRequestEntriesGetErrorCompletions) {
@@ -315,6 +364,53 @@ TEST(HostileClient, ScribbledCursorsCloseOnlyThatSession) {
     EXPECT_TRUE(sc.alive());
     EXPECT_TRUE(healthyRoundTrip(sc.socket(), 3));
     EXPECT_NE(sc.log().find("corrupted"), std::string::npos);
+}
+
+TEST(HostileClient, TruncatingItsSegmentsCannotCrashTheSidecar) {
+    // A client holds read-write fds of its session segment and of its tl_alloc_host buffers.
+    // Truncating them used to make the sidecar fault (SIGBUS) the next time it touched those
+    // pages: in its sleep/wake path, and in a local copy. Sealed memfds refuse the resize.
+    Sidecar sc(SidecarOptions{.poll_mode = "event"});
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    auto owner = tensorlane::Client::connect(sc.socket());
+    ASSERT_TRUE(owner.ok());
+    auto inbox = owner->allocHost(1 << 20);
+    ASSERT_TRUE(inbox.ok());
+    ASSERT_TRUE(inbox->expose("inbox").ok());
+
+    RawClient raw;
+    ASSERT_TRUE(raw.connect(sc.socket()));
+    EXPECT_EQ(::ftruncate(raw.seg_fd.get(), 0), -1);
+    EXPECT_EQ(errno, EPERM);
+    EXPECT_EQ(::ftruncate(raw.seg_fd.get(), 1 << 30), -1);
+    EXPECT_EQ(errno, EPERM);
+    ipc::UniqueFd buf_fd;
+    ipc::Mapping buf;
+    const uint64_t src = raw.allocHost(1 << 20, &buf_fd, &buf);
+    ASSERT_NE(src, 0u);
+    EXPECT_EQ(::ftruncate(buf_fd.get(), 0), -1);
+    EXPECT_EQ(errno, EPERM);
+    fillRandom(buf.data(), 1 << 20, 17);
+    const uint64_t dst = raw.lookup("node-a", "inbox");
+    ASSERT_NE(dst, 0u);
+    // The sidecar sleeps (event mode) and wakes on the doorbell: it touches our header.
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ipc::Request w{};
+    w.op = static_cast<uint32_t>(ipc::Op::kWrite);
+    w.ticket = 7;
+    w.src_region = src;
+    w.dst_remote = dst;
+    w.bytes = 1 << 20;
+    w.imm = 9;
+    rawPublish(raw, 0, w);
+    raw.doorbell();
+    ASSERT_TRUE(rawCompleted(raw, 0, 7)) << sc.log();
+    auto n = owner->waitNotification(std::chrono::seconds(5));
+    ASSERT_TRUE(n.ok());
+    EXPECT_EQ(n->imm, 9u);
+    EXPECT_EQ(std::memcmp(inbox->data(), buf.data(), 1 << 20), 0);
+    EXPECT_TRUE(sc.alive());
+    EXPECT_TRUE(healthyRoundTrip(sc.socket(), 8));
 }
 
 TEST(HostileClient, GarbageControlMessagesAreAnswered) {
