@@ -199,6 +199,7 @@ void EngineImpl::stop() {
 size_t EngineImpl::pollEvents(int timeout_ms) {
     epoll_event events[64];
     int n = ::epoll_wait(epoll_.get(), events, 64, timeout_ms);
+    last_poll_events_ = n > 0 ? static_cast<size_t>(n) : 0;
     if (n <= 0) {
         return 0;
     }
@@ -284,7 +285,8 @@ void EngineImpl::disarmSleep() {
     }
 }
 
-void EngineImpl::publishAll() {
+size_t EngineImpl::publishAll() {
+    size_t moved = 0;
     for (Session *s : active_) {
         if (s->completions.corrupt() || s->notifications.corrupt()) {
             if (!s->closing) {
@@ -295,10 +297,11 @@ void EngineImpl::publishAll() {
             continue;
         }
         if (!s->completion_backlog.empty() || !s->notification_backlog.empty()) {
-            s->flushBacklog();
+            moved += s->flushBacklog();
         }
         s->publish();
     }
+    return moved;
 }
 
 void EngineImpl::run() {
@@ -311,6 +314,7 @@ void EngineImpl::run() {
     while (!stopping_.load(std::memory_order_acquire)) {
         size_t work = 0;
         bool sleep = false;
+        bool woke_by_tick = false;
         if (mode != config::PollMode::kBusy) {
             bool idle_long = mode == config::PollMode::kEvent || Clock::now() - last_work >= spin;
             if (idle_long) {
@@ -329,6 +333,7 @@ void EngineImpl::run() {
             }
             work += pollEvents(timeout);
             disarmSleep();
+            woke_by_tick = last_poll_events_ == 0;
         } else if ((++iteration & 1023) == 0 || mode != config::PollMode::kBusy) {
             // Busy loops look at sockets every 1024 turns (tens of microseconds): control calls
             // are rare, requests not, and an epoll_wait costs as much as several round trips.
@@ -340,9 +345,14 @@ void EngineImpl::run() {
         work += drainRequests();
         work += progressTransports();
         work += pumpQueues();
-        publishAll();
+        work += publishAll();
         if (!to_reap_.empty()) {
             reapSessions();
+        }
+        if (woke_by_tick && work != 0) {
+            // Work was waiting but nothing woke us: a doorbell was lost somewhere. Counted (and
+            // shown by `tensorlane status`) so that tests can prove it never happens.
+            ++counters_.late_wakeups;
         }
         if (work && mode != config::PollMode::kBusy) {
             last_work = Clock::now();  // only the sleeping modes look at it
@@ -582,6 +592,7 @@ std::string EngineImpl::statusJson() const {
                      {"notifications_dropped", counters_.notifications_dropped},
                      {"quota_refusals", counters_.quota_refusals},
                      {"accept_pauses", counters_.accept_pauses},
+                     {"late_wakeups", counters_.late_wakeups},
                      {"writes_queued", queued_},
                      {"writes_in_flight", ops_.size()}};
     json peers = json::array();

@@ -66,7 +66,8 @@ private:
     void retireRegion(const std::shared_ptr<Region> &r);
     /// One fewer write uses `r` (an op ended).
     void dropUser(const std::shared_ptr<Region> &r);
-    void publishAll();
+    /// Publishes every session's rings; returns backlog entries moved into them.
+    size_t publishAll();
     void reapSessions();
     void closeSession(Session &s, std::string reason);
     void destroySession(SessionId id);
@@ -141,6 +142,7 @@ private:
         uint64_t notifications_dropped = 0;
         uint64_t quota_refusals = 0;
         uint64_t accept_pauses = 0;
+        uint64_t late_wakeups = 0;  ///< sleeps that ended by the idle tick with work waiting
     };
 
     config::Config cfg_;
@@ -166,6 +168,7 @@ private:
     std::vector<Transport *> transports_;  ///< local first; what pollFds/arm/progress iterate
     std::chrono::steady_clock::time_point listen_paused_until_{};
     bool listen_paused_ = false;
+    size_t last_poll_events_ = 0;
     uint64_t mappings_ = 0;      ///< segments this sidecar maps (sessions and host buffers)
     uint64_t max_mappings_ = 0;  ///< what it allows itself (vm.max_map_count minus headroom)
     SessionId next_session_ = 1;
