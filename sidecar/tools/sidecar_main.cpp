@@ -115,6 +115,7 @@ int main(int argc, char **argv) {
         tensorlane::sidecar::checkStartup(*parsed.config);
     tensorlane::sidecar::logStartupReport(report);
     if (!report.ok()) {
+        spdlog::shutdown();  // the asynchronous loggers write out the reasons first
         std::cerr << "tensorlane-sidecar: refusing to start: " << report.status().message() << "\n";
         return 1;
     }
