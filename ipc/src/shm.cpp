@@ -5,9 +5,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/interprocess/mapped_region.hpp>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <utility>
 
 namespace bip = boost::interprocess;
@@ -33,7 +37,48 @@ private:
 /// EPERM, so no mapping of the sidecar's can ever point past the end of the object (SIGBUS).
 constexpr int kSegmentSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
 
+/// Reads one "Key:   N kB" line of /proc/meminfo, in bytes; 0 when missing.
+uint64_t meminfoBytes(const char *key) {
+    std::ifstream in("/proc/meminfo");
+    std::string line;
+    const size_t klen = std::strlen(key);
+    while (std::getline(in, line)) {
+        if (line.compare(0, klen, key) == 0 && line.size() > klen && line[klen] == ':') {
+            return std::strtoull(line.c_str() + klen + 1, nullptr, 10) * 1024;
+        }
+    }
+    return 0;
+}
+
+/// Room left in this process's cgroup (v2 memory.max - memory.current); UINT64_MAX when
+/// unlimited or unknown.
+uint64_t cgroupRoom() {
+    std::ifstream self("/proc/self/cgroup");
+    std::string line, path;
+    while (std::getline(self, line)) {
+        if (line.rfind("0::", 0) == 0) {
+            path = "/sys/fs/cgroup" + line.substr(3);
+        }
+    }
+    if (path.empty()) {
+        return UINT64_MAX;
+    }
+    std::ifstream max_in(path + "/memory.max"), cur_in(path + "/memory.current");
+    std::string max_text;
+    uint64_t current = 0;
+    if (!(max_in >> max_text) || max_text == "max" || !(cur_in >> current)) {
+        return UINT64_MAX;
+    }
+    const uint64_t max = std::strtoull(max_text.c_str(), nullptr, 10);
+    return max > current ? max - current : 0;
+}
+
 }  // namespace
+
+uint64_t availableMemory() {
+    const uint64_t avail = meminfoBytes("MemAvailable");
+    return std::min(avail == 0 ? UINT64_MAX : avail, cgroupRoom());
+}
 
 Mapping::Mapping(bip::mapped_region &&region)
     : region_(new bip::mapped_region(std::move(region))),
@@ -96,6 +141,15 @@ int createSegment(size_t bytes, uid_t owner_uid, gid_t owner_gid, SharedSegment 
         return EINVAL;
     }
     bytes = (bytes + page - 1) / page * page;
+    // A memfd has no size limit of its own: backing more than the machine (or our cgroup) has
+    // would wake the OOM killer, which may pick any process, instead of failing here.
+    constexpr uint64_t kHeadroom = uint64_t{64} << 20;
+    const uint64_t avail = availableMemory();
+    if (avail != UINT64_MAX && bytes + kHeadroom > avail) {
+        *error = "not enough memory for " + std::to_string(bytes) + " bytes of shared memory (" +
+                 std::to_string(avail >> 20) + " MiB available)";
+        return ENOMEM;
+    }
 
     // An anonymous memfd: no name anyone could open, and it can be sealed, which a POSIX shm
     // object cannot. The fd travels to the client with SCM_RIGHTS.

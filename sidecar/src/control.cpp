@@ -340,7 +340,9 @@ void EngineImpl::onAllocHost(Session &s, const ipc::AllocHostMsg &m) {
     auto r = std::make_shared<Region>();
     r->owner = s.id;
     r->kind = MemoryKind::kHost;
-    r->bytes = seg.mapping.size();
+    // What was asked for, not the page-rounded mapping: the client, the peers and every bounds
+    // check agree on one size.
+    r->bytes = m.bytes;
     r->base = static_cast<unsigned char *>(seg.mapping.data());
     r->mapping = std::make_shared<ipc::Mapping>(std::move(seg.mapping));
     if (Status st = registerWithTransports(*r); !st.isOk()) {
@@ -397,6 +399,14 @@ void EngineImpl::onRegister(Session &s, const ipc::RegisterMsg &m) {
 }
 
 void EngineImpl::onDeregister(Session &s, const ipc::DeregisterMsg &m) {
+    // The client published its earlier writes in the ring before it sent this message: take
+    // them first (past the in-flight cap if need be: at most one ring's worth), so they hold
+    // the region and end normally instead of failing because a later call overtook them.
+    while (!s.closing && drainSession(s, UINT64_MAX) != 0) {
+    }
+    if (s.closing) {
+        return;
+    }
     auto r = regions_.find(m.region);
     if (!r || r->owner != s.id) {
         reply(s, m.h.seq, Code::kNotFound, 0, 0,

@@ -104,6 +104,8 @@ private:
     /// disconnected.
     void completeOrClose(Session &s, uint64_t ticket, Code status, uint64_t bytes);
     size_t drainRequests();
+    /// Takes up to kBatch requests of one session while it has fewer than `cap` in flight.
+    uint32_t drainSession(Session &s, uint64_t cap);
     /// Handles one copied-out request: completes it, rejects it, or accepts it into its peer's
     /// queue (then it ends exactly once through completed()).
     void handleRequest(Session &s, const ipc::Request &r);

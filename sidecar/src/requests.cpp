@@ -151,6 +151,27 @@ Transport *EngineImpl::transportFor(PeerId peer) {
     return peers_ ? &peers_->transport() : nullptr;
 }
 
+uint32_t EngineImpl::drainSession(Session &s, uint64_t cap) {
+    // A client cannot corrupt this ring for us: we poll its slots' sequence words and never
+    // trust its tail (spsc_ring.hpp); a forged entry is validated like any other.
+    uint32_t n = s.requests.available();
+    if (n == 0 || s.in_flight >= cap) {
+        return 0;
+    }
+    n = static_cast<uint32_t>(std::min<uint64_t>({n, kBatch, cap - s.in_flight}));
+    uint32_t done = 0;
+    for (; done < n && !s.closing; ++done) {
+        // Copy out first: the client can change the slot under us (DESIGN.md, step 3).
+        const ipc::Request r = s.requests.read(done);
+        ++s.counters.requests;
+        handleRequest(s, r);
+    }
+    if (!s.closing) {
+        s.requests.release(done);
+    }
+    return done;
+}
+
 size_t EngineImpl::drainRequests() {
     size_t work = 0;
     const uint64_t cap = cfg_.limits.in_flight;
@@ -163,27 +184,10 @@ size_t EngineImpl::drainRequests() {
         // Back-pressure: a client with a full completion backlog gets no more service until
         // it drains; one at its in-flight cap waits for its writes to end. Either way its
         // request ring fills and its tl_write says TL_EAGAIN.
-        if (s.completion_backlog.size() >= s.completions.depth() || s.in_flight >= cap) {
+        if (s.completion_backlog.size() >= s.completions.depth()) {
             continue;
         }
-        // A client cannot corrupt this ring for us: we poll its slots' sequence words and never
-        // trust its tail (spsc_ring.hpp); a forged entry is validated like any other.
-        uint32_t n = s.requests.available();
-        if (n == 0) {
-            continue;
-        }
-        n = std::min<uint64_t>({n, kBatch, cap - s.in_flight});
-        uint32_t done = 0;
-        for (; done < n && !s.closing; ++done) {
-            // Copy out first: the client can change the slot under us (DESIGN.md, step 3).
-            const ipc::Request r = s.requests.read(done);
-            ++s.counters.requests;
-            handleRequest(s, r);
-        }
-        if (!s.closing) {
-            s.requests.release(done);
-        }
-        work += done;
+        work += drainSession(s, cap);
     }
     return work;
 }

@@ -57,6 +57,7 @@ struct Options {
     uint32_t window = 32;
     uint32_t connections = 0;
     std::string chunk;
+    std::string integrity;
     std::string poll_mode = "adaptive";
     int spin_us = -1;
     uint32_t rounds = 1;
@@ -322,6 +323,7 @@ void Bench::startLoopback() {
     a.chunk_bytes = o_.chunk.empty() ? 0 : parseBytes(o_.chunk).value_or(0);
     a.poll_mode = o_.poll_mode;
     a.spin_us = o_.spin_us;
+    a.integrity = o_.integrity;
     NodeSettings b = a;
     b.name = "node-b";
     b.listen_port = port_b;
@@ -769,9 +771,11 @@ int runBench(const Options &o) {
             throw BenchError("--loopback starts its own sidecars; leave out --socket/--peer");
         }
         if (attached &&
-            (o.connections || !o.chunk.empty() || !o.sidecar.empty() || o.spin_us >= 0)) {
+            (o.connections || !o.chunk.empty() || !o.sidecar.empty() || o.spin_us >= 0 ||
+             !o.integrity.empty())) {
             throw BenchError(
-                "--connections, --chunk, --spin-us and --sidecar shape the sidecars --loopback "
+                "--connections, --chunk, --integrity, --spin-us and --sidecar shape the "
+                "sidecars --loopback "
                 "starts; set "
                 "them in the running sidecars' configs instead");
         }
@@ -829,6 +833,10 @@ void addBenchCommand(CLI::App &app, std::function<int()> *run) {
                   "loopback: [tcp] connections_per_peer of the generated configs")
         ->check(CLI::Range(1, 16));
     b->add_option("--chunk", opts->chunk, "loopback: [tcp] chunk_bytes (4K-64M, e.g. 1M)");
+    b->add_option("--integrity", opts->integrity,
+                  "loopback: [security] tcp_integrity of both sidecars (mac, the default, or "
+                  "none): measure what authenticating every frame costs")
+        ->check(CLI::IsMember({"mac", "none"}));
     b->add_option("--poll-mode", opts->poll_mode, "loopback: [ipc] poll_mode")
         ->check(CLI::IsMember({"busy", "adaptive", "event"}))
         ->capture_default_str();

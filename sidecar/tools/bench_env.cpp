@@ -302,6 +302,9 @@ std::string nodeToml(const NodeSettings &s) {
         t += "spin_us = " + std::to_string(s.spin_us) + "\n";
     }
     t += "\n[security]\npeer_key_file = \"" + s.key_file + "\"\n";
+    if (!s.integrity.empty()) {
+        t += "tcp_integrity = \"" + s.integrity + "\"\n";
+    }
     t += "\n[[peers]]\nname = \"" + s.peer_name + "\"\n";
     t += "address = \"127.0.0.1:" + std::to_string(s.peer_port) + "\"\n";
     return t;

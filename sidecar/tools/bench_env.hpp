@@ -96,6 +96,7 @@ struct NodeSettings {
     std::string poll_mode = "adaptive";
     int spin_us = -1;  ///< [ipc] spin_us; negative keeps the default
     uint32_t ring_depth = 1024;
+    std::string integrity;  ///< [security] tcp_integrity; empty keeps the default (mac)
 };
 /// The TOML of one loopback node that lists the other as its only peer.
 std::string nodeToml(const NodeSettings &s);

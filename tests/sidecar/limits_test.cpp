@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "harness.hpp"
+#include "tensorlane/ipc/shm.hpp"
 #include "tensorlane/tensorlane.hpp"
 
 using namespace tltest;
@@ -239,6 +240,63 @@ TEST(Quotas, RegionsAndBytesAreRefusedWithTheReason) {
     EXPECT_EQ(tl_alloc_host(c, 8 << 20, &p, &r1), TL_OK);
     tl_disconnect(c);
     EXPECT_TRUE(sc.alive());
+}
+
+TEST(Ordering, DeregisterRightAfterAWriteDoesNotOvertakeIt) {
+    // tl_write then tl_deregister of its source at once: the write was published in the ring
+    // before the deregister left on the socket, so it must take the region first and end
+    // TL_OK (the socket used to be served first: 69 of 300 such writes failed TL_EINVAL).
+    Sidecar sc;
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    tl_client *c = nullptr;
+    ASSERT_EQ(tl_connect(sc.socket().c_str(), &c), TL_OK);
+    void *dp = nullptr;
+    tl_region dst = 0;
+    ASSERT_EQ(tl_alloc_host(c, 1 << 20, &dp, &dst), TL_OK);
+    ASSERT_EQ(tl_expose(c, dst, "sink"), TL_OK);
+    tl_remote remote = 0;
+    ASSERT_EQ(tl_lookup(c, tl_node_name(c), "sink", &remote, nullptr), TL_OK);
+    for (int i = 0; i < 300; ++i) {
+        void *sp = nullptr;
+        tl_region src = 0;
+        ASSERT_EQ(tl_alloc_host(c, 1 << 20, &sp, &src), TL_OK);
+        std::memset(sp, i & 0xff, 1 << 20);
+        tl_ticket t = 0;
+        ASSERT_EQ(tl_write(c, src, 0, remote, 0, 1 << 20, i, &t), TL_OK);
+        ASSERT_EQ(tl_deregister(c, src), TL_OK);
+        ASSERT_EQ(tl_wait(c, t, 10000), TL_OK) << "write " << i << ": " << tl_last_error();
+        tl_notification n{};
+        ASSERT_EQ(tl_wait_notification(c, &n, 10000), TL_OK);
+        ASSERT_EQ(static_cast<unsigned char *>(dp)[12345], static_cast<unsigned char>(i & 0xff));
+    }
+    tl_disconnect(c);
+}
+
+TEST(Quotas, AnAllocationLargerThanMemoryIsENomemNotTheOomKiller) {
+    // A memfd has no size limit of its own: backing one larger than the machine's memory once
+    // woke the kernel's OOM killer (which took other processes with it). It is refused first.
+    Sidecar sc;
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    const uint64_t avail = tensorlane::ipc::availableMemory();
+    if (avail == UINT64_MAX || 2 * avail > (uint64_t{1} << 40)) {
+        GTEST_SKIP() << "no MemAvailable here, or more than the default quota allows";
+    }
+    tl_client *c = nullptr;
+    ASSERT_EQ(tl_connect(sc.socket().c_str(), &c), TL_OK);
+    void *p = nullptr;
+    tl_region r = 0;
+    EXPECT_EQ(tl_alloc_host(c, 2 * avail, &p, &r), TL_ENOMEM);
+    EXPECT_NE(std::string(tl_last_error()).find("not enough memory"), std::string::npos)
+        << tl_last_error();
+    EXPECT_TRUE(sc.alive());
+    // The size the client asked for is the region's size everywhere, not a page-rounded one.
+    ASSERT_EQ(tl_alloc_host(c, 128, &p, &r), TL_OK);
+    ASSERT_EQ(tl_expose(c, r, "tiny"), TL_OK);
+    tl_remote remote = 0;
+    uint64_t bytes = 0;
+    ASSERT_EQ(tl_lookup(c, tl_node_name(c), "tiny", &remote, &bytes), TL_OK);
+    EXPECT_EQ(bytes, 128u);
+    tl_disconnect(c);
 }
 
 TEST(Wakeups, BacklogFlushedWhenTheClientDrainsWithoutIdleTicks) {

@@ -318,11 +318,13 @@ std::string TcpTransport::peerStatusJson(PeerId id) const {
     }
     const PeerData &p = it->second;
     nlohmann::json out_bytes = nlohmann::json::array();
+    uint64_t queued = 0;
     size_t conns = 0;
     if (p.out) {
         for (const auto &c : p.out->data) {
             conns += c && c->isOpen() ? 1 : 0;
             out_bytes.push_back(c ? c->bytes_out : 0);
+            queued += c ? c->queuedBytes() : 0;
         }
     }
     if (p.in) {
@@ -338,6 +340,8 @@ std::string TcpTransport::peerStatusJson(PeerId id) const {
     j["writes_received"] = p.writes_received;
     j["bytes_received"] = p.bytes_received;
     j["data_bytes_sent"] = std::move(out_bytes);
+    j["queued_bytes"] = queued;  // cut into chunks, not yet taken by the sockets
+    j["uncut_bytes"] = p.out && p.out->link ? p.out->link->uncutBytes() : 0;
     j["integrity"] = p.out ? p.out->info.integrity : (p.in ? p.in->info.integrity : false);
     return j.dump();
 }

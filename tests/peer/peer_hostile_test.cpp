@@ -1,0 +1,460 @@
+// Authenticated peers that break the protocol on purpose, and a man in the middle of the TCP
+// connections: two chunks claiming the same bytes (once a use after free in the receiver), an
+// ACK for data never sent, frames whose tags do not match, bytes changed on the wire, more
+// region descriptors than the limit, and a write too large to be cut up front.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "harness.hpp"
+#include "peer/directory.hpp"
+#include "peer/wire.hpp"
+#include "raw_peer.hpp"
+
+namespace tensorlane::peertest {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using sidecar::ChunkHeader;
+using sidecar::FrameHeader;
+using sidecar::FrameType;
+
+constexpr const char *kSecret = "peer-test-secret-0123456789abcdef";
+
+/// A node that lists a raw peer "node-evil" (at `evil_port`, which it dials only on use).
+std::unique_ptr<Node> victim(const std::string &key, uint16_t evil_port,
+                             std::function<void(config::Config &)> tweak = {}) {
+    NodeOptions o;
+    o.name = "node-b";
+    o.port = freePort();
+    o.key_file = key;
+    o.peers = {{"node-evil", evil_port}};
+    o.tweak = std::move(tweak);
+    return std::make_unique<Node>(o);
+}
+
+nlohmann::json peerStatus(Node &n, const std::string &peer) {
+    auto j = nlohmann::json::parse(n.statusJson());
+    for (auto &p : j["peers"]) {
+        if (p["name"] == peer) {
+            return p;
+        }
+    }
+    return nlohmann::json();
+}
+
+TEST(HostilePeer, TwoChunksClaimingTheSameBytesAreAProtocolError) {
+    // Two full-size chunks of one write, on two data connections: both used to pass the check
+    // (bytes received, not claimed), the first delivered and freed the write's record, the
+    // second wrote into it. Now the second is refused and the session closed.
+    TempDir dir;
+    const auto key = dir.writeFile("peer.key", kSecret);
+    auto b = victim(key, freePort());
+    ASSERT_TRUE(b->ok()) << b->startStatus().message();
+    constexpr uint32_t kLen = 1u << 20;
+    auto dst = b->addRegion(kLen, "recv");
+    RawClientPeer evil(kSecret, "node-evil", "node-b", b->port());
+    std::string why;
+    ASSERT_TRUE(evil.openSession(&why)) << why;
+    ASSERT_TRUE(evil.openData(0, &why)) << why;
+    ASSERT_TRUE(evil.openData(1, &why)) << why;
+    ASSERT_EQ(evil.regions().size(), 1u);
+    std::vector<uint8_t> data(kLen, 0x5a);
+    ChunkHeader h;
+    h.region = evil.regions()[0].id;
+    h.total_bytes = kLen;
+    h.chunk_offset = 0;
+    h.imm = 1;
+    // Connection 0: the header and half the data, so that its chunk is in progress when the
+    // second one begins; connection 1: the same chunk, whole.
+    uint8_t head[sidecar::kChunkFrameOverhead];
+    sidecar::encodeChunkFrame(head, 1, h, kLen);
+    uint8_t tag0[sidecar::kFrameTagBytes];
+    evil.data(0).chunkTag(head, data.data(), kLen, tag0);
+    ASSERT_TRUE(evil.data(0).sendRaw(head, sizeof head));
+    ASSERT_TRUE(evil.data(0).sendRaw(data.data(), kLen / 2));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    // (The receiver may drop the session while this is on its way: the send can fail.)
+    (void)evil.data(1).sendChunk(1, h, data.data(), kLen);
+    (void)evil.data(0).sendRaw(data.data() + kLen / 2, kLen / 2);
+    (void)evil.data(0).sendRaw(tag0, sizeof tag0);
+    EXPECT_TRUE(evil.control().closedWithin(3000)) << "the session was not dropped";
+    EXPECT_TRUE(peerLogHas({"node-evil", "protocol error"}));
+    EXPECT_TRUE(peerLogHas({"node-evil", "already claimed"}) ||
+                peerLogHas({"node-evil", "outside the window"}));
+    EXPECT_LE(b->sink.count(Event::Kind::kArrived), 1u) << "one write, delivered twice";
+    // The node is fine and takes a well-behaved session again.
+    RawClientPeer again(kSecret, "node-evil", "node-b", b->port());
+    EXPECT_TRUE(again.openSession(&why)) << why;
+}
+
+TEST(HostilePeer, ChunkWithABadTagIsRefused) {
+    TempDir dir;
+    const auto key = dir.writeFile("peer.key", kSecret);
+    auto b = victim(key, freePort());
+    ASSERT_TRUE(b->ok());
+    auto dst = b->addRegion(65536, "recv");
+    std::vector<unsigned char> before(dst->base, dst->base + 65536);
+    RawClientPeer evil(kSecret, "node-evil", "node-b", b->port());
+    std::string why;
+    ASSERT_TRUE(evil.openSession(&why)) << why;
+    ASSERT_TRUE(evil.openData(0, &why) && evil.openData(1, &why)) << why;
+    std::vector<uint8_t> data(4096, 0x11);
+    ChunkHeader h;
+    h.region = evil.regions()[0].id;
+    h.total_bytes = data.size();
+    ASSERT_TRUE(evil.data(0).sendChunk(1, h, data.data(), 4096, /*corrupt_tag=*/true));
+    EXPECT_TRUE(evil.control().closedWithin(3000));
+    EXPECT_TRUE(peerLogHas({"node-evil", "authentication tag"}));
+    EXPECT_EQ(b->sink.count(Event::Kind::kArrived), 0u) << "an unauthenticated write was notified";
+    // A frame on control with a bad tag is refused too (an injected REGION-less heartbeat).
+    RawClientPeer evil2(kSecret, "node-evil", "node-b", b->port());
+    ASSERT_TRUE(evil2.openSession(&why)) << why;
+    uint8_t junk[sidecar::kFrameHeaderBytes + sidecar::kFrameTagBytes] = {};
+    sidecar::encodeFrameHeader(junk, FrameType::kHeartbeat, 0, 1);
+    ASSERT_TRUE(evil2.control().sendRaw(junk, sizeof junk));
+    EXPECT_TRUE(evil2.control().closedWithin(3000));
+}
+
+TEST(HostilePeer, EarlyAckIsAProtocolErrorAndTheWriteFails) {
+    // The target acknowledges a 64 MiB write after its first chunk. The writer used to report
+    // TL_OK for data never sent (and its socket then read freed memory if the source went).
+    TempDir dir;
+    const auto key = dir.writeFile("peer.key", kSecret);
+    RawServerPeer evil(kSecret, "node-evil");
+    NodeOptions o;
+    o.name = "node-a";
+    o.port = freePort();
+    o.key_file = key;
+    o.peers = {{"node-evil", evil.port()}};
+    Node a(o);
+    ASSERT_TRUE(a.ok());
+    std::atomic<bool> served{false};
+    std::string why;
+    std::thread server([&] {
+        sidecar::RegionDescriptor sink{1, 64u << 20, "sink"};
+        if (!evil.acceptSession(sink, &why) || !evil.acceptData(&why)) {
+            return;
+        }
+        served = true;
+        // Read one chunk header, then claim the whole write landed.
+        FrameHeader h;
+        std::vector<uint8_t> p;
+        uint8_t head[sidecar::kChunkFrameOverhead];
+        pollfd pf{evil.data(0).fd(), POLLIN, 0};
+        if (::poll(&pf, 1, 5000) > 0 &&
+            ::recv(evil.data(0).fd(), head, sizeof head, MSG_WAITALL) == sizeof head) {
+            uint8_t ack[8] = {};
+            evil.control().send(FrameType::kAck, 1, ack);
+        }
+        evil.control().closedWithin(5000);
+    });
+    auto [ls, remote] = a.lookup("node-evil", "sink");
+    ASSERT_TRUE(ls.isOk()) << ls.message() << why;
+    auto src = a.addRegion(64u << 20);
+    auto [ps, op] = a.post("node-evil", src, 0, remote.id, 0, 64u << 20, 7);
+    ASSERT_TRUE(ps.isOk()) << ps.message();
+    auto c = a.sink.completion(op, 10s);
+    server.join();
+    ASSERT_TRUE(served.load()) << why;
+    ASSERT_TRUE(c.has_value());
+    EXPECT_EQ(c->code, Code::kPeer) << "an early ACK was taken for delivery: " << c->reason;
+    EXPECT_TRUE(peerLogHas({"node-evil", "before all of it was sent"}));
+}
+
+TEST(HostilePeer, MoreRegionsThanTheLimitAreIgnored) {
+    TempDir dir;
+    const auto key = dir.writeFile("peer.key", kSecret);
+    const uint16_t pa = freePort(), pb = freePort();
+    NodeOptions oa{.name = "node-a", .port = pa, .key_file = key, .peers = {{"node-b", pb}}};
+    oa.tweak = [](config::Config &c) { c.limits.peer_regions = 3; };
+    NodeOptions ob{.name = "node-b", .port = pb, .key_file = key, .peers = {{"node-a", pa}}};
+    Node a(oa), b(ob);
+    ASSERT_TRUE(a.ok() && b.ok());
+    for (int i = 0; i < 3; ++i) {
+        b.addRegion(4096, "early-" + std::to_string(i));
+    }
+    ASSERT_TRUE(a.lookup("node-b", "early-0").first.isOk());
+    // Described after the session came up: over the limit, ignored, counted.
+    b.addRegion(4096, "late-0");
+    b.addRegion(4096, "late-1");
+    auto st = peerStatus(a, "node-b");
+    for (int i = 0; i < 100 && st["remote_regions_ignored"] != 2; ++i) {
+        std::this_thread::sleep_for(10ms);
+        st = peerStatus(a, "node-b");
+    }
+    EXPECT_EQ(st["remote_regions"], 3);
+    EXPECT_EQ(st["remote_regions_ignored"], 2);
+    auto [s, rr] = a.lookup("node-b", "late-1");
+    EXPECT_EQ(s.code(), Code::kNotFound);
+    EXPECT_NE(s.message().find("peer_regions"), std::string::npos) << s.message();
+    EXPECT_TRUE(peerLogHas({"node-b", "peer_regions"}));
+}
+
+TEST(Directory, RevokedAndRestartedHandlesBecomeBoundedTombstones) {
+    sidecar::RegionDirectory d(100, /*max_tombstones=*/16);
+    d.replace(1, 0xaa, {});
+    std::vector<uint64_t> handles;
+    for (uint64_t i = 1; i <= 1000; ++i) {
+        ASSERT_TRUE(d.add(1, sidecar::RegionDescriptor{i, 4096, "r" + std::to_string(i)}));
+        auto h = d.lookup(1, "r" + std::to_string(i));
+        ASSERT_TRUE(h.has_value());
+        EXPECT_EQ(d.lookup(1, "r" + std::to_string(i))->id, h->id) << "one handle per region";
+        handles.push_back(h->id);
+        d.remove(1, i);
+    }
+    EXPECT_EQ(d.handleCount(), 0u);
+    EXPECT_EQ(d.tombstoneCount(), 16u);
+    std::string why;
+    EXPECT_FALSE(d.resolve(1, handles.back(), &why).has_value());
+    EXPECT_NE(why.find("revoked"), std::string::npos) << why;
+    // A restart turns live handles into tombstones too.
+    ASSERT_TRUE(d.add(1, sidecar::RegionDescriptor{5000, 64, "x"}));
+    auto live = d.lookup(1, "x");
+    ASSERT_TRUE(live && d.resolve(1, live->id, &why).has_value());
+    d.replace(1, 0xbb, {{5000, sidecar::RegionDescriptor{5000, 64, "x"}}});
+    EXPECT_FALSE(d.resolve(1, live->id, &why).has_value());
+    EXPECT_NE(why.find("earlier run"), std::string::npos) << why;
+    EXPECT_NE(d.lookup(1, "x")->id, live->id) << "the new run gets a new handle";
+}
+
+TEST(PeerTcpBounds, TerabyteWriteIsCutAsTheSocketsDrain) {
+    // A 1 TiB write to a peer that does not read: posting it must not build 2^20 chunk items
+    // (or 2^28 of 4 KiB): only a few chunks are cut, the rest waits behind the cursor.
+    TempDir dir;
+    const auto key = dir.writeFile("peer.key", kSecret);
+    const uint16_t pa = freePort(), pb = freePort();
+    Node a(NodeOptions{.name = "node-a", .port = pa, .key_file = key, .peers = {{"node-b", pb}}});
+    Node b(NodeOptions{.name = "node-b", .port = pb, .key_file = key, .peers = {{"node-a", pa}}});
+    ASSERT_TRUE(a.ok() && b.ok());
+    constexpr uint64_t kTiB = uint64_t{1} << 40;
+    void *p = ::mmap(nullptr, kTiB, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+        GTEST_SKIP() << "cannot reserve 1 TiB of address space here";
+    }
+    auto src = std::make_shared<Region>();
+    src->base = static_cast<unsigned char *>(p);
+    src->bytes = kTiB;
+    b.addRegion(kTiB / (1u << 20), "small");  // 1 MiB
+    // The remote region is small; post straight to the transport with a fake, larger one, as
+    // a client of a lying engine could not: this is about the sender's memory only.
+    auto [ls, remote] = a.lookup("node-b", "small");
+    ASSERT_TRUE(ls.isOk());
+    b.pause(true);
+    const auto t0 = Clock::now();
+    const uint64_t op_id = nextOpId();
+    Status s = a.call([&] {
+        sidecar::WriteOp op;
+        op.op_id = op_id;
+        op.peer = *a.pm().peerByName("node-b");
+        op.src = src;
+        op.dst_region = remote.id;
+        op.remote_region = 999;
+        op.bytes = kTiB;
+        return a.pm().transport().post(op);
+    });
+    ASSERT_TRUE(s.isOk()) << s.message();
+    EXPECT_LT(Clock::now() - t0, 1s) << "post() cut the whole write up front";
+    std::this_thread::sleep_for(200ms);
+    auto st = peerStatus(a, "node-b");
+    EXPECT_LE(st["queued_bytes"].get<uint64_t>(), uint64_t{8} << 20) << st.dump();
+    EXPECT_GT(st["uncut_bytes"].get<uint64_t>(), kTiB - (uint64_t{1} << 30)) << st.dump();
+    // The peer stays silent: the write fails with TL_EPEER, once.
+    auto c = a.sink.completion(op_id, 10s);
+    ASSERT_TRUE(c.has_value());
+    EXPECT_EQ(c->code, Code::kPeer);
+    b.pause(false);
+    ::munmap(p, kTiB);
+}
+
+/// A TCP relay between a node and its peer that changes one byte: the `flip_at`-th byte that
+/// the `conn_index`-th accepted connection carries towards the peer (counting from 0).
+class TamperingProxy {
+public:
+    TamperingProxy(uint16_t target_port, int conn_index, uint64_t flip_at)
+        : target_(target_port), conn_index_(conn_index), flip_at_(flip_at) {
+        listen_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        int one = 1;
+        ::setsockopt(listen_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        ::bind(listen_, reinterpret_cast<sockaddr *>(&a), sizeof a);
+        ::listen(listen_, 16);
+        socklen_t len = sizeof a;
+        ::getsockname(listen_, reinterpret_cast<sockaddr *>(&a), &len);
+        port_ = ntohs(a.sin_port);
+        thread_ = std::thread([this] { run(); });
+    }
+    ~TamperingProxy() {
+        stop_ = true;
+        thread_.join();
+        ::close(listen_);
+        for (auto &[a, b] : pairs_) {
+            ::close(a);
+            ::close(b);
+        }
+    }
+    uint16_t port() const { return port_; }
+    bool flipped() const { return flipped_.load(); }
+
+private:
+    void run() {
+        std::vector<uint64_t> sent;  // client -> target bytes, per pair
+        while (!stop_) {
+            std::vector<pollfd> fds{{listen_, POLLIN, 0}};
+            for (auto &[a, b] : pairs_) {
+                fds.push_back({a, POLLIN, 0});
+                fds.push_back({b, POLLIN, 0});
+            }
+            if (::poll(fds.data(), fds.size(), 20) <= 0) {
+                continue;
+            }
+            if (fds[0].revents & POLLIN) {
+                int c = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
+                int t = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+                sockaddr_in a{};
+                a.sin_family = AF_INET;
+                a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+                a.sin_port = htons(target_);
+                ::connect(t, reinterpret_cast<sockaddr *>(&a), sizeof a);
+                pairs_.push_back({c, t});
+                sent.push_back(0);
+            }
+            for (size_t i = 0; i < pairs_.size(); ++i) {
+                for (int dir = 0; dir < 2; ++dir) {
+                    const pollfd &p = fds[1 + 2 * i + dir];
+                    if ((p.revents & (POLLIN | POLLHUP | POLLERR)) == 0) {
+                        continue;
+                    }
+                    const int from = dir == 0 ? pairs_[i].first : pairs_[i].second;
+                    const int to = dir == 0 ? pairs_[i].second : pairs_[i].first;
+                    uint8_t buf[65536];
+                    ssize_t n = ::recv(from, buf, sizeof buf, MSG_DONTWAIT);
+                    if (n <= 0) {
+                        ::shutdown(to, SHUT_WR);
+                        continue;
+                    }
+                    if (dir == 0 && static_cast<int>(i) == conn_index_ && !flipped_ &&
+                        flip_at_ >= sent[i] && flip_at_ < sent[i] + static_cast<uint64_t>(n)) {
+                        buf[flip_at_ - sent[i]] ^= 0x01;
+                        flipped_ = true;
+                    }
+                    if (dir == 0) {
+                        sent[i] += static_cast<uint64_t>(n);
+                    }
+                    for (ssize_t off = 0; off < n;) {
+                        ssize_t w =
+                            ::send(to, buf + off, static_cast<size_t>(n - off), MSG_NOSIGNAL);
+                        if (w <= 0) {
+                            break;
+                        }
+                        off += w;
+                    }
+                }
+            }
+        }
+    }
+
+    uint16_t target_;
+    int conn_index_;
+    uint64_t flip_at_;
+    int listen_ = -1;
+    uint16_t port_ = 0;
+    std::atomic<bool> stop_{false};
+    std::atomic<bool> flipped_{false};
+    std::vector<std::pair<int, int>> pairs_;
+    std::thread thread_;
+};
+
+/// node-a writes 1 MiB to node-b through a proxy that flips one byte inside the chunk data on
+/// the first data connection. Returns the write's completion and whether the data arrived as
+/// sent.
+struct TamperResult {
+    std::optional<Event> completion;
+    bool arrived = false;
+    bool intact = false;
+    bool flipped = false;
+};
+
+TamperResult writeThroughTamperingProxy(bool integrity) {
+    TempDir dir;
+    const auto key = dir.writeFile("peer.key", kSecret);
+    const uint16_t pa = freePort(), pb = freePort();
+    const auto mode = integrity ? config::TcpIntegrity::kMac : config::TcpIntegrity::kNone;
+    // Connection 0 is control, 1 the first data connection; byte 100000 is well inside the data.
+    TamperingProxy proxy(pb, 1, 100000);
+    NodeOptions oa{
+        .name = "node-a", .port = pa, .key_file = key, .peers = {{"node-b", proxy.port()}}};
+    oa.tweak = [mode](config::Config &c) { c.security.tcp_integrity = mode; };
+    NodeOptions ob{.name = "node-b", .port = pb, .key_file = key, .peers = {{"node-a", pa}}};
+    ob.tweak = oa.tweak;
+    Node a(oa), b(ob);
+    TamperResult r;
+    if (!a.ok() || !b.ok()) {
+        return r;
+    }
+    auto dst = b.addRegion(1u << 20, "recv");
+    auto src = a.addRegion(1u << 20);
+    fillRandom(src->base, 1u << 20, 77);
+    auto [ls, remote] = a.lookup("node-b", "recv");
+    if (!ls.isOk()) {
+        return r;
+    }
+    auto [ps, op] = a.post("node-b", src, 0, remote.id, 0, 1u << 20, 5);
+    if (!ps.isOk()) {
+        return r;
+    }
+    r.completion = a.sink.completion(op, 10s);
+    r.arrived = b.sink.count(Event::Kind::kArrived) > 0;
+    r.intact = std::memcmp(dst->base, src->base, 1u << 20) == 0;
+    r.flipped = proxy.flipped();
+    return r;
+}
+
+TEST(Integrity, AByteChangedOnTheWireIsCaughtAndNeverNotified) {
+    TamperResult r = writeThroughTamperingProxy(true);
+    ASSERT_TRUE(r.flipped) << "the proxy did not see the byte it was to change";
+    ASSERT_TRUE(r.completion.has_value());
+    EXPECT_EQ(r.completion->code, Code::kPeer) << r.completion->reason;
+    EXPECT_FALSE(r.arrived) << "the owner was told about data that was changed on the way";
+    EXPECT_TRUE(peerLogHas({"node-a", "authentication tag"}));
+}
+
+TEST(Integrity, WithoutTagsTheSameChangeGoesUnnoticed) {
+    // The control case: tcp_integrity = "none" on both ends delivers the changed byte.
+    TamperResult r = writeThroughTamperingProxy(false);
+    ASSERT_TRUE(r.flipped);
+    ASSERT_TRUE(r.completion.has_value());
+    EXPECT_EQ(r.completion->code, Code::kOk);
+    EXPECT_TRUE(r.arrived);
+    EXPECT_FALSE(r.intact);
+}
+
+TEST(Integrity, BothEndsMustAgree) {
+    TempDir dir;
+    const auto key = dir.writeFile("peer.key", kSecret);
+    const uint16_t pa = freePort(), pb = freePort();
+    NodeOptions oa{.name = "node-a", .port = pa, .key_file = key, .peers = {{"node-b", pb}}};
+    oa.tweak = [](config::Config &c) { c.security.tcp_integrity = config::TcpIntegrity::kNone; };
+    NodeOptions ob{.name = "node-b", .port = pb, .key_file = key, .peers = {{"node-a", pa}}};
+    Node a(oa), b(ob);
+    ASSERT_TRUE(a.ok() && b.ok());
+    b.addRegion(4096, "recv");
+    auto [s, rr] = a.lookup("node-b", "recv", 5s);
+    EXPECT_EQ(s.code(), Code::kPeer) << s.message();
+    EXPECT_TRUE(peerLogHas({"tcp_integrity differs", "\"none\"", "\"mac\""}));
+}
+
+}  // namespace
+}  // namespace tensorlane::peertest
