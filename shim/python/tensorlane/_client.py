@@ -181,9 +181,17 @@ class Region:
 class HostRegion(Region):
     """A region of host memory (from ``alloc_host``, or a range inside one). Supports the
     buffer protocol: ``memoryview(region)``, ``numpy.frombuffer(region, ...)`` and
-    ``torch.frombuffer(region, ...)`` view it without a copy. ``len(region)`` is ``nbytes``."""
+    ``torch.frombuffer(region, ...)`` view it without a copy. ``len(region)`` is ``nbytes``.
+
+    The buffer's format is ctypes' ``"<B"``, which numpy, torch and ``bytes()`` take but
+    memoryview's item access and slice assignment do not: ``region.view()`` is the same
+    memory as a plain ``"B"`` memoryview for those."""
 
     __slots__ = ()
+
+    def view(self) -> memoryview:
+        """The region as a writable memoryview of format ``"B"`` (no copy)."""
+        return memoryview(self).cast("B")
 
     def numpy(self, dtype: Any = "uint8", shape: Any = None, offset: int = 0):
         """A numpy array over the region (no copy), starting ``offset`` bytes in. ``shape``
@@ -300,15 +308,19 @@ class Ticket:
     so ``wait()`` after ``done()`` (or a second ``wait()``) answers from it. A Ticket dropped
     without being waited for is consumed later by the client (its error is then lost)."""
 
-    __slots__ = ("_client", "id", "what", "_status", "_detail", "_lock", "__weakref__")
+    __slots__ = ("_client", "id", "what", "_status", "_detail", "_lock", "_src", "__weakref__")
 
-    def __init__(self, client: "Client", ticket_id: int, what: str):
+    def __init__(self, client: "Client", ticket_id: int, what: str, src: Any = None):
         self._client = client
         self.id = ticket_id
         self.what = what
         self._status: Optional[Status] = None
         self._detail = ""
         self._lock = threading.Lock()  # one C wait/test per ticket at a time (it consumes it)
+        # The source region stays registered while the write is in flight: a deregistration
+        # (a temporary region collected right after write() returned) could reach the sidecar
+        # on its socket before the request on the ring, and fail the write with TL_EINVAL.
+        self._src = src
 
     @property
     def status(self) -> Optional[Status]:
@@ -350,7 +362,7 @@ class Ticket:
     def __del__(self) -> None:
         try:
             if self._status is None:
-                self._client._abandon(self.id)
+                self._client._abandon(self.id, self._src)
         except Exception:  # noqa: BLE001
             pass
 
@@ -374,7 +386,7 @@ class Notification(NamedTuple):
         """The bytes that arrived, as a memoryview of the (host) region; no copy."""
         if not isinstance(self.region, HostRegion):
             raise InvalidArgumentError("the notification's region is not a live host region")
-        return memoryview(self.region)[self.offset:self.offset + self.bytes]
+        return self.region.view()[self.offset:self.offset + self.bytes]
 
 
 class Write(NamedTuple):
@@ -410,7 +422,7 @@ class Client:
         self._host_starts: list[int] = []  # sorted addresses of tl_alloc_host buffers
         self._host_by_start: dict[int, "weakref.ref[HostRegion]"] = {}
         self._device_regions: "weakref.WeakSet[DeviceRegion]" = weakref.WeakSet()
-        self._abandoned: list[int] = []
+        self._abandoned: list[tuple[int, Any]] = []  # (ticket, its source region)
         self._reap_at = _REAP_BATCH
         path = os.fspath(socket) if socket is not None else None
         h = c_void_p()
@@ -610,7 +622,7 @@ class Client:
         ``remote`` at ``dst_offset``, and delivers ``imm`` (32 bits) to the target's owner.
         ``src`` is a Region, or a tensor/array/buffer in this client's memory (offsets are
         then relative to it). Returns at once; the Ticket says how it ended."""
-        desc = self._describe(src, remote, imm, src_offset, dst_offset, nbytes)
+        desc, src_region = self._describe(src, remote, imm, src_offset, dst_offset, nbytes)
         out = c_uint64()
         self._enter()
         try:
@@ -622,7 +634,7 @@ class Client:
             self._leave()
         if len(self._abandoned) >= self._reap_at:
             self._reap_abandoned()
-        return Ticket(self, out.value, _what(remote, desc))
+        return Ticket(self, out.value, _what(remote, desc), src_region)
 
     def write_batch(self, writes: Iterable[Union[Write, Sequence[Any], dict]]) -> list[Ticket]:
         """Submits several writes with one doorbell (``tl_write_batch``); notifications of one
@@ -635,11 +647,13 @@ class Client:
         if not entries:
             return []
         descs = (_lib.WriteDesc * len(entries))()
-        whats = []
+        whats, srcs = [], []
         for i, w in enumerate(entries):
-            d = self._describe(w.src, w.remote, w.imm, w.src_offset, w.dst_offset, w.nbytes)
+            d, region = self._describe(w.src, w.remote, w.imm, w.src_offset, w.dst_offset,
+                                       w.nbytes)
             descs[i] = d
             whats.append(_what(w.remote, d))
+            srcs.append(region)
         out = (c_uint64 * len(entries))()
         submitted = c_size_t(0)
         self._enter()
@@ -649,7 +663,7 @@ class Client:
                                                           f"{len(entries)} writes")
         finally:
             self._leave()
-        tickets = [Ticket(self, out[i], whats[i]) for i in range(submitted.value)]
+        tickets = [Ticket(self, out[i], whats[i], srcs[i]) for i in range(submitted.value)]
         if err is not None:
             if isinstance(err, RingFullError):
                 err.tickets = tickets
@@ -701,7 +715,7 @@ class Client:
         ``torch.cuda.Stream``, a raw ``cudaStream_t`` int, or None for torch's current
         stream). StreamUnsupportedError when the library lacks tl_write_on_stream."""
         fn = self._stream_call("tl_write_on_stream")
-        desc = self._describe(src, remote, imm, src_offset, dst_offset, nbytes)
+        desc, src_region = self._describe(src, remote, imm, src_offset, dst_offset, nbytes)
         s = _stream_handle(stream)
         out = c_uint64()
         self._enter()
@@ -712,7 +726,7 @@ class Client:
                 raise self._fail(st, "tl_write_on_stream", _what(remote, desc))
         finally:
             self._leave()
-        return Ticket(self, out.value, _what(remote, desc))
+        return Ticket(self, out.value, _what(remote, desc), src_region)
 
     def stream_wait_ticket(self, ticket: Ticket, stream: Any = None) -> None:
         """Makes ``stream`` wait (on the GPU, without blocking this thread) for the write."""
@@ -838,7 +852,7 @@ class Client:
             f"region of this client ({kind})")
 
     def _describe(self, src: Any, remote: Remote, imm: int, src_offset: int, dst_offset: int,
-                  nbytes: Optional[int]) -> _lib.WriteDesc:
+                  nbytes: Optional[int]) -> tuple[_lib.WriteDesc, Region]:
         if not isinstance(remote, Remote):
             raise InvalidArgumentError(f"remote must be a Remote from lookup(), not "
                                        f"{type(remote).__name__}")
@@ -853,8 +867,9 @@ class Client:
             raise InvalidArgumentError(
                 f"{nbytes} bytes from offset {src_offset} do not fit in the source "
                 f"({size} bytes)")
-        return _lib.WriteDesc(region.handle, base + src_offset,  # type: ignore[attr-defined]
+        desc = _lib.WriteDesc(region.handle, base + src_offset,  # type: ignore[attr-defined]
                               remote.handle, dst_offset, nbytes, imm, 0)
+        return desc, region
 
     def _deregister(self, r: Region) -> None:
         self._enter()
@@ -880,7 +895,7 @@ class Client:
                     raise TimedOutError(f"tl_wait({t.what}): TL_ETIMEDOUT: {detail}",
                                         call="tl_wait", detail=detail)
                 continue
-            t._status, t._detail = _status(st), detail
+            t._status, t._detail, t._src = _status(st), detail, None
             return
 
     def _test_ticket(self, t: Ticket) -> None:
@@ -893,14 +908,14 @@ class Client:
         finally:
             self._leave()
         if done.value or st != Status.OK:
-            t._status, t._detail = _status(st), detail
+            t._status, t._detail, t._src = _status(st), detail, None
 
-    def _abandon(self, ticket_id: int) -> None:
+    def _abandon(self, ticket_id: int, src: Any) -> None:
         # A Ticket dropped unwaited: its completion would stay in the C ticket table for good,
-        # so later writes consume it (tl_test) once it has ended. Runs from __del__, on any
-        # thread: it only appends.
+        # so later writes consume it (tl_test) once it has ended, and its source region stays
+        # registered until then. Runs from __del__, on any thread: it only appends.
         if not self.closed:
-            self._abandoned.append(ticket_id)
+            self._abandoned.append((ticket_id, src))
 
     def _reap_abandoned(self) -> None:
         with self._cv:
@@ -911,10 +926,10 @@ class Client:
         keep = []
         self._enter()
         try:
-            for tid in pending:
-                st = self._lib.tl_test(self._h, tid, byref(done))
+            for entry in pending:
+                st = self._lib.tl_test(self._h, entry[0], byref(done))
                 if st == Status.OK and not done.value:
-                    keep.append(tid)
+                    keep.append(entry)
         finally:
             self._leave()
         with self._cv:
