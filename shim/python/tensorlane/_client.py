@@ -21,6 +21,7 @@ inherited Client raises ClientClosedError and nothing is sent to the parent's si
 from __future__ import annotations
 
 import bisect
+import collections
 import ctypes
 import functools
 import json
@@ -61,7 +62,7 @@ __all__ = [
 #: Longest single blocking C call of a wait, in seconds: how soon Ctrl-C and close() are seen.
 WAIT_SLICE = 0.05
 
-#: Dropped, unwaited tickets are consumed in groups of at least this many.
+#: Writes consume dropped, unwaited tickets once this many have piled up.
 _REAP_BATCH = 32
 
 _fork_generation = 0
@@ -422,8 +423,8 @@ class Client:
         self._host_starts: list[int] = []  # sorted addresses of tl_alloc_host buffers
         self._host_by_start: dict[int, "weakref.ref[HostRegion]"] = {}
         self._device_regions: "weakref.WeakSet[DeviceRegion]" = weakref.WeakSet()
-        self._abandoned: list[tuple[int, Any]] = []  # (ticket, its source region)
-        self._reap_at = _REAP_BATCH
+        # (ticket, its source region) of dropped, unwaited tickets; appended from __del__.
+        self._abandoned: collections.deque[tuple[int, Any]] = collections.deque()
         path = os.fspath(socket) if socket is not None else None
         h = c_void_p()
         st = self._lib.tl_connect(path.encode() if path else None, byref(h))
@@ -632,7 +633,7 @@ class Client:
                 raise self._fail(st, "tl_write", _what(remote, desc))
         finally:
             self._leave()
-        if len(self._abandoned) >= self._reap_at:
+        if len(self._abandoned) >= _REAP_BATCH:
             self._reap_abandoned()
         return Ticket(self, out.value, _what(remote, desc), src_region)
 
@@ -668,7 +669,7 @@ class Client:
             if isinstance(err, RingFullError):
                 err.tickets = tickets
             raise err
-        if len(self._abandoned) >= self._reap_at:
+        if len(self._abandoned) >= _REAP_BATCH:
             self._reap_abandoned()
         return tickets
 
@@ -918,24 +919,19 @@ class Client:
             self._abandoned.append((ticket_id, src))
 
     def _reap_abandoned(self) -> None:
-        with self._cv:
-            if len(self._abandoned) < self._reap_at:
-                return
-            pending, self._abandoned = self._abandoned, []
+        # Oldest first, up to the first one still pending: tickets end roughly in order, so
+        # this costs one tl_test per ended ticket plus one, however long the queue.
         done = c_int(0)
-        keep = []
+        q = self._abandoned
         self._enter()
         try:
-            for entry in pending:
-                st = self._lib.tl_test(self._h, entry[0], byref(done))
+            while q:
+                st = self._lib.tl_test(self._h, q[0][0], byref(done))
                 if st == Status.OK and not done.value:
-                    keep.append(entry)
+                    break
+                q.popleft()
         finally:
             self._leave()
-        with self._cv:
-            self._abandoned.extend(keep)
-            # Amortised: writes look again once as many more were dropped.
-            self._reap_at = max(_REAP_BATCH, 2 * len(keep))
 
 
 def _status(st: int) -> Status:
