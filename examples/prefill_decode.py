@@ -50,6 +50,7 @@ import struct
 import subprocess
 import sys
 import time
+from typing import Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -120,7 +121,7 @@ def prefill(args) -> int:
     block_bytes = nbytes(torch.empty(block_shape(args), dtype=torch.float16))
     staging = client.alloc_host_tensor((args.staging,) + block_shape(args), torch.float16)
     staging_region = client.region_of(staging)
-    slot_tickets = [None] * args.staging
+    slot_tickets: list[Optional[tensorlane.Ticket]] = [None] * args.staging
     remotes = {}
     written = 0
     log(me, f"ready on {client.node_name}: inbox exposed, {args.staging} staging blocks")
@@ -244,7 +245,7 @@ def wait_blocks(client, args, torch, req, seed, blocks, cache, block_bytes, inbo
     deadline = start + args.request_timeout
     next_ping = start + args.liveness_interval
     ping = None
-    last_answered = None  # when a ping last completed
+    last_answered: Optional[float] = None  # when a ping last completed
     gone = None  # (when it was seen, why)
     while pending:
         now = time.monotonic()

@@ -147,7 +147,7 @@ def worker(args) -> int:
         return time.perf_counter() - t0
 
     arrived: dict[int, int] = {}
-    times = {"tensorlane": [], "torch.distributed": []}
+    times: dict[str, list[float]] = {"tensorlane": [], "torch.distributed": []}
     step = 0
     for rnd in range(args.rounds):
         for method, run in (("tensorlane", tensorlane_step), ("torch.distributed", dist_step)):

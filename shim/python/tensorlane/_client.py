@@ -31,7 +31,7 @@ import threading
 import time
 import weakref
 from ctypes import byref, c_int, c_size_t, c_uint64, c_void_p
-from typing import Any, Iterable, NamedTuple, Optional, Sequence, Union
+from typing import Any, Iterable, NamedTuple, Optional, Sequence, Union, cast
 
 from . import _lib
 from ._buffers import Span, span_of
@@ -114,49 +114,71 @@ class Region:
     A Region is a context manager: leaving the block deregisters it.
     """
 
-    __slots__ = ()
-    __hash__ = object.__hash__
+    __hash__ = object.__hash__  # (ctypes arrays are unhashable; regions hash by identity)
 
-    # Set by _init_region (instance __dict__): _client, handle, address, nbytes, device,
-    # device_index, parent, _keep, _closed, _children, name.
+    handle: int
+    address: int
+    nbytes: int
+    device: str
+    device_index: int
+    parent: Optional["Region"]
+    name: Optional[str]
+    _client: "Client"
+    _keep: Any
+    _closed: bool
+    _children: "weakref.WeakSet[Region]"
+
+    def _init(self, client: "Client", handle: int, span: Span, parent: Optional["Region"],
+              keep: Any) -> None:
+        self._client = client
+        self.handle = handle
+        self.address = span.address
+        self.nbytes = span.nbytes
+        self.device = span.device
+        self.device_index = span.device_index
+        self.parent = parent
+        self._keep = keep  # what was registered (a tensor must not be freed under us)
+        self._closed = False
+        self._children = weakref.WeakSet()
+        self.name = None
+        if parent is not None:
+            parent._children.add(self)
 
     @property
     def client(self) -> "Client":
-        return self._client  # type: ignore[attr-defined]
+        return self._client
 
     @property
     def closed(self) -> bool:
-        return self._closed or self._client.closed  # type: ignore[attr-defined]
+        return self._closed or self._client.closed
 
     @property
     def offset(self) -> int:
         """Offset of this range in its parent region (0 for a buffer of its own)."""
-        p = self.parent  # type: ignore[attr-defined]
-        return 0 if p is None else self.address - p.address  # type: ignore[attr-defined]
+        return 0 if self.parent is None else self.address - self.parent.address
 
     def expose(self, name: str) -> "Region":
         """``client.expose(self, name)``."""
-        return self._client.expose(self, name)  # type: ignore[attr-defined]
+        return self._client.expose(self, name)
 
     def close(self) -> None:
         """Deregisters the region (for a tl_alloc_host buffer: frees it, and every range
         registered inside it). Idempotent. Peers writing into it afterwards get NotFoundError."""
-        if self._closed:  # type: ignore[attr-defined]
+        if self._closed:
             return
-        client = self._client  # type: ignore[attr-defined]
-        parent = self.parent  # type: ignore[attr-defined]
-        if not client.closed and not (parent is not None and parent.closed):
-            client._deregister(self)
+        parent = self.parent
+        if not self._client.closed and not (parent is not None and parent.closed):
+            self._client._deregister(self)
         self._mark_closed()
 
     def _mark_closed(self) -> None:
-        if self._closed:  # type: ignore[attr-defined]
+        if self._closed:
             return
-        self._closed = True  # type: ignore[attr-defined]
-        self._client._forget(self)  # type: ignore[attr-defined]
-        for child in list(self._children):  # type: ignore[attr-defined]
+        self._closed = True
+        self._client._forget(self)
+        for child in list(self._children):
             child._mark_closed()
-        self._keep = None  # type: ignore[attr-defined]
+        self._keep = None
 
     def __enter__(self):
         return self
@@ -166,17 +188,17 @@ class Region:
 
     def __del__(self) -> None:
         try:
-            if not self._closed:  # type: ignore[attr-defined]
+            if not self._closed:
                 self.close()
         except Exception:  # noqa: BLE001 - never raise from a finaliser (or at shutdown)
             pass
 
     def __repr__(self) -> str:
-        state = "closed" if self.closed else f"handle={self.handle}"  # type: ignore[attr-defined]
-        name = f" name={self.name!r}" if self.name else ""  # type: ignore[attr-defined]
+        state = "closed" if self.closed else f"handle={self.handle}"
+        name = f" name={self.name!r}" if self.name else ""
         kind = "HostRegion" if isinstance(self, HostRegion) else "DeviceRegion"
-        return (f"<tensorlane.{kind} {state} {self.device} "
-                f"{self.nbytes} bytes at {self.address:#x}{name}>")  # type: ignore[attr-defined]
+        return f"<tensorlane.{kind} {state} {self.device} {self.nbytes} bytes at " \
+               f"{self.address:#x}{name}>"
 
 
 class HostRegion(Region):
@@ -188,11 +210,9 @@ class HostRegion(Region):
     memoryview's item access and slice assignment do not: ``region.view()`` is the same
     memory as a plain ``"B"`` memoryview for those."""
 
-    __slots__ = ()
-
     def view(self) -> memoryview:
         """The region as a writable memoryview of format ``"B"`` (no copy)."""
-        return memoryview(self).cast("B")
+        return memoryview(cast(Any, self)).cast("B")
 
     def numpy(self, dtype: Any = "uint8", shape: Any = None, offset: int = 0):
         """A numpy array over the region (no copy), starting ``offset`` bytes in. ``shape``
@@ -201,7 +221,7 @@ class HostRegion(Region):
 
         dt = np.dtype(dtype)
         count = _count(self, dt.itemsize, shape, offset)
-        arr = np.frombuffer(self, dtype=dt, count=count, offset=offset)
+        arr = np.frombuffer(cast(Any, self), dtype=dt, count=count, offset=offset)
         return arr if shape is None else arr.reshape(shape)
 
     def tensor(self, dtype: Any = None, shape: Any = None, offset: int = 0):
@@ -211,18 +231,19 @@ class HostRegion(Region):
         dt = torch.uint8 if dtype is None else dtype
         itemsize = torch.empty((), dtype=dt).element_size()
         count = _count(self, itemsize, shape, offset)
-        t = torch.frombuffer(self, dtype=dt, count=count, offset=offset)
+        t = torch.frombuffer(cast(Any, self), dtype=dt, count=count, offset=offset)
         return t if shape is None else t.view(shape)
+
+    def __len__(self) -> int:
+        return self.nbytes
 
 
 class DeviceRegion(Region):
     """A region of CUDA device memory (registered by ``data_ptr()``)."""
 
-    # No __slots__: instances carry their state in __dict__ (HostRegion's come from ctypes).
-
 
 def _count(region: HostRegion, itemsize: int, shape: Any, offset: int) -> int:
-    nbytes = region.nbytes  # type: ignore[attr-defined]
+    nbytes = region.nbytes
     if offset < 0 or offset > nbytes:
         raise InvalidArgumentError(f"offset {offset} is outside the region ({nbytes} bytes)")
     if shape is None:
@@ -241,41 +262,24 @@ def _count(region: HostRegion, itemsize: int, shape: Any, offset: int) -> int:
 
 
 @functools.lru_cache(maxsize=512)
-def _host_region_type(nbytes: int) -> type:
+def _host_region_type(nbytes: int) -> Any:
     # A ctypes array type of the region's size gives instances the buffer protocol (Python
     # 3.11 has no __buffer__ for plain classes); from_address() makes one over the mapping
     # without owning it. Types are cached by size; instances keep theirs alive.
-    return type("HostRegion", (HostRegion, ctypes.c_ubyte * nbytes), {"__slots__": ()})
-
-
-def _init_region(r: Region, client: "Client", handle: int, span: Span,
-                 parent: Optional[Region], keep: Any) -> Region:
-    d = r.__dict__
-    d["_client"] = client
-    d["handle"] = handle
-    d["address"] = span.address
-    d["nbytes"] = span.nbytes
-    d["device"] = span.device
-    d["device_index"] = span.device_index
-    d["parent"] = parent
-    d["_keep"] = keep
-    d["_closed"] = False
-    d["_children"] = weakref.WeakSet()
-    d["name"] = None
-    if parent is not None:
-        parent._children.add(r)  # type: ignore[attr-defined]
-    return r
+    return type("HostRegion", (HostRegion, ctypes.c_ubyte * nbytes), {})
 
 
 def _new_host_region(client: "Client", handle: int, span: Span, parent: Optional[Region],
                      keep: Any) -> HostRegion:
     r = _host_region_type(span.nbytes).from_address(span.address)
-    return _init_region(r, client, handle, span, parent, keep)  # type: ignore[return-value]
+    r._init(client, handle, span, parent, keep)
+    return r
 
 
 def _new_device_region(client: "Client", handle: int, span: Span, keep: Any) -> DeviceRegion:
-    r = DeviceRegion.__new__(DeviceRegion)
-    return _init_region(r, client, handle, span, None, keep)  # type: ignore[return-value]
+    r = DeviceRegion()
+    r._init(client, handle, span, None, keep)
+    return r
 
 
 # --------------------------------------------------------------------- remotes and tickets
@@ -565,8 +569,8 @@ class Client:
             r: Region = _new_host_region(self, out.value, span, parent, obj)
         else:
             r = _new_device_region(self, out.value, span, obj)
-            self._device_regions.add(r)  # type: ignore[arg-type]
-        self._regions[r.handle] = r  # type: ignore[attr-defined]
+            self._device_regions.add(r)
+        self._regions[r.handle] = r
         return r
 
     def region_of(self, obj: Any) -> Region:
@@ -582,17 +586,17 @@ class Client:
         a whole region that region is exposed, otherwise its range is registered first.
         Returns the exposed Region."""
         region, off, n = self._resolve(target)
-        if off != 0 or n != region.nbytes:  # type: ignore[attr-defined]
+        if off != 0 or n != region.nbytes:
             region = self.register(target)
         self._enter()
         try:
-            st = self._lib.tl_expose(self._h, region.handle,  # type: ignore[attr-defined]
+            st = self._lib.tl_expose(self._h, region.handle,
                                      name.encode())
             if st != Status.OK:
                 raise self._fail(st, "tl_expose", name)
         finally:
             self._leave()
-        region.__dict__["name"] = name
+        region.name = name
         return region
 
     def lookup(self, peer: str, name: str, timeout: float = 0) -> Remote:
@@ -747,7 +751,7 @@ class Client:
         s = _stream_handle(stream)
         self._enter()
         try:
-            st = fn(self._h, region.handle, imm, c_void_p(s))  # type: ignore[attr-defined]
+            st = fn(self._h, region.handle, imm, c_void_p(s))
             if st != Status.OK:
                 raise self._fail(st, "tl_stream_wait_notification", f"imm={imm}")
         finally:
@@ -791,19 +795,19 @@ class Client:
 
     def _remember(self, r: HostRegion) -> None:
         with self._cv:
-            self._regions[r.handle] = r  # type: ignore[attr-defined]
-            start = r.address  # type: ignore[attr-defined]
+            self._regions[r.handle] = r
+            start = r.address
             bisect.insort(self._host_starts, start)
             self._host_by_start[start] = weakref.ref(r)
 
     def _forget(self, r: Region) -> None:
         with self._cv:
-            handle = r.__dict__.get("handle")
+            handle = r.handle
             if self._regions.get(handle) is r:
                 del self._regions[handle]
-            start = r.__dict__.get("address")
+            start = r.address
             ref = self._host_by_start.get(start)
-            if r.__dict__.get("parent") is None and ref is not None and ref() in (r, None):
+            if r.parent is None and ref is not None and ref() in (r, None):
                 del self._host_by_start[start]
                 i = bisect.bisect_left(self._host_starts, start)
                 if i < len(self._host_starts) and self._host_starts[i] == start:
@@ -817,34 +821,34 @@ class Client:
                 return None
             ref = self._host_by_start.get(self._host_starts[i])
         r = ref() if ref is not None else None
-        if r is None or r._closed:  # type: ignore[attr-defined]
+        if r is None or r._closed:
             return None
-        if address + nbytes <= r.address + r.nbytes:  # type: ignore[attr-defined]
+        if address + nbytes <= r.address + r.nbytes:
             return r
         return None
 
     def _resolve(self, obj: Any) -> tuple[Region, int, int]:
         """(region, offset of obj in it, obj's bytes) for a Region or memory inside one."""
         if isinstance(obj, Region):
-            if obj._client is not self:  # type: ignore[attr-defined]
+            if obj._client is not self:
                 raise InvalidArgumentError("the region belongs to another Client")
             if obj.closed:
                 raise InvalidArgumentError(f"{obj!r} is closed", status=Status.EINVAL)
-            return obj, 0, obj.nbytes  # type: ignore[attr-defined]
+            return obj, 0, obj.nbytes
         span = span_of(obj)
         if span.device == "cpu":
             r = self._host_region_at(span.address, span.nbytes)
             if r is not None:
-                return r, span.address - r.address, span.nbytes  # type: ignore[attr-defined]
+                return r, span.address - r.address, span.nbytes
         else:
             best = None
             for d in list(self._device_regions):
-                a, n = d.address, d.nbytes  # type: ignore[attr-defined]
+                a, n = d.address, d.nbytes
                 if not d._closed and a <= span.address and span.address + span.nbytes <= a + n:
-                    if best is None or n < best.nbytes:  # type: ignore[attr-defined]
+                    if best is None or n < best.nbytes:
                         best = d
             if best is not None:
-                return best, span.address - best.address, span.nbytes  # type: ignore
+                return best, span.address - best.address, span.nbytes
         kind = "CUDA memory: register() it" if span.device == "cuda" else (
             "host memory: allocate it with alloc_host_tensor(), alloc_host_array() or "
             "alloc_host()")
@@ -868,16 +872,16 @@ class Client:
             raise InvalidArgumentError(
                 f"{nbytes} bytes from offset {src_offset} do not fit in the source "
                 f"({size} bytes)")
-        desc = _lib.WriteDesc(region.handle, base + src_offset,  # type: ignore[attr-defined]
+        desc = _lib.WriteDesc(region.handle, base + src_offset,
                               remote.handle, dst_offset, nbytes, imm, 0)
         return desc, region
 
     def _deregister(self, r: Region) -> None:
         self._enter()
         try:
-            st = self._lib.tl_deregister(self._h, r.handle)  # type: ignore[attr-defined]
+            st = self._lib.tl_deregister(self._h, r.handle)
             if st != Status.OK:
-                raise self._fail(st, "tl_deregister", str(r.handle))  # type: ignore
+                raise self._fail(st, "tl_deregister", str(r.handle))
         finally:
             self._leave()
 
