@@ -150,3 +150,25 @@ def test_ctrl_c_interrupts_a_wait_within_a_slice(cluster):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_close_from_a_signal_handler_during_a_wait(cluster, client_b):
+    # The handler runs on this thread between two slices of the wait: close() must neither
+    # wait for itself nor pull the connection from under the call; the wait then stops.
+    before = len(client_b.sidecar_status()["clients"])
+    c = tensorlane.Client(cluster.socket("node-b"))
+    old = signal.signal(signal.SIGALRM, lambda *_: c.close())
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        start = time.monotonic()
+        with pytest.raises(tensorlane.ClientClosedError):
+            c.wait_notification(timeout=10)
+        assert time.monotonic() - start < 1.0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert c.closed
+    deadline = time.monotonic() + 5
+    while len(client_b.sidecar_status()["clients"]) != before:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)

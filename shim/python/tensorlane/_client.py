@@ -88,10 +88,9 @@ def _last_error(lib) -> str:
 
 def _timeout_ms(deadline: Optional[float]) -> int:
     """The next slice of a wait: at most WAIT_SLICE, at most what is left before deadline."""
-    slice_s = WAIT_SLICE
-    if deadline is not None:
-        slice_s = min(slice_s, max(0.0, deadline - time.monotonic()))
-    return int(math.ceil(slice_s * 1000))
+    if deadline is None:
+        return int(WAIT_SLICE * 1000)
+    return int(math.ceil(min(WAIT_SLICE, max(0.0, deadline - time.monotonic())) * 1000))
 
 
 def _deadline(timeout: Optional[float]) -> Optional[float]:
@@ -313,12 +312,12 @@ class Ticket:
     so ``wait()`` after ``done()`` (or a second ``wait()``) answers from it. A Ticket dropped
     without being waited for is consumed later by the client (its error is then lost)."""
 
-    __slots__ = ("_client", "id", "what", "_status", "_detail", "_lock", "_src", "__weakref__")
+    __slots__ = ("_client", "id", "_what", "_status", "_detail", "_lock", "_src", "__weakref__")
 
-    def __init__(self, client: "Client", ticket_id: int, what: str, src: Any = None):
+    def __init__(self, client: "Client", ticket_id: int, what: Any, src: Any = None):
         self._client = client
         self.id = ticket_id
-        self.what = what
+        self._what = what  # a str, or (remote, WriteDesc) formatted only when asked
         self._status: Optional[Status] = None
         self._detail = ""
         self._lock = threading.Lock()  # one C wait/test per ticket at a time (it consumes it)
@@ -331,6 +330,13 @@ class Ticket:
     def status(self) -> Optional[Status]:
         """How it ended (Status.OK on success), None while that is not known yet."""
         return self._status
+
+    @property
+    def what(self) -> str:
+        """What was submitted ("4096 bytes to node-b/kv+0 imm=7", "nop")."""
+        if not isinstance(self._what, str):
+            self._what = _what(*self._what)
+        return self._what
 
     def done(self) -> bool:
         """True once the write has ended (successfully or not); never blocks."""
@@ -419,9 +425,10 @@ class Client:
     def __init__(self, socket: Optional[Union[str, os.PathLike]] = None) -> None:
         self._h: Optional[int] = None
         self._lib = _lib.library()
-        self._cv = threading.Condition(threading.RLock())
-        self._active = 0
+        self._cv = threading.RLock()  # region bookkeeping; never held across a C call
+        self._calls: list[int] = []  # a thread id per C call in progress (see _enter)
         self._closing = False
+        self._close_deferred = False
         self._generation = _fork_generation
         self._regions: "weakref.WeakValueDictionary[int, Region]" = weakref.WeakValueDictionary()
         self._host_starts: list[int] = []  # sorted addresses of tl_alloc_host buffers
@@ -439,22 +446,27 @@ class Client:
         self.node_name: str = (self._lib.tl_node_name(self._h) or b"").decode()
 
     # ---- call guard: tl_disconnect must not race any other call (tensorlane.h)
+    #
+    # Lock-free on the call path: list.append and list.remove are atomic under the GIL, and
+    # each thread appends before it reads _closing while close() sets _closing before it waits
+    # for the others' entries to go, so any call that saw the client open is waited for (and a
+    # call that starts after close() began sees _closing and backs out).
 
     def _enter(self) -> None:
-        with self._cv:
-            if self._closing or self._h is None:
-                raise ClientClosedError("the client is closed", call="", detail="closed")
+        me = threading.get_ident()
+        self._calls.append(me)
+        if self._closing or self._h is None or self._generation != _fork_generation:
+            self._calls.remove(me)
             if self._generation != _fork_generation:
                 raise ClientClosedError(
                     "this Client was connected by the parent process; a forked child must "
                     "create its own", detail="forked")
-            self._active += 1
+            raise ClientClosedError("the client is closed", detail="closed")
 
     def _leave(self) -> None:
-        with self._cv:
-            self._active -= 1
-            if self._active == 0 and self._closing:
-                self._cv.notify_all()
+        self._calls.remove(threading.get_ident())
+        if self._close_deferred and not self._calls:
+            self._finish_close()
 
     def _fail(self, st: int, call: str, context: str = "") -> TensorlaneError:
         return error_for(st, call, _last_error(self._lib), context)
@@ -465,20 +477,32 @@ class Client:
 
     def close(self) -> None:
         """Disconnects; the sidecar releases everything this client held. Idempotent. Waits
-        for calls in progress on other threads (a wait returns within WAIT_SLICE)."""
+        for calls in progress on other threads (a wait returns within WAIT_SLICE). Called
+        from inside a call of this thread (a signal handler), it refuses new calls at once
+        and disconnects when that call returns."""
         with self._cv:
             if self._h is None or self._closing:
                 return
             self._closing = True
-            while self._active > 0:
-                self._cv.wait()
+        me = threading.get_ident()
+        while any(t != me for t in list(self._calls)):
+            time.sleep(0.001)
+        if me in self._calls:
+            self._close_deferred = True
+            if self._calls:  # (re-checked: the interrupted call may have left meanwhile)
+                return
+        self._finish_close()
+
+    def _finish_close(self) -> None:
+        with self._cv:
+            if self._h is None:
+                return
             h, forked = self._h, self._generation != _fork_generation
+            self._h = None  # a call evaluating self._h from now on passes NULL: TL_EINVAL
         for r in list(self._regions.values()):
             r._mark_closed()
         if not forked:
             self._lib.tl_disconnect(h)
-        with self._cv:
-            self._h = None
 
     def __enter__(self) -> "Client":
         return self
@@ -639,7 +663,7 @@ class Client:
             self._leave()
         if len(self._abandoned) >= _REAP_BATCH:
             self._reap_abandoned()
-        return Ticket(self, out.value, _what(remote, desc), src_region)
+        return Ticket(self, out.value, (remote, desc), src_region)
 
     def write_batch(self, writes: Iterable[Union[Write, Sequence[Any], dict]]) -> list[Ticket]:
         """Submits several writes with one doorbell (``tl_write_batch``); notifications of one
@@ -657,7 +681,7 @@ class Client:
             d, region = self._describe(w.src, w.remote, w.imm, w.src_offset, w.dst_offset,
                                        w.nbytes)
             descs[i] = d
-            whats.append(_what(w.remote, d))
+            whats.append((w.remote, d))
             srcs.append(region)
         out = (c_uint64 * len(entries))()
         submitted = c_size_t(0)
@@ -731,7 +755,7 @@ class Client:
                 raise self._fail(st, "tl_write_on_stream", _what(remote, desc))
         finally:
             self._leave()
-        return Ticket(self, out.value, _what(remote, desc), src_region)
+        return Ticket(self, out.value, (remote, desc), src_region)
 
     def stream_wait_ticket(self, ticket: Ticket, stream: Any = None) -> None:
         """Makes ``stream`` wait (on the GPU, without blocking this thread) for the write."""
@@ -939,6 +963,8 @@ class Client:
 
 
 def _status(st: int) -> Status:
+    if st == 0:
+        return Status.OK
     try:
         return Status(st)
     except ValueError:
