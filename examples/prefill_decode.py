@@ -223,7 +223,8 @@ def decode(args) -> int:
                         f"worker: {e}; none of its {n} blocks came")
         took = time.perf_counter() - t0
         log(me, f"request {req}: all {n} blocks arrived and verified in {took * 1e3:.1f} ms "
-            f"({n * block_bytes / took / 1e6:.0f} MB/s), blocks {sorted(blocks)}")
+            f"(request sent to last block verified, the prefill computing them included: "
+            f"{n * block_bytes / took / 1e6:.0f} MB/s end to end), blocks {sorted(blocks)}")
         free += blocks  # the request finished decoding: its blocks are free again
     try:
         client.write(ping_src, inbox, imm=SHUTDOWN, dst_offset=PING_OFFSET).wait(5)
@@ -305,7 +306,10 @@ def wait_blocks(client, args, torch, req, seed, blocks, cache, block_bytes, inbo
 def launch(args) -> int:
     from tensorlane.testing import LocalCluster
 
-    with LocalCluster(("node-a", "node-b"), log_level="warn") as cluster:
+    cpus = os.cpu_count() or 1
+    mode = args.poll_mode if args.poll_mode != "auto" else ("event" if 4 > cpus else "adaptive")
+    print(f"sidecars: poll_mode = {mode} (2 workers and 2 sidecars on {cpus} CPUs)", flush=True)
+    with LocalCluster(("node-a", "node-b"), log_level="warn", poll_mode=mode) as cluster:
         common = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in
                   ("layers", "block_tokens", "kv_heads", "head_dim", "seed")]
         me = os.path.abspath(__file__)
@@ -388,6 +392,9 @@ def main(argv=None) -> int:
                    help="the prefill worker SIGKILLs itself after submitting this many blocks")
     p.add_argument("--stall-prefill-after-blocks", type=int, default=None,
                    help="the prefill worker stops writing (alive) after this many blocks")
+    p.add_argument("--poll-mode", choices=("auto", "busy", "adaptive", "event"), default="auto",
+                   help="the sidecars' [ipc] poll_mode; auto: event when the processes "
+                   "outnumber the CPUs, else adaptive (tensor_parallel.py says why)")
     pre = sub.add_parser("prefill", help="the prefill worker")
     model(pre)
     pre.add_argument("--socket", default=None)
