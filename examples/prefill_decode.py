@@ -414,6 +414,11 @@ def main(argv=None) -> int:
         p.error(f"--blocks-per-request is at most {MAX_BLOCKS}")
     if getattr(args, "requests", 0) and args.blocks_per_request > args.num_blocks:
         p.error("--blocks-per-request must not exceed --num-blocks")
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        p.error(f"needs PyTorch, which {sys.executable} lacks (Debian: apt-get install "
+                "python3-torch, then run it with /usr/bin/python3)")
     _defaults()
     if args.command == "prefill":
         return prefill(args)

@@ -314,6 +314,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.shard_bytes < 4 or args.shard_bytes % 4:
         p.error("--shard-bytes must be a positive multiple of 4")
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        p.error(f"needs PyTorch, which {sys.executable} lacks (Debian: apt-get install "
+                "python3-torch, then run it with /usr/bin/python3)")
     _default_library()
     if args.command == "worker":
         return worker(args)

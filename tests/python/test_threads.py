@@ -172,3 +172,18 @@ def test_close_from_a_signal_handler_during_a_wait(cluster, client_b):
     while len(client_b.sidecar_status()["clients"]) != before:
         assert time.monotonic() < deadline
         time.sleep(0.01)
+
+
+def test_exit_with_a_daemon_thread_blocked_in_a_wait_does_not_hang(cluster):
+    script = textwrap.dedent(f"""
+        import threading, time, tensorlane
+        c = tensorlane.Client({cluster.socket("node-a")!r})
+        threading.Thread(target=c.wait_notification, daemon=True).start()
+        time.sleep(0.2)
+        print("exiting", flush=True)
+    """)
+    start = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=30, env=os.environ.copy())
+    assert out.returncode == 0 and "exiting" in out.stdout, out.stderr
+    assert time.monotonic() - start < 10

@@ -27,6 +27,7 @@ import functools
 import json
 import math
 import os
+import sys
 import threading
 import time
 import weakref
@@ -486,6 +487,11 @@ class Client:
             self._closing = True
         me = threading.get_ident()
         while any(t != me for t in list(self._calls)):
+            if sys.is_finalizing():
+                # Interpreter shutdown with a (daemon) thread frozen inside a call: it never
+                # returns, so never wait for it; the process's exit closes the socket, and the
+                # sidecar releases everything when it sees that.
+                return
             time.sleep(0.001)
         if me in self._calls:
             self._close_deferred = True
