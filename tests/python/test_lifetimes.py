@@ -180,3 +180,21 @@ def test_a_forked_child_cannot_use_the_parents_client(client_a):
     # The parent's client and its region are untouched by the child's exit.
     client_a.nop().wait(5)
     assert not r.closed and memoryview(r).nbytes == 64
+
+
+def test_an_exposed_range_stays_exposed_without_a_reference(client_a, client_b, name):
+    big = client_b.alloc_host_tensor((4, 1024), torch.uint8)
+    client_b.expose(big[1], name)  # the range's region is not kept by the caller
+    gc.collect()
+    remote = client_a.lookup("node-b", name, timeout=5)
+    src = client_a.alloc_host_array(1024, np.uint8)
+    src[:] = 3
+    client_a.write(src, remote).wait(10)
+    client_b.wait_notification(5)
+    assert set(big[1].tolist()) == {3} and not big[0].any()
+    client_b.region_of(big[1])  # (the buffer's region)
+    exposed = [r for r in client_b._exposed if r.name == name]
+    assert len(exposed) == 1
+    exposed[0].close()  # withdrawn only when closed
+    with pytest.raises(tensorlane.NotFoundError):
+        client_a.lookup("node-b", name, timeout=2)

@@ -435,6 +435,7 @@ class Client:
         self._host_starts: list[int] = []  # sorted addresses of tl_alloc_host buffers
         self._host_by_start: dict[int, "weakref.ref[HostRegion]"] = {}
         self._device_regions: "weakref.WeakSet[DeviceRegion]" = weakref.WeakSet()
+        self._exposed: set[Region] = set()  # exposed regions stay alive until closed
         # (ticket, its source region) of dropped, unwaited tickets; appended from __del__.
         self._abandoned: collections.deque[tuple[int, Any]] = collections.deque()
         path = os.fspath(socket) if socket is not None else None
@@ -613,11 +614,16 @@ class Client:
     def expose(self, target: Any, name: str) -> Region:
         """Makes a region writable by peers (and other clients of this node) under ``name``.
         ``target`` may be a Region, or a tensor/array in this client's memory: when it spans
-        a whole region that region is exposed, otherwise its range is registered first.
-        Returns the exposed Region."""
-        region, off, n = self._resolve(target)
-        if off != 0 or n != region.nbytes:
-            region = self.register(target)
+        a whole region that region is exposed, otherwise its range is registered first (so is
+        a CUDA tensor not registered yet). Returns the exposed Region."""
+        try:
+            region, off, n = self._resolve(target)
+            if off != 0 or n != region.nbytes:
+                region = self.register(target)
+        except InvalidArgumentError:
+            if isinstance(target, Region) or span_of(target).device != "cuda":
+                raise
+            region = self.register(target)  # CUDA memory not registered yet: register it
         self._enter()
         try:
             st = self._lib.tl_expose(self._h, region.handle,
@@ -627,6 +633,11 @@ class Client:
         finally:
             self._leave()
         region.name = name
+        # Published under a name: it stays registered until closed (or the client is), even
+        # when the caller keeps no reference (a range registered here would otherwise go at
+        # once, and peers would find the name gone).
+        with self._cv:
+            self._exposed.add(region)
         return region
 
     def lookup(self, peer: str, name: str, timeout: float = 0) -> Remote:
@@ -832,6 +843,7 @@ class Client:
 
     def _forget(self, r: Region) -> None:
         with self._cv:
+            self._exposed.discard(r)
             handle = r.handle
             if self._regions.get(handle) is r:
                 del self._regions[handle]
