@@ -4,9 +4,10 @@ Lifetimes. Every object keeps its Client alive, so a Client is collected (and di
 after everything made from it. A Region keeps alive what it was registered over (a torch tensor
 or numpy array), and a sub-range region keeps its buffer's region alive. Tensors and arrays made
 by ``Region.tensor()``/``numpy()``, ``alloc_host_tensor()``/``alloc_host_array()`` keep their
-Region alive, so host memory is released when the last view of it goes away. An explicit
-``close()`` (or leaving a ``with`` block) releases at once, as ``munmap`` would: views of a
-closed region must not be touched again.
+Region alive, so host memory is released when the last view of it goes away; an exposed
+region is published, so the client keeps it until it is closed. An explicit ``close()`` (or
+leaving a ``with`` block) releases at once, as ``munmap`` would: views of a closed region must
+not be touched again.
 
 Threads. Any method may be called from any thread. Waits run in slices of WAIT_SLICE seconds
 (the C call blocks with a timeout, ctypes releases the GIL around it), so other threads run
