@@ -250,16 +250,15 @@ def wait_blocks(client, args, torch, req, seed, blocks, cache, block_bytes, inbo
     gone = None  # (when it was seen, why)
     while pending:
         now = time.monotonic()
-        if gone is None and now >= next_ping:
-            try:
-                if ping is not None and ping.done():
-                    ping.wait(0)  # raises what the last ping ended with
-                    ping, last_answered = None, now
-                if ping is None:
-                    ping = client.write(ping_src, inbox, imm=PING, dst_offset=PING_OFFSET)
-            except (tensorlane.NotFoundError, tensorlane.PeerError) as e:
-                gone = (now, e)
-            next_ping = now + args.liveness_interval
+        try:
+            if gone is None and ping is not None and ping.done():
+                ping.wait(0)  # raises what the ping ended with
+                ping, last_answered = None, now
+            if gone is None and ping is None and now >= next_ping:
+                ping = client.write(ping_src, inbox, imm=PING, dst_offset=PING_OFFSET)
+                next_ping = now + args.liveness_interval
+        except (tensorlane.NotFoundError, tensorlane.PeerError) as e:
+            gone = (now, e)
         if gone is not None and now >= gone[0] + args.grace:
             missing = sorted(pending)
             why = ("its inbox was revoked, so its process has exited"
@@ -280,7 +279,9 @@ def wait_blocks(client, args, torch, req, seed, blocks, cache, block_bytes, inbo
                     f"the prefill worker answered a ping {now - last_answered:.2f} s ago: "
                     "alive but not writing)" if last_answered is not None else
                     "no ping of the prefill worker was answered)"))
-        stop = min(deadline, next_ping if gone is None else gone[0] + args.grace)
+        # While a ping is out, look at it often: its failure is the news that matters.
+        stop = min(deadline, (now + args.liveness_interval / 10 if ping is not None else
+                              next_ping) if gone is None else gone[0] + args.grace)
         try:
             note = client.wait_notification(timeout=max(0.0, stop - now))
         except TimeoutError:
