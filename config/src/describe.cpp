@@ -90,7 +90,8 @@ std::string describeText(const Config &cfg, const TransportChoice &choice) {
        << "peer_timeout_ms = " << t.peer_timeout_ms << "\n"
        << "connect_timeout_ms = " << t.connect_timeout_ms << "\n"
        << "reconnect_min_ms = " << t.reconnect_min_ms << "\n"
-       << "reconnect_max_ms = " << t.reconnect_max_ms << "\n";
+       << "reconnect_max_ms = " << t.reconnect_max_ms << "\n"
+       << "window = " << t.window << " (writes in flight per peer)\n";
 
     os << "\n[ipc]\n"
        << "ring_depth = " << cfg.ipc.ring_depth << "\n"
@@ -171,7 +172,8 @@ std::string describeJson(const Config &cfg, const TransportChoice &choice) {
                 {"peer_timeout_ms", t.peer_timeout_ms},
                 {"connect_timeout_ms", t.connect_timeout_ms},
                 {"reconnect_min_ms", t.reconnect_min_ms},
-                {"reconnect_max_ms", t.reconnect_max_ms}};
+                {"reconnect_max_ms", t.reconnect_max_ms},
+                {"window", t.window}};
     j["ipc"] = {{"ring_depth", cfg.ipc.ring_depth},
                 {"poll_mode", toString(cfg.ipc.poll_mode)},
                 {"spin_us", cfg.ipc.spin_us}};

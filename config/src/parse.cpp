@@ -369,9 +369,9 @@ constexpr std::array<std::string_view, 18> kFabricKeys = {
     "trust",     "mtu",           "timeout",      "retry_cnt",
     "rnr_retry", "min_rnr_timer", "qps_per_peer", "tclass_override",
     "preflight", "gdr_flush"};
-constexpr std::array<std::string_view, 7> kTcpKeys = {
-    "connections_per_peer", "chunk_bytes",      "keepalive_ms",    "peer_timeout_ms",
-    "connect_timeout_ms",   "reconnect_min_ms", "reconnect_max_ms"};
+constexpr std::array<std::string_view, 8> kTcpKeys = {
+    "connections_per_peer", "chunk_bytes",      "keepalive_ms",     "peer_timeout_ms",
+    "connect_timeout_ms",   "reconnect_min_ms", "reconnect_max_ms", "window"};
 constexpr std::array<std::string_view, 3> kIpcKeys = {"ring_depth", "poll_mode", "spin_us"};
 constexpr std::array<std::string_view, 4> kSecurityKeys = {"allowed_uids", "allowed_gids",
                                                            "peer_key_file", "tcp_integrity"};
@@ -467,6 +467,7 @@ void readFabric(const TableReader &r, FabricConfig &out) {
 
 void readTcp(const TableReader &r, TcpConfig &out) {
     r.range("connections_per_peer", 1, 16, out.connections_per_peer);
+    r.range("window", 1, 4096, out.window);
     r.range("chunk_bytes", 4096, 64 << 20, out.chunk_bytes);
     r.range("keepalive_ms", 10, 60000, out.keepalive_ms);
     r.range("peer_timeout_ms", 100, 600000, out.peer_timeout_ms);

@@ -6,43 +6,73 @@
 #include <unistd.h>
 
 #include <boost/interprocess/mapped_region.hpp>
-#include <boost/interprocess/shared_memory_object.hpp>
 #include <cerrno>
 #include <cstring>
-#include <random>
 #include <utility>
 
 namespace bip = boost::interprocess;
 
 namespace tensorlane::ipc {
+namespace {
+
+/// What Boost.Interprocess's mapped_region needs of a mappable object: the fd behind it. A
+/// memfd is neither a bip::shared_memory_object nor a file_mapping, so it is wrapped.
+class MemfdMappable {
+public:
+    explicit MemfdMappable(int fd) : fd_(fd) {}
+    bip::mapping_handle_t get_mapping_handle() const {
+        return bip::ipcdetail::mapping_handle_from_file_handle(fd_);
+    }
+
+private:
+    int fd_;
+};
+
+/// The seals a segment carries before its fd leaves the sidecar: its size can never change
+/// again (memfd_create(2), fcntl(2) "File Sealing"). A client that ftruncates its fd gets
+/// EPERM, so no mapping of the sidecar's can ever point past the end of the object (SIGBUS).
+constexpr int kSegmentSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+
+}  // namespace
+
+Mapping::Mapping(bip::mapped_region &&region)
+    : region_(new bip::mapped_region(std::move(region))),
+      addr_(region_->get_address()),
+      bytes_(region_->get_size()) {}
 
 Mapping::Mapping(Mapping &&o) noexcept
-    : addr_(std::exchange(o.addr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+    : region_(std::move(o.region_)),
+      addr_(std::exchange(o.addr_, nullptr)),
+      bytes_(std::exchange(o.bytes_, 0)) {}
 
 Mapping &Mapping::operator=(Mapping &&o) noexcept {
     if (this != &o) {
-        if (addr_) {
-            ::munmap(addr_, bytes_);
-        }
+        region_ = std::move(o.region_);  // unmaps ours first
         addr_ = std::exchange(o.addr_, nullptr);
         bytes_ = std::exchange(o.bytes_, 0);
     }
     return *this;
 }
 
-Mapping::~Mapping() {
-    if (addr_) {
-        ::munmap(addr_, bytes_);
-    }
+void Mapping::RegionDeleter::operator()(bip::mapped_region *r) const {
+    delete r;  // its destructor unmaps
 }
 
 int mapSegment(int fd, size_t bytes, Mapping *out) {
-    void *p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) {
-        return errno;
+    if (fd < 0) {
+        return EBADF;
     }
-    *out = Mapping(p, bytes);
-    return 0;
+    if (bytes == 0) {
+        return EINVAL;
+    }
+    try {
+        bip::mapped_region region(MemfdMappable(fd), bip::read_write, 0, bytes);
+        *out = Mapping(std::move(region));
+        return 0;
+    } catch (const bip::interprocess_exception &e) {
+        const int err = e.get_native_error();
+        return err ? err : ENOMEM;
+    }
 }
 
 uint64_t segmentSize(int fd) {
@@ -51,6 +81,11 @@ uint64_t segmentSize(int fd) {
         return 0;
     }
     return static_cast<uint64_t>(st.st_size);
+}
+
+bool isSealedSegment(int fd) {
+    const int seals = ::fcntl(fd, F_GET_SEALS);
+    return seals >= 0 && (seals & kSegmentSeals) == kSegmentSeals;
 }
 
 int createSegment(size_t bytes, uid_t owner_uid, gid_t owner_gid, SharedSegment *out,
@@ -62,51 +97,49 @@ int createSegment(size_t bytes, uid_t owner_uid, gid_t owner_gid, SharedSegment 
     }
     bytes = (bytes + page - 1) / page * page;
 
-    // A random name that nobody can guess; it lives only between create and remove below.
-    std::random_device rd;
-    char name[64];
-    std::snprintf(name, sizeof(name), "tensorlane-%08x%08x", rd(), rd());
-
-    bip::permissions perm(0600);
-    UniqueFd dup_fd;
+    // An anonymous memfd: no name anyone could open, and it can be sealed, which a POSIX shm
+    // object cannot. The fd travels to the client with SCM_RIGHTS.
+    UniqueFd fd(::memfd_create("tensorlane-segment", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    if (!fd) {
+        const int err = errno;
+        *error = std::string("memfd_create: ") + std::strerror(err);
+        return err;
+    }
+    if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
+        const int err = errno;
+        *error = std::string("ftruncate: ") + std::strerror(err);
+        return err;
+    }
+    // Allocate every page now: a full tmpfs or memory cgroup is an error here, at allocation,
+    // never a SIGBUS later when the sidecar or the client first touches a page.
+    if (int rc = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(bytes)); rc != 0) {
+        *error = "cannot back " + std::to_string(bytes) +
+                 " bytes of shared memory: " + std::strerror(rc);
+        return rc == EINVAL || rc == EOPNOTSUPP ? ENOMEM : rc;
+    }
+    if (::fcntl(fd.get(), F_ADD_SEALS, kSegmentSeals) != 0) {
+        const int err = errno;
+        *error = std::string("F_ADD_SEALS: ") + std::strerror(err);
+        return err;
+    }
+    // Owned by the client so that it may map it (and reopen it through /proc/self/fd); the
+    // mode keeps everyone else out.
+    if (::fchown(fd.get(), owner_uid, owner_gid) != 0 && ::geteuid() == 0) {
+        const int err = errno;
+        *error = std::string("fchown: ") + std::strerror(err);
+        return err;
+    }
+    ::fchmod(fd.get(), 0600);
     try {
-        bip::shared_memory_object shm(bip::create_only, name, bip::read_write, perm);
-        // From here on the name must go, whatever happens: the fd is all anyone needs.
-        struct Remover {
-            const char *n;
-            ~Remover() { bip::shared_memory_object::remove(n); }
-        } remover{name};
-        shm.truncate(static_cast<bip::offset_t>(bytes));
-        int fd = shm.get_mapping_handle().handle;
-        // Owned by the client so that it may map it; the mode keeps everyone else out.
-        if (::fchown(fd, owner_uid, owner_gid) != 0 && ::geteuid() == 0) {
-            int err = errno;
-            *error = std::string("fchown: ") + std::strerror(err);
-            return err;
-        }
-        ::fchmod(fd, 0600);
-        // Boost's object closes its fd on destruction; keep our own duplicate.
-        dup_fd.reset(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
-        if (!dup_fd) {
-            int err = errno;
-            *error = std::string("dup: ") + std::strerror(err);
-            return err;
-        }
-        bip::mapped_region region(shm, bip::read_write, 0, bytes);
-        // Boost's mapped_region would unmap on destruction: map again by fd and own that.
-        Mapping m;
-        if (int rc = mapSegment(dup_fd.get(), bytes, &m)) {
-            *error = std::string("mmap: ") + std::strerror(rc);
-            return rc;
-        }
-        out->fd = std::move(dup_fd);
-        out->mapping = std::move(m);
-        return 0;
+        bip::mapped_region region(MemfdMappable(fd.get()), bip::read_write, 0, bytes);
+        out->mapping = Mapping(std::move(region));
     } catch (const bip::interprocess_exception &e) {
-        *error = std::string("shared memory: ") + e.what();
-        int err = e.get_native_error();
+        *error = std::string("mmap: ") + e.what();
+        const int err = e.get_native_error();
         return err ? err : ENOMEM;
     }
+    out->fd = std::move(fd);
+    return 0;
 }
 
 }  // namespace tensorlane::ipc

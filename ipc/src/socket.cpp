@@ -8,6 +8,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 namespace tensorlane::ipc {
 namespace {
@@ -103,6 +105,42 @@ int peerCredentials(int fd, PeerCred *out) {
     out->uid = cred.uid;
     out->gid = cred.gid;
     return 0;
+}
+
+int peerGroups(int fd, pid_t pid, std::vector<gid_t> *out) {
+    out->clear();
+#ifdef SO_PEERGROUPS
+    std::vector<gid_t> groups(64);
+    for (int attempt = 0; attempt < 2; ++attempt) {
+        socklen_t len = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+        if (::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) == 0) {
+            groups.resize(len / sizeof(gid_t));
+            *out = std::move(groups);
+            return 0;
+        }
+        if (errno != ERANGE) {
+            break;
+        }
+        // ERANGE: `len` now holds the size needed.
+        groups.resize(len / sizeof(gid_t) + 1);
+    }
+#endif
+    std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+    if (!in) {
+        return ESRCH;
+    }
+    std::string line;
+    while (std::getline(in, line)) {
+        if (line.rfind("Groups:", 0) == 0) {
+            std::istringstream fields(line.substr(7));
+            unsigned long g = 0;
+            while (fields >> g) {
+                out->push_back(static_cast<gid_t>(g));
+            }
+            return 0;
+        }
+    }
+    return ENOENT;
 }
 
 int sendMessage(int fd, const void *data, size_t bytes, std::span<const int> fds) {

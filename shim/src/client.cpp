@@ -429,6 +429,7 @@ tl_status Client::submit(ipc::Request *reqs, size_t n, tl_ticket *out, size_t *s
 }
 
 void Client::drainLocked() {
+    uint32_t released = 0;
     uint32_t n = completions_.available();
     for (uint32_t i = 0; i < n; ++i) {
         ipc::Completion c = completions_.read(i);
@@ -436,8 +437,16 @@ void Client::drainLocked() {
     }
     if (n) {
         completions_.release(n);
+        released += n;
     }
+    // Notifications are kept here until tl_wait_notification takes them, but only so many:
+    // beyond that they stay in the ring, the ring fills, and the sidecar's bounded backlog
+    // for this client takes over (it disconnects a client that never drains). The process
+    // never grows without bound because its code forgot to wait for notifications.
     n = notifications_.available();
+    if (notes_.size() + n > maxNotes()) {
+        n = notes_.size() < maxNotes() ? static_cast<uint32_t>(maxNotes() - notes_.size()) : 0;
+    }
     for (uint32_t i = 0; i < n; ++i) {
         ipc::Notification in = notifications_.read(i);
         tl_notification out{};
@@ -451,6 +460,17 @@ void Client::drainLocked() {
     }
     if (n) {
         notifications_.release(n);
+        released += n;
+    }
+    if (released != 0) {
+        // SYNC POINT: seq_cst fence between releasing slots and reading sidecar_sleeping; pairs
+        // with the fence in the sidecar's armSleep(), which raises the flag and then looks at
+        // our heads for room for a backlog it holds (Dekker). Without this ring a sidecar with
+        // a backlog for us would sleep until its idle tick although we made room.
+        std::atomic_thread_fence(std::memory_order_seq_cst);
+        if (view_.header->sidecar_sleeping.value.load(std::memory_order_relaxed) != 0) {
+            ipc::ring(to_sidecar_.get());
+        }
     }
 }
 

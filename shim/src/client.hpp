@@ -69,8 +69,11 @@ private:
               std::string *text_out = nullptr);
     tl_status submit(ipc::Request *reqs, size_t n, tl_ticket *out, size_t *submitted);
     bool validWrite(const tl_write_desc &w, std::string *why) const;
-    /// Moves completions and notifications from the rings into private tables (comp_mu_ held).
+    /// Moves completions and notifications from the rings into private tables (comp_mu_ held);
+    /// rings the sidecar when it freed slots while the sidecar sleeps.
     void drainLocked();
+    /// Notifications kept in notes_ at most (the rest wait in the ring).
+    size_t maxNotes() const { return size_t{4} * depth_; }
     /// Blocks until the rings may have news, the sidecar goes away, or `deadline` passes.
     /// Returns true when the sidecar hung up.
     bool waitForActivity(std::chrono::steady_clock::time_point deadline);

@@ -1,9 +1,13 @@
 // Tickets issued by one client and how they ended, until a wait consumes them.
 //
 // Tickets are sequential and at most `depth` are pending at once (the shim enforces it), so a
-// direct-mapped window of 4 * depth slots indexed by the ticket's low bits holds every pending
-// ticket without collisions: every operation is O(1). A finished ticket that nobody waited for
-// is moved to an overflow map when its slot is needed again, so it is never lost.
+// direct-mapped window of 4 * depth slots indexed by the ticket's low bits holds nearly every
+// ticket: the common operations are O(1) array accesses. A slot can still be needed again while
+// its ticket lives on: a finished ticket nobody waited for, or a long write that short writes
+// overtook by more than the window (one 512 MiB write and 70 no-ops at depth 16). Such a ticket
+// moves to the overflow map, pending or not, and every operation looks there too, so a ticket is
+// never lost and a pending one is never evicted: its completion, or the failure of everything
+// pending when the sidecar goes, still finds it.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +34,8 @@ public:
     void addPending(uint64_t t) {
         Slot &s = slots_[t & mask_];
         if (s.ticket != 0) {
-            // An older ticket that ended and was never waited for: keep it aside.
+            // An older ticket still lives in this slot (finished and not waited for, or still
+            // pending): keep it aside, exactly as it is.
             overflow_[s.ticket] = s.state;
         }
         s = Slot{t, kPending};
@@ -38,11 +43,11 @@ public:
     }
     /// Records how a pending ticket ended. False if it was not pending (a bogus completion).
     bool complete(uint64_t t, int32_t status) {
-        Slot &s = slots_[t & mask_];
-        if (s.ticket != t || s.state != kPending) {
+        int32_t *state = find(t);
+        if (state == nullptr || *state != kPending) {
             return false;
         }
-        s.state = status;
+        *state = status;
         --pending_;
         return true;
     }
@@ -51,6 +56,9 @@ public:
         const Slot &s = slots_[t & mask_];
         if (s.ticket == t && t != 0) {
             return s.state;
+        }
+        if (overflow_.empty()) {
+            return kUnknown;
         }
         auto it = overflow_.find(t);
         return it == overflow_.end() ? kUnknown : it->second;
@@ -65,7 +73,13 @@ public:
             s = Slot{};
             return;
         }
-        overflow_.erase(t);
+        auto it = overflow_.find(t);
+        if (it != overflow_.end()) {
+            if (it->second == kPending) {
+                --pending_;
+            }
+            overflow_.erase(it);
+        }
     }
     /// Ends every pending ticket with `status` (the sidecar is gone).
     void failPending(int32_t status) {
@@ -74,15 +88,34 @@ public:
                 s.state = status;
             }
         }
+        for (auto &[ticket, state] : overflow_) {
+            if (state == kPending) {
+                state = status;
+            }
+        }
         pending_ = 0;
     }
     size_t pending() const { return pending_; }
+    /// Tickets kept aside (tests and diagnostics).
+    size_t overflowed() const { return overflow_.size(); }
 
 private:
     struct Slot {
         uint64_t ticket = 0;
         int32_t state = 0;
     };
+    int32_t *find(uint64_t t) {
+        Slot &s = slots_[t & mask_];
+        if (s.ticket == t && t != 0) {
+            return &s.state;
+        }
+        if (overflow_.empty()) {
+            return nullptr;
+        }
+        auto it = overflow_.find(t);
+        return it == overflow_.end() ? nullptr : &it->second;
+    }
+
     std::vector<Slot> slots_;
     uint64_t mask_ = 0;
     size_t pending_ = 0;

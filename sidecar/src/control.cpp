@@ -4,8 +4,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "engine_impl.hpp"
 #include "tensorlane/ipc/doorbell.hpp"
@@ -42,21 +44,58 @@ bool validName(const char *s) {
 
 }  // namespace
 
-bool EngineImpl::allowed(const ipc::PeerCred &cred) const {
+bool EngineImpl::allowed(const ipc::PeerCred &cred, int fd, std::string *why) const {
     if (cred.uid == 0 || cred.uid == ::geteuid()) {
         return true;
     }
-    for (uint32_t uid : cfg_.security.allowed_uids) {
-        if (uid == cred.uid) {
-            return true;
+    const auto &sec = cfg_.security;
+    if (std::find(sec.allowed_uids.begin(), sec.allowed_uids.end(), cred.uid) !=
+        sec.allowed_uids.end()) {
+        return true;
+    }
+    if (!sec.allowed_gids.empty()) {
+        // The primary gid and every supplementary group, as the kernel recorded them at
+        // connect() (SO_PEERGROUPS), else as /proc/<pid>/status says now.
+        std::vector<gid_t> groups;
+        if (int rc = ipc::peerGroups(fd, cred.pid, &groups)) {
+            *why = "cannot read the groups of pid " + std::to_string(cred.pid) + ": " +
+                   std::strerror(rc);
+            return false;
+        }
+        groups.push_back(cred.gid);
+        for (gid_t g : groups) {
+            if (std::find(sec.allowed_gids.begin(), sec.allowed_gids.end(), g) !=
+                sec.allowed_gids.end()) {
+                return true;
+            }
         }
     }
-    for (uint32_t gid : cfg_.security.allowed_gids) {
-        if (gid == cred.gid) {
-            return true;
-        }
-    }
+    *why = "uid " + std::to_string(cred.uid) + " (gid " + std::to_string(cred.gid) +
+           ", and its supplementary groups) is not allowed by the sidecar's [security] "
+           "allowed_uids/allowed_gids";
     return false;
+}
+
+Status EngineImpl::checkQuota(const Session &s, uint64_t new_bytes, bool new_mapping) const {
+    const auto &l = cfg_.limits;
+    if (regions_.countOfSession(s.id) >= l.regions) {
+        return {Code::kNoMemory, "quota: this client holds " +
+                                     std::to_string(regions_.countOfSession(s.id)) +
+                                     " regions, the most [limits] regions allows"};
+    }
+    if (new_bytes > l.registered_bytes || s.host_bytes > l.registered_bytes - new_bytes) {
+        return {Code::kNoMemory, "quota: " + std::to_string(new_bytes) + " more bytes would take "
+                                     "this client past [limits] registered_bytes = " +
+                                     config::formatBytes(l.registered_bytes) + " (it holds " +
+                                     std::to_string(s.host_bytes) + ")"};
+    }
+    if (new_mapping && mappings_ >= max_mappings_) {
+        return {Code::kNoMemory,
+                "the sidecar maps " + std::to_string(mappings_) +
+                    " segments, the most vm.max_map_count leaves it room for; free some "
+                    "buffers or raise vm.max_map_count"};
+    }
+    return Status::ok();
 }
 
 void EngineImpl::refuse(int fd, Code code, const std::string &why) {
@@ -76,9 +115,19 @@ void EngineImpl::acceptClients() {
         if (rc == EAGAIN || rc == EWOULDBLOCK) {
             return;
         }
+        if (rc == EINTR || rc == ECONNABORTED) {
+            continue;
+        }
         if (rc) {
-            // EMFILE and friends: log and stop accepting for this turn; nothing is lost.
-            log_->error("accept on {}: {}", cfg_.node.socket, std::strerror(rc));
+            // EMFILE and friends leave the connection in the backlog and the socket readable:
+            // stop watching it for a moment instead of spinning on it. Nothing is lost; the
+            // clients wait in the backlog (or time out in tl_connect).
+            log_->error("accept on {}: {}; not accepting workers for 100 ms", cfg_.node.socket,
+                        std::strerror(rc));
+            ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, listen_.get(), nullptr);
+            listen_paused_ = true;
+            listen_paused_until_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+            ++counters_.accept_pauses;
             return;
         }
         ipc::PeerCred cred;
@@ -86,12 +135,17 @@ void EngineImpl::acceptClients() {
             log_->warn("SO_PEERCRED: {}; refusing the connection", std::strerror(err));
             continue;
         }
-        if (!allowed(cred)) {
-            log_->warn("refused pid {} uid {} gid {}: not in [security] allowed_uids/gids",
-                       cred.pid, cred.uid, cred.gid);
-            refuse(fd.get(), Code::kPermission,
-                   "uid " + std::to_string(cred.uid) + " gid " + std::to_string(cred.gid) +
-                       " is not allowed by the sidecar's [security] allowed_uids/allowed_gids");
+        std::string why;
+        if (!allowed(cred, fd.get(), &why)) {
+            log_->warn("refused pid {} uid {} gid {}: {}", cred.pid, cred.uid, cred.gid, why);
+            refuse(fd.get(), Code::kPermission, why);
+            continue;
+        }
+        if (mappings_ >= max_mappings_) {
+            log_->warn("refused pid {}: the sidecar maps {} segments already", cred.pid,
+                       mappings_);
+            refuse(fd.get(), Code::kNoMemory,
+                   "the sidecar has no room for another session (vm.max_map_count)");
             continue;
         }
 
@@ -157,6 +211,8 @@ void EngineImpl::acceptClients() {
         }
         log_->info("session {} for pid {} uid {} ({} KiB segment, depth {})", s->id, cred.pid,
                    cred.uid, geometry.total_bytes / 1024, geometry.request_depth);
+        ++mappings_;
+        s->mappings = 1;
         ++counters_.sessions_accepted;
         active_.push_back(s.get());
         sessions_.emplace(s->id, std::move(s));
@@ -268,6 +324,11 @@ void EngineImpl::onAllocHost(Session &s, const ipc::AllocHostMsg &m) {
               "tl_alloc_host: size " + std::to_string(m.bytes) + " is out of range");
         return;
     }
+    if (Status q = checkQuota(s, m.bytes, true); !q.isOk()) {
+        ++counters_.quota_refusals;
+        reply(s, m.h.seq, q.code(), 0, 0, "tl_alloc_host: " + q.message());
+        return;
+    }
     ipc::SharedSegment seg;
     std::string error;
     if (ipc::createSegment(m.bytes, s.cred.uid, s.cred.gid, &seg, &error)) {
@@ -277,10 +338,18 @@ void EngineImpl::onAllocHost(Session &s, const ipc::AllocHostMsg &m) {
     }
     auto r = std::make_shared<Region>();
     r->owner = s.id;
+    r->kind = MemoryKind::kHost;
     r->bytes = seg.mapping.size();
     r->base = static_cast<unsigned char *>(seg.mapping.data());
     r->mapping = std::make_shared<ipc::Mapping>(std::move(seg.mapping));
+    if (Status st = registerWithTransports(*r); !st.isOk()) {
+        reply(s, m.h.seq, st.code(), 0, 0, "tl_alloc_host: " + st.message());
+        return;
+    }
     RegionId id = regions_.add(r);
+    s.host_bytes += r->bytes;
+    ++s.mappings;
+    ++mappings_;
     reply(s, m.h.seq, Code::kOk, id, r->bytes, "", seg.fd.get());
 }
 
@@ -305,12 +374,23 @@ void EngineImpl::onRegister(Session &s, const ipc::RegisterMsg &m) {
         reply(s, m.h.seq, Code::kInvalid, 0, 0, "tl_register: range outside its buffer");
         return;
     }
+    // A range of a buffer already counted: one more region, no more bytes or mappings.
+    if (Status q = checkQuota(s, 0, false); !q.isOk()) {
+        ++counters_.quota_refusals;
+        reply(s, m.h.seq, q.code(), 0, 0, "tl_register: " + q.message());
+        return;
+    }
     auto r = std::make_shared<Region>();
     r->owner = s.id;
     r->parent = parent->id;
+    r->kind = MemoryKind::kHost;
     r->base = parent->base + m.offset;
     r->bytes = m.bytes;
     r->mapping = parent->mapping;
+    if (Status st = registerWithTransports(*r); !st.isOk()) {
+        reply(s, m.h.seq, st.code(), 0, 0, "tl_register: " + st.message());
+        return;
+    }
     RegionId id = regions_.add(r);
     reply(s, m.h.seq, Code::kOk, id, r->bytes, "");
 }

@@ -1,6 +1,5 @@
 #include "tensorlane/sidecar/engine.hpp"
 
-#include <spdlog/sinks/stdout_color_sinks.h>
 #include <sys/epoll.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,9 +8,11 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "engine_impl.hpp"
+#include "logging.hpp"
 #include "tensorlane/ipc/doorbell.hpp"
 #include "tensorlane/ipc/socket.hpp"
 
@@ -33,12 +34,18 @@ const char *toString(PeerState s) {
 
 namespace {
 
-std::shared_ptr<spdlog::logger> engineLogger() {
-    auto log = spdlog::get("tensorlane.sidecar");
-    if (!log) {
-        log = spdlog::stderr_color_mt("tensorlane.sidecar");
+/// How many mappings the sidecar allows itself: vm.max_map_count less headroom for the
+/// libraries, threads and transports (verbs and CUDA map too). Every session and every
+/// tl_alloc_host buffer is one mapping, so without this one client could use them all up
+/// and every later mmap of the process would fail.
+uint64_t mappingBudget() {
+    uint64_t max_map = 65530;  // the kernel's default
+    std::ifstream in("/proc/sys/vm/max_map_count");
+    if (in) {
+        in >> max_map;
     }
-    return log;
+    constexpr uint64_t kHeadroom = 4096;
+    return max_map > 2 * kHeadroom ? max_map - kHeadroom : max_map / 2;
 }
 
 int addToEpoll(int epfd, int fd, uint32_t events, uint64_t tag) {
@@ -54,7 +61,7 @@ constexpr int kIdleTickMs = 200;
 
 }  // namespace
 
-EngineImpl::EngineImpl(const config::Config &cfg) : cfg_(cfg), log_(engineLogger()) {}
+EngineImpl::EngineImpl(const config::Config &cfg) : cfg_(cfg), log_(sidecarLogger()) {}
 
 EngineImpl::~EngineImpl() {
     // Sessions first (they reference regions), then transports, then the socket file.
@@ -63,6 +70,7 @@ EngineImpl::~EngineImpl() {
     if (peers_) {
         peers_->stop();
     }
+    transports_.clear();
     peers_.reset();
     local_.reset();
     if (listen_) {
@@ -79,7 +87,12 @@ Status EngineImpl::init() {
     if (int rc = ipc::makeEventFd(&stop_fd_)) {
         return {Code::kInternal, std::string("eventfd: ") + std::strerror(rc)};
     }
-    local_ = std::make_unique<LocalTransport>(regions_, cfg_.node.name);
+    max_mappings_ = mappingBudget();
+    local_ = std::make_unique<LocalTransport>(cfg_.node.name);
+    if (Status st = local_->start(); !st.isOk()) {
+        return st;
+    }
+    transports_.push_back(local_.get());
     // Remote peers go over tcp in this build: the verbs transport is not built yet. Asking for
     // it by name is an error, never a silent fallback; `auto` falls back and says so.
     if (!cfg_.peers.empty()) {
@@ -106,6 +119,19 @@ Status EngineImpl::init() {
     return Status::ok();
 }
 
+Status EngineImpl::registerWithTransports(Region &r) {
+    for (Transport *t : transports_) {
+        Status st = t->registerRegion(r);
+        if (!st.isOk()) {
+            return st;
+        }
+    }
+    if (peers_) {
+        return peers_->transport().registerRegion(r);
+    }
+    return Status::ok();
+}
+
 Status EngineImpl::start() {
     const std::string &path = cfg_.node.socket;
     std::error_code ec;
@@ -116,18 +142,37 @@ Status EngineImpl::start() {
             return {Code::kInternal, "cannot create " + dir.string() + ": " + ec.message()};
         }
     }
-    if (int rc = ipc::listenSeqpacket(path, 0660, &listen_)) {
+    // The socket's mode lets exactly the clients in through the file system that the
+    // credential check (SO_PEERCRED, SO_PEERGROUPS) would allow, and no fewer: connecting to a
+    // Unix socket needs write permission on it (unix(7)). Only root and our uid: 0600. One
+    // allowed group: 0660 with that group. Other uids or several groups cannot be expressed in
+    // one file mode: 0666, and the credential check alone decides (docs/security.md).
+    const auto &sec = cfg_.security;
+    unsigned mode = 0600;
+    if (!sec.allowed_uids.empty() || sec.allowed_gids.size() > 1) {
+        mode = 0666;
+    } else if (sec.allowed_gids.size() == 1) {
+        mode = 0660;
+    }
+    if (int rc = ipc::listenSeqpacket(path, mode, &listen_)) {
         return {Code::kInternal, "cannot listen on " + path + ": " + std::strerror(rc)};
     }
-    // Workers in an allowed group must be able to connect: give the socket that group.
-    if (!cfg_.security.allowed_gids.empty() &&
-        ::chown(path.c_str(), static_cast<uid_t>(-1), cfg_.security.allowed_gids.front()) != 0) {
-        log_->warn("cannot give {} to group {}: {}", path, cfg_.security.allowed_gids.front(),
-                   std::strerror(errno));
+    if (mode == 0660 &&
+        ::chown(path.c_str(), static_cast<uid_t>(-1), sec.allowed_gids.front()) != 0) {
+        return {Code::kPermission, "cannot give " + path + " to group " +
+                                       std::to_string(sec.allowed_gids.front()) +
+                                       " ([security] allowed_gids): " + std::strerror(errno)};
     }
     if (int rc = addToEpoll(epoll_.get(), listen_.get(), EPOLLIN, kTagListen);
         rc || (rc = addToEpoll(epoll_.get(), stop_fd_.get(), EPOLLIN, kTagStop))) {
         return {Code::kInternal, std::string("epoll_ctl: ") + std::strerror(rc)};
+    }
+    for (size_t i = 0; i < transports_.size(); ++i) {
+        for (int fd : transports_[i]->pollFds()) {
+            if (int rc = addToEpoll(epoll_.get(), fd, EPOLLIN, kTagTransport | i)) {
+                return {Code::kInternal, std::string("epoll_ctl: ") + std::strerror(rc)};
+            }
+        }
     }
     if (peers_) {
         Status st = peers_->start();
@@ -138,9 +183,11 @@ Status EngineImpl::start() {
             return {Code::kInternal, std::string("epoll_ctl: ") + std::strerror(rc)};
         }
     }
-    log_->info("node {} serving workers on {} (poll mode {}, ring depth {}), {} peer(s)",
-               cfg_.node.name, path, config::toString(cfg_.ipc.poll_mode), cfg_.ipc.ring_depth,
-               cfg_.peers.size());
+    log_->info(
+        "node {} serving workers on {} (mode {:04o}, poll mode {}, ring depth {}, in flight {}), "
+        "{} peer(s)",
+        cfg_.node.name, path, mode, config::toString(cfg_.ipc.poll_mode), cfg_.ipc.ring_depth,
+        cfg_.limits.in_flight, cfg_.peers.size());
     return Status::ok();
 }
 
@@ -152,6 +199,7 @@ void EngineImpl::stop() {
 size_t EngineImpl::pollEvents(int timeout_ms) {
     epoll_event events[64];
     int n = ::epoll_wait(epoll_.get(), events, 64, timeout_ms);
+    last_poll_events_ = n > 0 ? static_cast<size_t>(n) : 0;
     if (n <= 0) {
         return 0;
     }
@@ -168,7 +216,8 @@ size_t EngineImpl::pollEvents(int timeout_ms) {
                 ipc::drain(stop_fd_.get());
                 break;
             case kTagPeers:
-                break;
+            case kTagTransport:
+                break;  // progress() runs every turn
             case kTagBell:
                 if (Session *s = findSession(sid)) {
                     ipc::drain(s->to_sidecar.get());
@@ -193,15 +242,37 @@ size_t EngineImpl::pollEvents(int timeout_ms) {
 }
 
 bool EngineImpl::armSleep() {
+    // Work of our own first: queued writes a transport may take now, backlog a client has
+    // made room for. A backlog that still does not fit is why we raise sidecar_sleeping on
+    // that session too: the client rings to_sidecar after freeing slots (shim drainLocked).
+    if (queued_ != 0 && pumpQueues() != 0) {
+        return false;
+    }
     for (Session *s : active_) {
         s->view.header->sidecar_sleeping.value.store(1, std::memory_order_relaxed);
     }
     // SYNC POINT: seq_cst fence between raising sidecar_sleeping and re-reading the request
-    // slots; the client publishes its slots, fences, then reads sidecar_sleeping (Dekker), so
-    // either we see its request here or it sees our flag and rings to_sidecar.
+    // slots and the completion heads; the client publishes its slots (or releases completion
+    // slots), fences, then reads sidecar_sleeping (Dekker), so either we see its change here
+    // or it sees our flag and rings to_sidecar.
     std::atomic_thread_fence(std::memory_order_seq_cst);
     for (Session *s : active_) {
-        if (s->requests.available() > 0) {
+        if (s->closing) {
+            continue;
+        }
+        const bool served = s->completion_backlog.size() < s->completions.depth() &&
+                            s->in_flight < cfg_.limits.in_flight;
+        if (served && s->requests.available() > 0) {
+            return false;
+        }
+        if ((!s->completion_backlog.empty() || !s->notification_backlog.empty()) &&
+            s->flushBacklog() != 0) {
+            s->publish();
+            return false;
+        }
+    }
+    for (Transport *t : transports_) {
+        if (!t->arm()) {
             return false;
         }
     }
@@ -214,7 +285,8 @@ void EngineImpl::disarmSleep() {
     }
 }
 
-void EngineImpl::publishAll() {
+size_t EngineImpl::publishAll() {
+    size_t moved = 0;
     for (Session *s : active_) {
         if (s->completions.corrupt() || s->notifications.corrupt()) {
             if (!s->closing) {
@@ -225,10 +297,11 @@ void EngineImpl::publishAll() {
             continue;
         }
         if (!s->completion_backlog.empty() || !s->notification_backlog.empty()) {
-            s->flushBacklog();
+            moved += s->flushBacklog();
         }
         s->publish();
     }
+    return moved;
 }
 
 void EngineImpl::run() {
@@ -241,10 +314,10 @@ void EngineImpl::run() {
     while (!stopping_.load(std::memory_order_acquire)) {
         size_t work = 0;
         bool sleep = false;
+        bool woke_by_tick = false;
         if (mode != config::PollMode::kBusy) {
             bool idle_long = mode == config::PollMode::kEvent || Clock::now() - last_work >= spin;
-            // Local copies run on this thread: never sleep with one pending.
-            if (idle_long && local_->inFlight() == 0) {
+            if (idle_long) {
                 sleep = armSleep();
                 if (!sleep) {
                     disarmSleep();
@@ -252,27 +325,63 @@ void EngineImpl::run() {
             }
         }
         if (sleep) {
-            work += pollEvents(kIdleTickMs);
+            int timeout = kIdleTickMs;
+            if (listen_paused_) {
+                const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                    listen_paused_until_ - Clock::now());
+                timeout = static_cast<int>(std::clamp<int64_t>(left.count() + 1, 0, timeout));
+            }
+            work += pollEvents(timeout);
             disarmSleep();
+            woke_by_tick = last_poll_events_ == 0;
         } else if ((++iteration & 1023) == 0 || mode != config::PollMode::kBusy) {
             // Busy loops look at sockets every 1024 turns (tens of microseconds): control calls
             // are rare, requests not, and an epoll_wait costs as much as several round trips.
             work += pollEvents(0);
         }
-        work += drainRequests();
-        work += local_->progress(*this);
-        if (peers_) {
-            work += peers_->progress(*this);
+        if (listen_paused_) {
+            resumeListener();
         }
-        publishAll();
+        work += drainRequests();
+        work += progressTransports();
+        work += pumpQueues();
+        work += publishAll();
         if (!to_reap_.empty()) {
             reapSessions();
+        }
+        if (woke_by_tick && work != 0) {
+            // Work was waiting but nothing woke us: a doorbell was lost somewhere. Counted (and
+            // shown by `tensorlane status`) so that tests can prove it never happens.
+            ++counters_.late_wakeups;
         }
         if (work && mode != config::PollMode::kBusy) {
             last_work = Clock::now();  // only the sleeping modes look at it
         }
     }
     running_ = false;
+}
+
+size_t EngineImpl::progressTransports() {
+    size_t work = 0;
+    for (Transport *t : transports_) {
+        work += t->progress(*this);
+    }
+    if (peers_) {
+        work += peers_->progress(*this);
+    }
+    return work;
+}
+
+void EngineImpl::resumeListener() {
+    if (std::chrono::steady_clock::now() < listen_paused_until_) {
+        return;
+    }
+    listen_paused_ = false;
+    if (int rc = addToEpoll(epoll_.get(), listen_.get(), EPOLLIN, kTagListen)) {
+        log_->error("cannot watch {} again: {}", cfg_.node.socket, std::strerror(rc));
+        return;
+    }
+    acceptClients();
 }
 
 void EngineImpl::closeSession(Session &s, std::string reason) {
@@ -298,15 +407,38 @@ void EngineImpl::destroySession(SessionId id) {
         return;
     }
     Session &s = *it->second;
+    // Its writes still waiting for a transport are not sent for a client that is gone: they
+    // end here (their completions find no session) and let go of the memory at once.
+    size_t dropped = 0;
+    if (queued_ != 0) {
+        std::vector<uint64_t> ended;
+        for (auto &[peer, q] : queues_) {
+            for (auto qi = q.ops.begin(); qi != q.ops.end();) {
+                auto op = ops_.find(qi->op_id);
+                if (op != ops_.end() && op->second.session == id) {
+                    ended.push_back(qi->op_id);
+                    qi = q.ops.erase(qi);
+                    --queued_;
+                } else {
+                    ++qi;
+                }
+            }
+        }
+        for (uint64_t op_id : ended) {
+            completed(op_id, Code::kConnection, "the client is gone");
+        }
+        dropped = ended.size();
+    }
     size_t released = 0;
     for (auto &r : regions_.ofSession(id)) {
         releaseRegion(r);
         ++released;
     }
+    --mappings_;  // the session segment
     log_->info(
         "session {} (pid {}, uid {}) closed: {}; released {} region(s), {} request(s) in "
-        "flight",
-        id, s.cred.pid, s.cred.uid, s.close_reason, released, s.in_flight);
+        "flight, {} queued write(s) dropped",
+        id, s.cred.pid, s.cred.uid, s.close_reason, released, s.in_flight, dropped);
     active_.erase(std::remove(active_.begin(), active_.end(), &s), active_.end());
     // Closing the fds removes them from epoll; the segment mapping goes with the session.
     // Writes still in flight keep their regions alive; their completions find no session.
@@ -318,8 +450,23 @@ void EngineImpl::releaseRegion(const std::shared_ptr<Region> &r) {
     if (!regions_.remove(r->id)) {
         return;  // already released (a range released with its buffer)
     }
+    if (Session *s = findSession(r->owner); s != nullptr && r->parent == 0 &&
+                                            r->kind == MemoryKind::kHost) {
+        s->host_bytes -= r->bytes;
+        --s->mappings;
+    }
+    if (r->parent == 0 && r->kind == MemoryKind::kHost) {
+        --mappings_;
+    }
     if (was_exposed && peers_) {
         peers_->regionRevoked(r->id);
+    }
+    // Transports let go of it once no write uses it any more (DESIGN.md: "deregistered only
+    // after the work in flight on it has ended").
+    if (r->users == 0) {
+        retireRegion(r);
+    } else {
+        retiring_.emplace(r->id, r);
     }
     // Ranges registered inside a host buffer go with it.
     if (r->parent == 0) {
@@ -331,18 +478,42 @@ void EngineImpl::releaseRegion(const std::shared_ptr<Region> &r) {
     }
 }
 
+void EngineImpl::retireRegion(const std::shared_ptr<Region> &r) {
+    for (Transport *t : transports_) {
+        t->deregisterRegion(r->id);
+    }
+    if (peers_) {
+        peers_->transport().deregisterRegion(r->id);
+    }
+}
+
+void EngineImpl::dropUser(const std::shared_ptr<Region> &r) {
+    if (!r || --r->users != 0 || !r->revoked.load(std::memory_order_relaxed)) {
+        return;
+    }
+    if (auto it = retiring_.find(r->id); it != retiring_.end()) {
+        retiring_.erase(it);
+        retireRegion(r);
+    }
+}
+
 void EngineImpl::completed(uint64_t op_id, Code status, std::string_view reason) {
     auto it = ops_.find(op_id);
     if (it == ops_.end()) {
         return;
     }
-    PendingOp op = it->second;
+    PendingOp op = std::move(it->second);
     ops_.erase(it);
+    dropUser(op.src);
+    dropUser(op.dst);
     Session *s = findSession(op.session);
     if (!s) {
         return;  // the writer is gone; nothing to tell
     }
     --s->in_flight;
+    if (s->closing) {
+        return;
+    }
     if (status == Code::kOk) {
         s->counters.bytes_written += op.bytes;
     } else {
@@ -401,18 +572,29 @@ std::string EngineImpl::statusJson() const {
                            {"notifications", s->counters.notifications},
                            {"rejected", s->counters.rejected},
                            {"bytes_written", s->counters.bytes_written},
+                           {"host_bytes", s->host_bytes},
                            {"in_flight", s->in_flight}});
     }
     j["clients"] = clients;
     j["regions"] = regions_.size();
     j["registered_bytes"] = regions_.registeredBytes();
+    j["limits"] = {{"regions", cfg_.limits.regions},
+                   {"registered_bytes", cfg_.limits.registered_bytes},
+                   {"in_flight", cfg_.limits.in_flight},
+                   {"mappings", mappings_},
+                   {"max_mappings", max_mappings_}};
     j["counters"] = {{"sessions_accepted", counters_.sessions_accepted},
                      {"sessions_refused", counters_.sessions_refused},
                      {"writes_local", counters_.writes_local},
                      {"writes_remote", counters_.writes_remote},
                      {"requests_rejected", counters_.requests_rejected},
                      {"notifications", counters_.notifications},
-                     {"notifications_dropped", counters_.notifications_dropped}};
+                     {"notifications_dropped", counters_.notifications_dropped},
+                     {"quota_refusals", counters_.quota_refusals},
+                     {"accept_pauses", counters_.accept_pauses},
+                     {"late_wakeups", counters_.late_wakeups},
+                     {"writes_queued", queued_},
+                     {"writes_in_flight", ops_.size()}};
     json peers = json::array();
     if (peers_) {
         json pj = json::parse(peers_->statusJson(), nullptr, false);

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -48,21 +49,33 @@ private:
         kTagPeers = 4ull << 56,
         kTagSock = 5ull << 56,
         kTagBell = 6ull << 56,
+        kTagTransport = 7ull << 56,  ///< a transport's fd (low bits: its index)
     };
     static constexpr uint64_t kTagMask = 0xffull << 56;
 
     // engine.cpp
     size_t pollEvents(int timeout_ms);
+    /// Raises the sleep flags, then looks once more for work (Dekker). True: safe to sleep.
     bool armSleep();
     void disarmSleep();
-    void publishAll();
+    /// Progress of every transport.
+    size_t progressTransports();
+    /// Re-arms the worker socket after an EMFILE pause, when its time has come.
+    void resumeListener();
+    /// A region no longer in the table whose last in-flight write ended: transports let go.
+    void retireRegion(const std::shared_ptr<Region> &r);
+    /// One fewer write uses `r` (an op ended).
+    void dropUser(const std::shared_ptr<Region> &r);
+    /// Publishes every session's rings; returns backlog entries moved into them.
+    size_t publishAll();
     void reapSessions();
     void closeSession(Session &s, std::string reason);
     void destroySession(SessionId id);
 
     // control.cpp
     void acceptClients();
-    bool allowed(const ipc::PeerCred &cred) const;
+    /// Whether the client may use the socket; `*why` says why not.
+    bool allowed(const ipc::PeerCred &cred, int fd, std::string *why) const;
     void refuse(int fd, Code code, const std::string &why);
     void readControl(Session &s);
     void handleControl(Session &s, const unsigned char *msg, size_t bytes, ipc::UniqueFd *fds,
@@ -81,15 +94,26 @@ private:
     void onLookup(Session &s, const ipc::LookupMsg &m);
     void onStatus(Session &s, const ipc::StatusMsg &m);
     void releaseRegion(const std::shared_ptr<Region> &r);
+    /// kNoMemory with the reason when one more region of `bytes` would exceed a quota.
+    Status checkQuota(const Session &s, uint64_t new_bytes, bool new_mapping) const;
+    /// Makes `r` usable by every transport (local, tcp, verbs); an error undoes nothing.
+    Status registerWithTransports(Region &r);
 
     // requests.cpp
     /// Ends a request on the client's completion ring; a client whose backlog overflows is
     /// disconnected.
     void completeOrClose(Session &s, uint64_t ticket, Code status, uint64_t bytes);
     size_t drainRequests();
-    /// Handles one copied-out request. False: the transport is full, retry this entry later.
-    bool handleRequest(Session &s, const ipc::Request &r);
+    /// Handles one copied-out request: completes it, rejects it, or accepts it into its peer's
+    /// queue (then it ends exactly once through completed()).
+    void handleRequest(Session &s, const ipc::Request &r);
     void reject(Session &s, const ipc::Request &r, Code code, const char *why);
+    /// Posts `op` to its transport. False: the transport is full (kAgain); true: it was taken
+    /// or it ended at once (completed() ran).
+    bool postNow(const WriteOp &op);
+    /// Posts queued writes, per peer in order, while their transports take them.
+    size_t pumpQueues();
+    Transport *transportFor(PeerId peer);
 
     Session *findSession(SessionId id) {
         auto it = sessions_.find(id);
@@ -100,6 +124,12 @@ private:
         SessionId session;
         uint64_t ticket;
         uint64_t bytes;
+        std::shared_ptr<Region> src;  ///< counts as a user until the op ends
+        std::shared_ptr<Region> dst;  ///< local writes: the target, also a user
+    };
+    /// Accepted writes to one peer that its transport could not take yet, oldest first.
+    struct PeerQueue {
+        std::deque<WriteOp> ops;
     };
 
     struct Counters {
@@ -110,6 +140,9 @@ private:
         uint64_t requests_rejected = 0;
         uint64_t notifications = 0;
         uint64_t notifications_dropped = 0;
+        uint64_t quota_refusals = 0;
+        uint64_t accept_pauses = 0;
+        uint64_t late_wakeups = 0;  ///< sleeps that ended by the idle tick with work waiting
     };
 
     config::Config cfg_;
@@ -127,6 +160,17 @@ private:
     std::vector<Session *> active_;  ///< iteration order for the request path
     std::vector<SessionId> to_reap_;
     std::unordered_map<uint64_t, PendingOp> ops_;
+    std::unordered_map<PeerId, PeerQueue> queues_;
+    size_t queued_ = 0;  ///< ops waiting in queues_
+    /// Regions removed from the table with writes still using them: deregistered from the
+    /// transports when the last one ends.
+    std::unordered_map<RegionId, std::shared_ptr<Region>> retiring_;
+    std::vector<Transport *> transports_;  ///< local first; what pollFds/arm/progress iterate
+    std::chrono::steady_clock::time_point listen_paused_until_{};
+    bool listen_paused_ = false;
+    size_t last_poll_events_ = 0;
+    uint64_t mappings_ = 0;      ///< segments this sidecar maps (sessions and host buffers)
+    uint64_t max_mappings_ = 0;  ///< what it allows itself (vm.max_map_count minus headroom)
     SessionId next_session_ = 1;
     uint64_t next_op_ = 1;
     Counters counters_;

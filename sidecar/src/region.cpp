@@ -2,22 +2,38 @@
 
 namespace tensorlane::sidecar {
 
+const char *toString(MemoryKind k) {
+    return k == MemoryKind::kCuda ? "cuda" : "host";
+}
+
 RegionId RegionTable::add(std::shared_ptr<Region> r) {
-    std::unique_lock lock(mu_);
     r->id = next_id_++;
     RegionId id = r->id;
+    by_session_[r->owner][id] = r.get();
+    if (r->parent == 0) {
+        host_bytes_ += r->bytes;
+    }
     by_id_.emplace(id, std::move(r));
     return id;
 }
 
 std::shared_ptr<Region> RegionTable::remove(RegionId id) {
-    std::unique_lock lock(mu_);
     auto it = by_id_.find(id);
     if (it == by_id_.end()) {
         return nullptr;
     }
     auto r = std::move(it->second);
     by_id_.erase(it);
+    auto sit = by_session_.find(r->owner);
+    if (sit != by_session_.end()) {
+        sit->second.erase(id);
+        if (sit->second.empty()) {
+            by_session_.erase(sit);
+        }
+    }
+    if (r->parent == 0) {
+        host_bytes_ -= r->bytes;
+    }
     if (!r->exposed_name.empty()) {
         by_name_.erase(r->exposed_name);
     }
@@ -27,13 +43,11 @@ std::shared_ptr<Region> RegionTable::remove(RegionId id) {
 }
 
 std::shared_ptr<Region> RegionTable::find(RegionId id) const {
-    std::shared_lock lock(mu_);
     auto it = by_id_.find(id);
     return it == by_id_.end() ? nullptr : it->second;
 }
 
 std::shared_ptr<Region> RegionTable::findExposed(const std::string &name) const {
-    std::shared_lock lock(mu_);
     auto it = by_name_.find(name);
     if (it == by_name_.end()) {
         return nullptr;
@@ -43,7 +57,6 @@ std::shared_ptr<Region> RegionTable::findExposed(const std::string &name) const 
 }
 
 Status RegionTable::expose(RegionId id, const std::string &name) {
-    std::unique_lock lock(mu_);
     auto it = by_id_.find(id);
     if (it == by_id_.end()) {
         return {Code::kNotFound, "no region " + std::to_string(id)};
@@ -64,7 +77,6 @@ Status RegionTable::expose(RegionId id, const std::string &name) {
 }
 
 std::vector<std::shared_ptr<Region>> RegionTable::exposed() const {
-    std::shared_lock lock(mu_);
     std::vector<std::shared_ptr<Region>> out;
     out.reserve(by_name_.size());
     for (const auto &[name, id] : by_name_) {
@@ -77,29 +89,28 @@ std::vector<std::shared_ptr<Region>> RegionTable::exposed() const {
 }
 
 std::vector<std::shared_ptr<Region>> RegionTable::ofSession(SessionId s) const {
-    std::shared_lock lock(mu_);
     std::vector<std::shared_ptr<Region>> out;
-    for (const auto &[id, r] : by_id_) {
-        if (r->owner == s) {
-            out.push_back(r);
-        }
+    auto it = by_session_.find(s);
+    if (it == by_session_.end()) {
+        return out;
+    }
+    out.reserve(it->second.size());
+    for (const auto &[id, r] : it->second) {
+        out.push_back(by_id_.at(id));
     }
     return out;
 }
 
+size_t RegionTable::countOfSession(SessionId s) const {
+    auto it = by_session_.find(s);
+    return it == by_session_.end() ? 0 : it->second.size();
+}
+
 uint64_t RegionTable::registeredBytes() const {
-    std::shared_lock lock(mu_);
-    uint64_t total = 0;
-    for (const auto &[id, r] : by_id_) {
-        if (r->parent == 0) {
-            total += r->bytes;
-        }
-    }
-    return total;
+    return host_bytes_;
 }
 
 size_t RegionTable::size() const {
-    std::shared_lock lock(mu_);
     return by_id_.size();
 }
 

@@ -1,6 +1,14 @@
 // The request path: drain each client's request ring, validate every entry from a private copy,
-// and post it to the transport of its target. No allocation per request beyond the ops table,
-// no syscalls, no logging except rate-limited reasons for rejected requests.
+// and hand it to the queue of its target peer. No syscalls and no logging here except
+// rate-limited reasons for rejected requests.
+//
+// Back-pressure, in two places (DESIGN.md, "Each session has a cap on requests in flight (the
+// rest waits in its ring) and each peer its own queue"):
+// - a session with [limits] in_flight requests accepted and not ended is not drained further:
+//   the rest waits in its ring, whose fullness the shim reports as TL_EAGAIN;
+// - an accepted write waits in its target peer's queue while that peer's transport is full
+//   (kAgain), so a slow or full peer holds back only the writes to it, never a session's writes
+//   to other peers.
 #include "engine_impl.hpp"
 
 namespace tensorlane::sidecar {
@@ -30,43 +38,43 @@ void EngineImpl::reject(Session &s, const ipc::Request &r, Code code, const char
     completeOrClose(s, r.ticket, code, 0);
 }
 
-bool EngineImpl::handleRequest(Session &s, const ipc::Request &r) {
+void EngineImpl::handleRequest(Session &s, const ipc::Request &r) {
     switch (static_cast<ipc::Op>(r.op)) {
         case ipc::Op::kNop:
             completeOrClose(s, r.ticket, Code::kOk, 0);
-            return true;
+            return;
         case ipc::Op::kWrite:
             break;
         default:
             reject(s, r, Code::kInvalid, "unknown op");
-            return true;
+            return;
     }
     if (r.bytes == 0) {
         reject(s, r, Code::kInvalid, "zero-length write");
-        return true;
+        return;
     }
     auto src = regions_.find(r.src_region);
     if (!src || src->owner != s.id) {
         reject(s, r, Code::kInvalid, "source region is not one of this client's");
-        return true;
+        return;
     }
     if (!src->contains(r.src_offset, r.bytes)) {
         reject(s, r, Code::kInvalid, "source offset + length past the end of the region");
-        return true;
+        return;
     }
     auto rit = s.remotes.find(r.dst_remote);
     if (rit == s.remotes.end()) {
         reject(s, r, Code::kInvalid, "unknown remote handle (not from tl_lookup)");
-        return true;
+        return;
     }
     const RemoteRef &dst = rit->second;
     if (r.dst_offset > dst.bytes || r.bytes > dst.bytes - r.dst_offset) {
         reject(s, r, Code::kInvalid, "target offset + length past the end of the region");
-        return true;
+        return;
     }
 
     WriteOp op;
-    op.op_id = next_op_;
+    op.op_id = next_op_++;
     op.peer = dst.peer;
     op.src = std::move(src);
     op.src_offset = r.src_offset;
@@ -74,39 +82,76 @@ bool EngineImpl::handleRequest(Session &s, const ipc::Request &r) {
     op.dst_offset = r.dst_offset;
     op.bytes = r.bytes;
     op.imm = r.imm;
-
-    Transport *t = nullptr;
     if (dst.peer == kLocalPeer) {
-        auto target = regions_.find(dst.region);
-        if (!target || !target->exposed.load(std::memory_order_acquire)) {
+        op.dst = regions_.find(dst.region);
+        if (!op.dst || !op.dst->exposed.load(std::memory_order_acquire)) {
             reject(s, r, Code::kNotFound, "target region was deregistered");
-            return true;
+            return;
         }
-        t = local_.get();
         ++counters_.writes_local;
     } else {
         if (!peers_ || !peers_->remoteValid(dst.peer, dst.region)) {
             reject(s, r, Code::kNotFound, "target region was revoked by its owner");
-            return true;
+            return;
         }
-        t = &peers_->transport();
         ++counters_.writes_remote;
     }
-    Status st = t->post(std::move(op));
+    // Accepted: from here on the request ends exactly once, through completed().
+    ++op.src->users;
+    if (op.dst) {
+        ++op.dst->users;
+    }
+    ops_.emplace(op.op_id, PendingOp{s.id, r.ticket, r.bytes, op.src, op.dst});
+    ++s.in_flight;
+    PeerQueue &q = queues_[op.peer];
+    if (q.ops.empty()) {
+        if (postNow(op)) {
+            return;
+        }
+    }
+    q.ops.push_back(std::move(op));
+    ++queued_;
+}
+
+bool EngineImpl::postNow(const WriteOp &op) {
+    Transport *t = transportFor(op.peer);
+    Status st = t != nullptr ? t->post(op)
+                             : Status{Code::kPeer, "no transport to peer " + std::to_string(op.peer)};
     if (st.code() == Code::kAgain) {
         return false;
     }
     if (!st.isOk()) {
-        completeOrClose(s, r.ticket, st.code(), 0);
-        return true;
+        // Refused at once (peer down, region revoked there): the op ends here.
+        completed(op.op_id, st.code(), st.message());
     }
-    ops_.emplace(next_op_++, PendingOp{s.id, r.ticket, r.bytes});
-    ++s.in_flight;
     return true;
+}
+
+size_t EngineImpl::pumpQueues() {
+    if (queued_ == 0) {
+        return 0;
+    }
+    size_t posted = 0;
+    for (auto &[peer, q] : queues_) {
+        while (!q.ops.empty() && postNow(q.ops.front())) {
+            q.ops.pop_front();
+            --queued_;
+            ++posted;
+        }
+    }
+    return posted;
+}
+
+Transport *EngineImpl::transportFor(PeerId peer) {
+    if (peer == kLocalPeer) {
+        return local_.get();
+    }
+    return peers_ ? &peers_->transport() : nullptr;
 }
 
 size_t EngineImpl::drainRequests() {
     size_t work = 0;
+    const uint64_t cap = cfg_.limits.in_flight;
     // Index loop: handlers may close sessions, but only reapSessions() edits active_.
     for (size_t i = 0; i < active_.size(); ++i) {
         Session &s = *active_[i];
@@ -114,8 +159,9 @@ size_t EngineImpl::drainRequests() {
             continue;
         }
         // Back-pressure: a client with a full completion backlog gets no more service until
-        // it drains; its request ring fills and its tl_write says TL_EAGAIN.
-        if (s.completion_backlog.size() >= s.completions.depth()) {
+        // it drains; one at its in-flight cap waits for its writes to end. Either way its
+        // request ring fills and its tl_write says TL_EAGAIN.
+        if (s.completion_backlog.size() >= s.completions.depth() || s.in_flight >= cap) {
             continue;
         }
         // A client cannot corrupt this ring for us: we poll its slots' sequence words and never
@@ -124,16 +170,13 @@ size_t EngineImpl::drainRequests() {
         if (n == 0) {
             continue;
         }
-        n = std::min(n, kBatch);
+        n = std::min<uint64_t>({n, kBatch, cap - s.in_flight});
         uint32_t done = 0;
         for (; done < n && !s.closing; ++done) {
             // Copy out first: the client can change the slot under us (DESIGN.md, step 3).
             const ipc::Request r = s.requests.read(done);
             ++s.counters.requests;
-            if (!handleRequest(s, r)) {
-                --s.counters.requests;  // retried next turn
-                break;
-            }
+            handleRequest(s, r);
         }
         if (!s.closing) {
             s.requests.release(done);

@@ -48,6 +48,8 @@ struct Session {
     std::unordered_map<uint64_t, RemoteRef> remotes;
     uint64_t next_remote = 1;
     uint64_t in_flight = 0;            ///< accepted requests not yet completed
+    uint64_t host_bytes = 0;           ///< bytes of its tl_alloc_host buffers ([limits])
+    uint64_t mappings = 0;             ///< segments of its the sidecar maps (session included)
     bool published = false;            ///< rings advanced since the last doorbell check
     bool completions_dirty = false;    ///< the completion ring has unpublished entries
     bool notifications_dirty = false;  ///< the notification ring has unpublished entries

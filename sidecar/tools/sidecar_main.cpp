@@ -100,5 +100,7 @@ int main(int argc, char **argv) {
     engine->run();
     g_engine = nullptr;
     spdlog::get("tensorlane.sidecar")->info("stopped");
+    engine.reset();
+    spdlog::shutdown();  // writes out what the asynchronous loggers still hold
     return 0;
 }

@@ -315,12 +315,15 @@ void runSession(uint64_t count, int spin) {
     ::munmap(stats_page, sizeof(SharedStats));
 }
 
-TEST(IpcCrossProcess, AdaptiveDoorbellsLoseNoWakeup) {
+// These drive the ring and doorbell primitives with a loop written here that follows the same
+// protocol as the engine; the engine's own armSleep and the shim are tested end to end by
+// tests/sidecar/limits_test.cpp (Wakeups.*), which count the sidecar's late wake-ups.
+TEST(IpcCrossProcess, DekkerProtocolLoopAdaptiveLosesNoWakeup) {
     runSession(500000, 200);
 }
 
 // Event mode: no spinning at all, so every idle moment goes through the flag/fence/sleep path.
-TEST(IpcCrossProcess, EventDoorbellsLoseNoWakeup) {
+TEST(IpcCrossProcess, DekkerProtocolLoopEventLosesNoWakeup) {
     runSession(300000, 0);
 }
 

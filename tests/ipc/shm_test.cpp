@@ -201,5 +201,58 @@ TEST(Segment, MapSegmentErrors) {
     EXPECT_EQ(segmentSize(-1), 0u);
 }
 
+TEST(Segment, SizeIsSealedBeforeTheFdLeaves) {
+    // A client that ftruncates the fd it was sent must not be able to pull pages out from under
+    // the sidecar's mapping (a SIGBUS in the sidecar): shrinking and growing both fail.
+    SharedSegment seg;
+    std::string error;
+    ASSERT_EQ(createSegment(4 * pageSize(), ::getuid(), ::getgid(), &seg, &error), 0) << error;
+    EXPECT_TRUE(isSealedSegment(seg.fd.get()));
+    EXPECT_EQ(::ftruncate(seg.fd.get(), 0), -1);
+    EXPECT_EQ(errno, EPERM);
+    EXPECT_EQ(::ftruncate(seg.fd.get(), static_cast<off_t>(8 * pageSize())), -1);
+    EXPECT_EQ(errno, EPERM);
+    EXPECT_EQ(::fcntl(seg.fd.get(), F_ADD_SEALS, F_SEAL_WRITE), -1) << "F_SEAL_SEAL is set";
+    EXPECT_EQ(segmentSize(seg.fd.get()), 4 * pageSize());
+    // Punching a hole would free pages too; a sealed memfd refuses that as well.
+    EXPECT_EQ(::fallocate(seg.fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+                          static_cast<off_t>(pageSize())),
+              0)
+        << "punching a hole is allowed by the seals (the pages read back as zeros, no SIGBUS)";
+    // Every page of the sidecar's mapping is still readable and writable.
+    auto *p = static_cast<volatile unsigned char *>(seg.mapping.data());
+    for (size_t off = 0; off < seg.mapping.size(); off += pageSize()) {
+        p[off] = 1;
+        EXPECT_EQ(p[off], 1);
+    }
+    // A reopened description of the same file (what /proc/self/fd/N gives) is sealed too.
+    const std::string path = "/proc/self/fd/" + std::to_string(seg.fd.get());
+    const int again = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    ASSERT_GE(again, 0);
+    EXPECT_EQ(::ftruncate(again, 0), -1);
+    ::close(again);
+}
+
+TEST(Segment, OrdinaryFilesAreNotSealedSegments) {
+    char path[] = "/tmp/tensorlane-seal-XXXXXX";
+    const int fd = ::mkstemp(path);
+    ASSERT_GE(fd, 0);
+    ::unlink(path);
+    EXPECT_FALSE(isSealedSegment(fd));
+    ::close(fd);
+    EXPECT_FALSE(isSealedSegment(-1));
+}
+
+TEST(Segment, BackingIsAllocatedUpFront) {
+    // posix_fallocate has given every page: the object's blocks cover its size at once.
+    SharedSegment seg;
+    std::string error;
+    const size_t bytes = 64 * pageSize();
+    ASSERT_EQ(createSegment(bytes, ::getuid(), ::getgid(), &seg, &error), 0) << error;
+    struct stat st;
+    ASSERT_EQ(::fstat(seg.fd.get(), &st), 0);
+    EXPECT_GE(static_cast<uint64_t>(st.st_blocks) * 512, bytes);
+}
+
 }  // namespace
 }  // namespace tensorlane::ipc

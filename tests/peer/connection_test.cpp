@@ -7,8 +7,8 @@
 #include <cstring>
 #include <vector>
 
-#include "transport/tcp/connection.hpp"
-#include "transport/tcp/socket.hpp"
+#include "net/connection.hpp"
+#include "net/socket.hpp"
 
 namespace tensorlane::sidecar {
 namespace {

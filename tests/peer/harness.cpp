@@ -204,14 +204,15 @@ size_t RecordingSink::count(Event::Kind kind) const {
 // ----- regions
 
 std::shared_ptr<Region> makeHostRegion(size_t bytes) {
-    void *p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-        throw std::runtime_error("mmap failed");
+    ipc::SharedSegment seg;
+    std::string error;
+    if (ipc::createSegment(bytes, ::getuid(), ::getgid(), &seg, &error) != 0) {
+        throw std::runtime_error("createSegment: " + error);
     }
     auto r = std::make_shared<Region>();
-    r->mapping = std::make_shared<ipc::Mapping>(p, bytes);
-    r->base = static_cast<unsigned char *>(p);
+    r->base = static_cast<unsigned char *>(seg.mapping.data());
     r->bytes = bytes;
+    r->mapping = std::make_shared<ipc::Mapping>(std::move(seg.mapping));
     return r;
 }
 

@@ -17,7 +17,7 @@
 #include "harness.hpp"
 #include "peer/handshake.hpp"
 #include "peer/key.hpp"
-#include "transport/tcp/frame.hpp"
+#include "net/frame.hpp"
 
 namespace tensorlane::peertest {
 namespace {

@@ -215,6 +215,12 @@ public:
         std::ifstream in(dir_.file("sidecar.log"));
         return std::string(std::istreambuf_iterator<char>(in), {});
     }
+    /// Whether the log shows `text` within `timeout` (the sidecar logs asynchronously, so a
+    /// line can follow the event it describes by a moment).
+    bool logHas(const std::string &text,
+                std::chrono::milliseconds timeout = std::chrono::seconds(5)) const {
+        return eventually([&] { return log().find(text) != std::string::npos; }, timeout);
+    }
     int openFds() const { return countEntries("/proc/" + std::to_string(pid_) + "/fd"); }
     int shmMappings() const { return countShmMappings(pid_); }
 

@@ -3,6 +3,9 @@
 #include <poll.h>
 #include <sys/mman.h>
 
+#include <grp.h>
+#include <sys/stat.h>
+
 #include <atomic>
 #include <cstddef>
 #include <thread>
@@ -21,11 +24,13 @@ namespace {
 
 /// A client that speaks the protocol by hand, so it can lie.
 struct RawClient {
-    ipc::UniqueFd sock, to_sidecar, to_client;
+    ipc::UniqueFd sock, to_sidecar, to_client, seg_fd;
     ipc::Mapping seg;
+    uint64_t seq = 1;
     ipc::SegmentView view;
     ipc::SegmentGeometry geometry;
     int32_t hello_status = -1;
+    uint64_t session_id = 0;
 
     bool connect(const std::string &path) {
         if (ipc::connectSeqpacket(path, &sock)) {
@@ -38,6 +43,7 @@ struct RawClient {
             return false;
         }
         hello_status = hello.status;
+        session_id = hello.session_id;
         if (hello.status != 0 || nfds != 3) {
             return false;
         }
@@ -46,9 +52,57 @@ struct RawClient {
             return false;
         }
         view = ipc::SegmentView::at(seg.data(), geometry);
+        seg_fd = std::move(fds[0]);
         to_sidecar = std::move(fds[1]);
         to_client = std::move(fds[2]);
         return true;
+    }
+    /// One control call by hand: `msg` (its header's seq is set here) and the reply, with the
+    /// fd it carried if any.
+    template <class Msg>
+    ipc::ReplyMsg call(Msg &msg, ipc::UniqueFd *fd = nullptr) {
+        msg.h = ipc::MsgHeader{ipc::kControlMagic, ipc::kControlVersion, msg.h.type, seq++};
+        ipc::ReplyMsg reply{};
+        reply.status = -1;
+        if (ipc::sendMessage(sock.get(), &msg, sizeof(msg)) != 0) {
+            return reply;
+        }
+        pollfd p{sock.get(), POLLIN, 0};
+        if (::poll(&p, 1, 5000) <= 0) {
+            return reply;
+        }
+        ipc::UniqueFd fds[ipc::kMaxFdsPerMessage];
+        size_t got = 0, nfds = 0;
+        alignas(8) unsigned char buf[ipc::kMaxControlMessage];
+        if (ipc::receiveMessage(sock.get(), buf, sizeof(buf), &got, fds, &nfds) != 0 ||
+            got < sizeof(reply)) {
+            return reply;
+        }
+        std::memcpy(&reply, buf, sizeof(reply));
+        if (fd != nullptr && nfds > 0) {
+            *fd = std::move(fds[0]);
+        }
+        return reply;
+    }
+    /// tl_alloc_host by hand, keeping the buffer's fd: returns the region id (0 on failure).
+    uint64_t allocHost(uint64_t bytes, ipc::UniqueFd *fd, ipc::Mapping *map) {
+        ipc::AllocHostMsg m{};
+        m.h.type = static_cast<uint16_t>(ipc::MsgType::kAllocHost);
+        m.bytes = bytes;
+        ipc::ReplyMsg r = call(m, fd);
+        if (r.status != 0 || !*fd || ipc::mapSegment(fd->get(), r.value1, map) != 0) {
+            return 0;
+        }
+        return r.value0;
+    }
+    /// tl_lookup by hand: the remote handle (0 on failure).
+    uint64_t lookup(const char *peer, const char *name) {
+        ipc::LookupMsg m{};
+        m.h.type = static_cast<uint16_t>(ipc::MsgType::kLookup);
+        ipc::copyName(m.peer, sizeof(m.peer), peer);
+        ipc::copyName(m.name, sizeof(m.name), name);
+        ipc::ReplyMsg r = call(m);
+        return r.status == 0 ? r.value0 : 0;
     }
     void doorbell() {
         uint64_t one = 1;
@@ -152,7 +206,7 @@ TEST(DeadClient, KilledClientReleasesEverything) {
         << sc.shmMappings() << " shm mappings vs " << maps_before;
     EXPECT_EQ(countEntries("/dev/shm", "tensorlane-"), shm_before);
     EXPECT_TRUE(sc.alive());
-    EXPECT_NE(sc.log().find("client hung up"), std::string::npos);
+    EXPECT_TRUE(sc.logHas("client hung up"));
     // The victim's exposed region is gone; the keeper carries on.
     tl_remote r = 0;
     EXPECT_EQ(tl_lookup(keeper->get(), keeper->nodeName().c_str(), "victim", &r, nullptr),
@@ -160,44 +214,121 @@ TEST(DeadClient, KilledClientReleasesEverything) {
     EXPECT_TRUE(healthyRoundTrip(sc.socket(), 11));
 }
 
-TEST(Credentials, UidNotAllowedIsRefusedWithEperm) {
+/// Drops to `uid`/`gid` with exactly `groups` as supplementary groups (in a forked child).
+bool becomeUser(uid_t uid, gid_t gid, std::vector<gid_t> groups) {
+    return ::setgroups(groups.size(), groups.data()) == 0 && ::setgid(gid) == 0 &&
+           ::setuid(uid) == 0;
+}
+
+/// The socket file's mode bits and group.
+std::pair<unsigned, gid_t> socketMode(const std::string &path) {
+    struct stat st {};
+    ::stat(path.c_str(), &st);
+    return {st.st_mode & 0777, st.st_gid};
+}
+
+TEST(Credentials, DefaultSocketLetsOnlyRootAndOurUidIn) {
     if (::geteuid() != 0) {
         GTEST_SKIP() << "needs root to run a client as another uid";
     }
     Sidecar sc;
     ASSERT_TRUE(sc.ready()) << sc.log();
-    // Let anyone reach the socket so the refusal comes from the credential check.
-    ASSERT_EQ(::chmod(sc.socket().c_str(), 0666), 0);
+    EXPECT_EQ(socketMode(sc.socket()).first, 0600u);
     pid_t p = forkClient([&]() -> int {
-        if (::setgid(65534) != 0 || ::setuid(65534) != 0) {
+        if (!becomeUser(65534, 65534, {})) {
             return 50;
         }
         tl_client *c = nullptr;
-        tl_status s = tl_connect(sc.socket().c_str(), &c);
-        if (s != TL_EPERM) {
-            return 1;
-        }
-        return std::string(tl_last_error()).find("not allowed") != std::string::npos ? 0 : 2;
+        // The file system says no before the credential check is even asked.
+        return tl_connect(sc.socket().c_str(), &c) == TL_EPERM ? 0 : 1;
     });
     EXPECT_EQ(waitChild(p), 0);
-    EXPECT_NE(sc.log().find("refused pid"), std::string::npos);
     EXPECT_TRUE(healthyRoundTrip(sc.socket(), 1));
 }
 
-TEST(Credentials, AllowedUidIsServed) {
+TEST(Credentials, AllowedUidConnectsAndOthersAreRefusedWithEperm) {
     if (::geteuid() != 0) {
         GTEST_SKIP() << "needs root to run a client as another uid";
     }
+    // No chmod here: the sidecar itself must make the socket reachable for allowed_uids.
     Sidecar sc(SidecarOptions{.extra_security = "allowed_uids = [65534]"});
     ASSERT_TRUE(sc.ready()) << sc.log();
-    ASSERT_EQ(::chmod(sc.socket().c_str(), 0666), 0);
-    pid_t p = forkClient([&]() -> int {
-        if (::setgid(65534) != 0 || ::setuid(65534) != 0) {
+    EXPECT_EQ(socketMode(sc.socket()).first, 0666u);
+    pid_t ok = forkClient([&]() -> int {
+        if (!becomeUser(65534, 65534, {})) {
             return 50;
         }
         return healthyRoundTrip(sc.socket(), 5) ? 0 : 1;
     });
-    EXPECT_EQ(waitChild(p), 0) << sc.log();
+    EXPECT_EQ(waitChild(ok), 0) << sc.log();
+    pid_t refused = forkClient([&]() -> int {
+        if (!becomeUser(65533, 65533, {})) {
+            return 50;
+        }
+        tl_client *c = nullptr;
+        if (tl_connect(sc.socket().c_str(), &c) != TL_EPERM) {
+            return 1;
+        }
+        return std::string(tl_last_error()).find("not allowed") != std::string::npos ? 0 : 2;
+    });
+    EXPECT_EQ(waitChild(refused), 0);
+    EXPECT_TRUE(sc.logHas("refused pid"));
+}
+
+TEST(Credentials, SupplementaryGroupIsEnough) {
+    if (::geteuid() != 0) {
+        GTEST_SKIP() << "needs root to run a client as another uid";
+    }
+    // One allowed group: the socket is 0660 with that group, and a client whose primary gid is
+    // something else but which is a member of the group is served (only primary gids were
+    // checked before).
+    constexpr gid_t kGroup = 4242;
+    Sidecar sc(SidecarOptions{.extra_security = "allowed_gids = [4242]"});
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    EXPECT_EQ(socketMode(sc.socket()), std::make_pair(0660u, kGroup));
+    pid_t member = forkClient([&]() -> int {
+        if (!becomeUser(65534, 65534, {kGroup})) {
+            return 50;
+        }
+        return healthyRoundTrip(sc.socket(), 6) ? 0 : 1;
+    });
+    EXPECT_EQ(waitChild(member), 0) << sc.log();
+    pid_t stranger = forkClient([&]() -> int {
+        if (!becomeUser(65534, 65534, {})) {
+            return 50;
+        }
+        tl_client *c = nullptr;
+        return tl_connect(sc.socket().c_str(), &c) == TL_EPERM ? 0 : 1;
+    });
+    EXPECT_EQ(waitChild(stranger), 0);
+}
+
+TEST(Credentials, SeveralGroupsAreCheckedByTheSidecar) {
+    if (::geteuid() != 0) {
+        GTEST_SKIP() << "needs root to run a client as another uid";
+    }
+    // Two groups cannot be one file mode: the socket is 0666 and the check is the sidecar's.
+    Sidecar sc(SidecarOptions{.extra_security = "allowed_gids = [4242, 4343]"});
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    EXPECT_EQ(socketMode(sc.socket()).first, 0666u);
+    pid_t member = forkClient([&]() -> int {
+        if (!becomeUser(65534, 65534, {17, 4343})) {
+            return 50;
+        }
+        return healthyRoundTrip(sc.socket(), 7) ? 0 : 1;
+    });
+    EXPECT_EQ(waitChild(member), 0) << sc.log();
+    pid_t stranger = forkClient([&]() -> int {
+        if (!becomeUser(65534, 65534, {17})) {
+            return 50;
+        }
+        tl_client *c = nullptr;
+        if (tl_connect(sc.socket().c_str(), &c) != TL_EPERM) {
+            return 1;
+        }
+        return std::string(tl_last_error()).find("supplementary") != std::string::npos ? 0 : 2;
+    });
+    EXPECT_EQ(waitChild(stranger), 0);
 }
 
 /// Writes `r` into request slot `pos` of a raw client and publishes it the way the ring does:
@@ -218,7 +349,7 @@ void rawNop(RawClient &raw, uint64_t pos, uint64_t ticket) {
 }
 
 /// Whether completion `pos` arrives with `ticket` and TL_OK within `ms`.
-bool rawCompleted(RawClient &raw, uint64_t pos, uint64_t ticket) {
+bool rawCompleted(RawClient &raw, uint64_t pos, uint64_t ticket, int32_t want_status = 0) {
     const uint32_t mask = raw.geometry.completion_depth - 1;
     const ipc::Completion *c = &raw.view.completions[pos & mask];
     if (!eventually([&] {
@@ -227,7 +358,7 @@ bool rawCompleted(RawClient &raw, uint64_t pos, uint64_t ticket) {
         })) {
         return false;
     }
-    return c->ticket == ticket && c->status == 0;
+    return c->ticket == ticket && c->status == want_status;
 }
 
 TEST(HostileClient, RandomRequestEntriesGetErrorCompletions) {
@@ -272,7 +403,7 @@ TEST(HostileClient, RandomRequestEntriesGetErrorCompletions) {
     }
     EXPECT_EQ(ctl->head.value.load(std::memory_order_acquire), tail);
     EXPECT_TRUE(sc.alive());
-    EXPECT_NE(sc.log().find("rejected"), std::string::npos);
+    EXPECT_TRUE(sc.logHas("rejected"));
     EXPECT_TRUE(healthyRoundTrip(sc.socket(), 2));
 }
 
@@ -300,21 +431,80 @@ TEST(HostileClient, ScribbledRequestTailIsIgnored) {
 TEST(HostileClient, ScribbledCursorsCloseOnlyThatSession) {
     Sidecar sc;
     ASSERT_TRUE(sc.ready()) << sc.log();
+    // A well-behaved client that stays connected throughout.
+    RawClient good;
+    ASSERT_TRUE(good.connect(sc.socket()));
     // Bogus completion head (the cursor the client owns): ahead of anything written.
     RawClient b;
     ASSERT_TRUE(b.connect(sc.socket()));
     b.view.completion_ctl->head.value.store(uint64_t{1} << 50, std::memory_order_release);
     rawNop(b, 0, 1);
     EXPECT_TRUE(b.hungUp(5000));
-    // Random bytes over a whole segment, header included.
+    // Random bytes over a whole segment, header and cursors included, then a valid request:
+    // the first publish to it checks the heads it owns, finds garbage, closes it.
     RawClient c;
     ASSERT_TRUE(c.connect(sc.socket()));
     fillRandom(c.seg.data(), c.seg.size(), 99);
-    c.doorbell();
-    c.hungUp(2000);  // closed or not, the sidecar must live and serve others
+    rawNop(c, 0, 1);
+    EXPECT_TRUE(c.hungUp(5000));
+    for (const RawClient *bad : {&b, &c}) {
+        EXPECT_TRUE(sc.logHas("session " + std::to_string(bad->session_id) + " (pid " +
+                              std::to_string(::getpid()) + "): completion ring cursors corrupted"))
+            << sc.log();
+    }
+    // The other session was not touched: it is still open and served.
+    EXPECT_FALSE(good.hungUp(0));
+    rawNop(good, 0, 5);
+    EXPECT_TRUE(rawCompleted(good, 0, 5));
     EXPECT_TRUE(sc.alive());
     EXPECT_TRUE(healthyRoundTrip(sc.socket(), 3));
-    EXPECT_NE(sc.log().find("corrupted"), std::string::npos);
+}
+
+TEST(HostileClient, TruncatingItsSegmentsCannotCrashTheSidecar) {
+    // A client holds read-write fds of its session segment and of its tl_alloc_host buffers.
+    // Truncating them used to make the sidecar fault (SIGBUS) the next time it touched those
+    // pages: in its sleep/wake path, and in a local copy. Sealed memfds refuse the resize.
+    Sidecar sc(SidecarOptions{.poll_mode = "event"});
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    auto owner = tensorlane::Client::connect(sc.socket());
+    ASSERT_TRUE(owner.ok());
+    auto inbox = owner->allocHost(1 << 20);
+    ASSERT_TRUE(inbox.ok());
+    ASSERT_TRUE(inbox->expose("inbox").ok());
+
+    RawClient raw;
+    ASSERT_TRUE(raw.connect(sc.socket()));
+    EXPECT_EQ(::ftruncate(raw.seg_fd.get(), 0), -1);
+    EXPECT_EQ(errno, EPERM);
+    EXPECT_EQ(::ftruncate(raw.seg_fd.get(), 1 << 30), -1);
+    EXPECT_EQ(errno, EPERM);
+    ipc::UniqueFd buf_fd;
+    ipc::Mapping buf;
+    const uint64_t src = raw.allocHost(1 << 20, &buf_fd, &buf);
+    ASSERT_NE(src, 0u);
+    EXPECT_EQ(::ftruncate(buf_fd.get(), 0), -1);
+    EXPECT_EQ(errno, EPERM);
+    fillRandom(buf.data(), 1 << 20, 17);
+    const uint64_t dst = raw.lookup("node-a", "inbox");
+    ASSERT_NE(dst, 0u);
+    // The sidecar sleeps (event mode) and wakes on the doorbell: it touches our header.
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ipc::Request w{};
+    w.op = static_cast<uint32_t>(ipc::Op::kWrite);
+    w.ticket = 7;
+    w.src_region = src;
+    w.dst_remote = dst;
+    w.bytes = 1 << 20;
+    w.imm = 9;
+    rawPublish(raw, 0, w);
+    raw.doorbell();
+    ASSERT_TRUE(rawCompleted(raw, 0, 7)) << sc.log();
+    auto n = owner->waitNotification(std::chrono::seconds(5));
+    ASSERT_TRUE(n.ok());
+    EXPECT_EQ(n->imm, 9u);
+    EXPECT_EQ(std::memcmp(inbox->data(), buf.data(), 1 << 20), 0);
+    EXPECT_TRUE(sc.alive());
+    EXPECT_TRUE(healthyRoundTrip(sc.socket(), 8));
 }
 
 TEST(HostileClient, GarbageControlMessagesAreAnswered) {

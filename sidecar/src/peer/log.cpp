@@ -1,26 +1,13 @@
 #include "peer/log.hpp"
 
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
-
 #include <memory>
-#include <mutex>
+
+#include "logging.hpp"
 
 namespace tensorlane::sidecar {
 
 spdlog::logger &peerLog() {
-    static const std::shared_ptr<spdlog::logger> logger = [] {
-        constexpr const char *kName = "tensorlane.sidecar.peer";
-        if (auto existing = spdlog::get(kName)) {
-            return existing;
-        }
-        try {
-            return spdlog::stderr_color_mt(kName);
-        } catch (const spdlog::spdlog_ex &) {
-            // Registered by someone else between get() and create.
-            return spdlog::get(kName);
-        }
-    }();
+    static const std::shared_ptr<spdlog::logger> logger = sidecarLogger("peer");
     return *logger;
 }
 

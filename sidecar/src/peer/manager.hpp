@@ -24,9 +24,9 @@
 #include "peer/resolver.hpp"
 #include "tensorlane/config/config.hpp"
 #include "tensorlane/sidecar/peers.hpp"
-#include "transport/tcp/connection.hpp"
+#include "net/connection.hpp"
 #include "transport/tcp/links.hpp"
-#include "transport/tcp/socket.hpp"
+#include "net/socket.hpp"
 #include "transport/tcp/tcp_transport.hpp"
 
 namespace tensorlane::sidecar {

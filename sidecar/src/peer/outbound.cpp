@@ -390,7 +390,8 @@ void PeerManagerImpl::onUp(Peer &p, int64_t now) {
     for (OutData &d : s.data) {
         conns.push_back(d.conn.get());
     }
-    s.link = std::make_unique<OutLink>(std::move(conns), cfg_.tcp.chunk_bytes, limits_.window);
+    s.link = std::make_unique<OutLink>(std::move(conns), cfg_.tcp.chunk_bytes,
+                                      std::min<size_t>(cfg_.tcp.window, limits_.window));
     s.heartbeat_ms = heartbeatInterval(s.remote_caps);
     p.backoff_ms = cfg_.tcp.reconnect_min_ms;
     p.last_logged_error.clear();

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "tensorlane/ipc/fd.hpp"
-#include "transport/tcp/socket.hpp"
+#include "net/socket.hpp"
 
 namespace tensorlane::sidecar {
 

@@ -1,6 +1,6 @@
 #include "peer/wire.hpp"
 
-#include "transport/tcp/frame.hpp"
+#include "net/frame.hpp"
 
 namespace tensorlane::sidecar {
 

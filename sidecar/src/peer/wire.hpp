@@ -1,5 +1,5 @@
 // The bootstrap messages carried in HELLO, CHALLENGE, AUTH and REGION_ADD frames
-// (transport/tcp/frame.hpp has the framing; docs/peers.md the whole protocol).
+// (net/frame.hpp has the framing; docs/peers.md the whole protocol).
 #pragma once
 
 #include <array>

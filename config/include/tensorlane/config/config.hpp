@@ -108,6 +108,8 @@ struct TcpConfig {
     uint32_t reconnect_min_ms = 100;
     /// Backoff cap, reconnect_min_ms-600000.
     uint32_t reconnect_max_ms = 5000;
+    /// Writes in flight to one peer before its queue holds the rest, 1-4096.
+    uint32_t window = 1024;
 };
 
 /// [ipc]: the shared-memory rings between workers and the sidecar.

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "tensorlane/ipc/fd.hpp"
 
@@ -32,6 +33,10 @@ int connectSeqpacket(const std::string &path, UniqueFd *out);
 int acceptSeqpacket(int listen_fd, UniqueFd *out);
 /// Reads SO_PEERCRED.
 int peerCredentials(int fd, PeerCred *out);
+/// The supplementary groups of the process at the other end: SO_PEERGROUPS (Linux 4.13+: the
+/// groups it had when it connected, so a process cannot swap them afterwards), else the Groups
+/// line of /proc/<pid>/status. Returns 0 or an errno value.
+int peerGroups(int fd, pid_t pid, std::vector<gid_t> *out);
 
 /// Sends one datagram with up to kMaxFdsPerMessage fds. MSG_NOSIGNAL: a gone peer is EPIPE, not
 /// a signal. Returns 0 or errno.

@@ -1,18 +1,16 @@
 // Registered memory regions and the table the engine and the transports share.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
-#include <optional>
-#include <set>
-#include <shared_mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "tensorlane/ipc/fd.hpp"
 #include "tensorlane/ipc/shm.hpp"
 #include "tensorlane/sidecar/status.hpp"
 
@@ -21,16 +19,41 @@ namespace tensorlane::sidecar {
 using RegionId = uint64_t;
 using SessionId = uint64_t;
 
+/// What kind of memory a region is (its memory domain).
+enum class MemoryKind : uint8_t {
+    kHost,  ///< a tl_alloc_host buffer (or a range of one), mapped in the sidecar too
+    kCuda,  ///< CUDA device memory of a client, reached through its IPC handle or dma-buf fd
+};
+const char *toString(MemoryKind k);
+
+/// The CUDA side of a device-memory region: what the owner exported for its allocation.
+struct CudaMemory {
+    int device = -1;                             ///< the owner's CUDA ordinal (diagnostics)
+    std::array<unsigned char, 64> ipc_handle{};  ///< cudaIpcMemHandle_t of the allocation
+    /// The dma-buf fd of the whole allocation (ibv_reg_dmabuf_mr), shared by its regions.
+    std::shared_ptr<ipc::UniqueFd> dmabuf;
+    uint64_t alloc_bytes = 0;   ///< size of the whole allocation
+    uint64_t alloc_offset = 0;  ///< where the region starts in it
+    uint64_t client_address = 0;  ///< the owner's device address of the region (diagnostics)
+};
+
 /// Memory the sidecar can read and write on behalf of a client: a host buffer from AllocHost
-/// (the sidecar maps it too) or a range of one. Kept alive by shared_ptr while any transfer uses
-/// it, so a deregister during a transfer never unmaps memory under the transport.
+/// (the sidecar maps it too), a range of one, or CUDA device memory. Kept alive by shared_ptr
+/// while any transfer uses it, so a deregister during a transfer never unmaps memory under a
+/// transport; transports deregister it only once `users` is back to zero.
 struct Region {
     RegionId id = 0;
     SessionId owner = 0;
-    RegionId parent = 0;            ///< the AllocHost buffer this range lies in (0: it is one)
-    unsigned char *base = nullptr;  ///< the sidecar's address of the region's first byte
+    RegionId parent = 0;  ///< the AllocHost buffer this range lies in (0: it is one)
+    MemoryKind kind = MemoryKind::kHost;
+    /// The sidecar's address of the region's first byte: host memory mapped here, or CUDA
+    /// memory once imported (nullptr until then).
+    unsigned char *base = nullptr;
     uint64_t bytes = 0;
-    std::shared_ptr<ipc::Mapping> mapping;  ///< keeps the memory mapped
+    std::shared_ptr<ipc::Mapping> mapping;  ///< keeps host memory mapped
+    CudaMemory cuda;                        ///< kCuda only
+    /// Writes posted and not yet ended that read or write this region (engine thread).
+    uint32_t users = 0;
     std::string exposed_name;          ///< empty: not exposed (engine thread and table lock only)
     std::atomic<bool> exposed{false};  ///< what transport threads check instead of the name
     std::atomic<bool> revoked{false};  ///< deregistered: no transfer may start on it
@@ -41,9 +64,9 @@ struct Region {
     }
 };
 
-/// The sidecar's regions. The engine thread adds and removes; transport threads look up.
-/// Lookups take a shared lock; nothing here is on the shared-memory request path's hot loop
-/// except find(), which is a shared-lock hash lookup.
+/// The sidecar's regions. Only the engine thread uses it (transports that run threads of their
+/// own get the regions they need resolved in the WriteOp), so it takes no lock: find() on the
+/// request path is one hash lookup.
 class RegionTable {
 public:
     /// Adds a region and gives it a fresh id (never reused).
@@ -58,16 +81,19 @@ public:
     Status expose(RegionId id, const std::string &name);
     /// Every exposed region (for bootstrap descriptors).
     std::vector<std::shared_ptr<Region>> exposed() const;
-    /// Every region of one session.
+    /// Every region of one session, in id order.
     std::vector<std::shared_ptr<Region>> ofSession(SessionId s) const;
+    /// How many regions one session holds.
+    size_t countOfSession(SessionId s) const;
     uint64_t registeredBytes() const;
     size_t size() const;
 
 private:
-    mutable std::shared_mutex mu_;
     RegionId next_id_ = 1;
     std::unordered_map<RegionId, std::shared_ptr<Region>> by_id_;
     std::map<std::string, RegionId> by_name_;
+    std::unordered_map<SessionId, std::map<RegionId, Region *>> by_session_;
+    uint64_t host_bytes_ = 0;  ///< of buffers (parent == 0)
 };
 
 }  // namespace tensorlane::sidecar

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "tensorlane/ipc/doorbell.hpp"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -83,67 +85,146 @@ void storeFence() {
 
 }  // namespace
 
-LocalTransport::LocalTransport(RegionTable &regions, std::string node_name)
-    : regions_(regions), node_name_(std::move(node_name)) {}
+LocalTransport::LocalTransport(std::string node_name, size_t max_queued)
+    : node_name_(std::move(node_name)), max_queued_(max_queued) {}
 
-Status LocalTransport::post(WriteOp op) {
-    queue_.push_back(Pending{std::move(op), nullptr, 0});
+LocalTransport::~LocalTransport() {
+    {
+        std::lock_guard lock(mu_);
+        stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) {
+        thread_.join();
+    }
+}
+
+Status LocalTransport::start() {
+    if (int rc = ipc::makeEventFd(&wake_)) {
+        return {Code::kInternal, std::string("eventfd: ") + std::strerror(rc)};
+    }
+    thread_ = std::thread([this] { run(); });
     return Status::ok();
 }
 
-size_t LocalTransport::progress(EventSink &sink) {
-    size_t events = 0;
-    uint64_t budget = kSliceBytes;
-    while (!queue_.empty() && budget > 0) {
-        Pending &p = queue_.front();
-        const WriteOp &op = p.op;
-        if (p.copied == 0) {
-            // Resolve the target when the copy starts: a region revoked after the post is not
-            // written, and a region cannot go away under a copy that holds it.
-            p.dst = regions_.find(op.dst_region);
-            Code code = Code::kOk;
-            const char *why = "";
-            if (!p.dst || p.dst->revoked.load(std::memory_order_acquire) ||
-                !p.dst->exposed.load(std::memory_order_acquire)) {
-                code = Code::kNotFound;
-                why = "target region is gone";
-            } else if (!p.dst->contains(op.dst_offset, op.bytes) ||
-                       !op.src->contains(op.src_offset, op.bytes)) {
-                code = Code::kInvalid;
-                why = "write out of bounds";
-            }
-            if (code != Code::kOk) {
-                uint64_t id = op.op_id;
-                queue_.pop_front();
-                sink.completed(id, code, why);
-                ++events;
-                continue;
-            }
+Status LocalTransport::post(const WriteOp &op) {
+    if (!op.dst || !op.src) {
+        return {Code::kInvalid, "local write without a resolved source and target"};
+    }
+    if (in_flight_ >= max_queued_) {
+        return {Code::kAgain, "the local copy queue is full"};
+    }
+    {
+        std::lock_guard lock(mu_);
+        jobs_[op.src->owner].push_back(Job{op, 0});
+    }
+    ++in_flight_;
+    cv_.notify_one();
+    return Status::ok();
+}
+
+bool LocalTransport::step(Job &job, Done *done) {
+    const WriteOp &op = job.op;
+    if (job.copied == 0) {
+        // Checked when the copy starts: a target deregistered or unexposed after the post is
+        // not written. The shared_ptrs keep both ranges mapped for as long as we copy.
+        Code code = Code::kOk;
+        const char *why = "";
+        if (op.dst->revoked.load(std::memory_order_acquire) ||
+            !op.dst->exposed.load(std::memory_order_acquire)) {
+            code = Code::kNotFound;
+            why = "target region is gone";
+        } else if (op.dst->base == nullptr || op.src->base == nullptr ||
+                   !op.dst->contains(op.dst_offset, op.bytes) ||
+                   !op.src->contains(op.src_offset, op.bytes)) {
+            code = Code::kInvalid;
+            why = "write out of bounds";
         }
-        uint64_t n = std::min(op.bytes - p.copied, budget);
-        unsigned char *to = p.dst->base + op.dst_offset + p.copied;
-        const unsigned char *from = op.src->base + op.src_offset + p.copied;
-        if (op.bytes >= streamingThreshold()) {
-            copyStreaming(to, from, n);
-            storeFence();
-        } else {
-            std::memcpy(to, from, n);
-        }
-        p.copied += n;
-        budget -= n;
-        if (p.copied == op.bytes) {
-            // Same address space, program order: the bytes are visible. Notify the owner
-            // first, then complete the writer, as DESIGN.md's data path requires.
-            RegionId dst = op.dst_region;
-            uint64_t id = op.op_id, offset = op.dst_offset, bytes = op.bytes;
-            uint32_t imm = op.imm;
-            queue_.pop_front();
-            sink.arrived(dst, imm, offset, bytes, node_name_);
-            sink.completed(id, Code::kOk, {});
-            events += 2;
+        if (code != Code::kOk) {
+            *done = Done{op.op_id, code, why, 0, 0, 0, 0};
+            return true;
         }
     }
-    return events;
+    const uint64_t n = std::min(op.bytes - job.copied, kSliceBytes);
+    unsigned char *to = op.dst->base + op.dst_offset + job.copied;
+    const unsigned char *from = op.src->base + op.src_offset + job.copied;
+    if (op.bytes >= streamingThreshold()) {
+        copyStreaming(to, from, n);
+    } else {
+        std::memcpy(to, from, n);
+    }
+    job.copied += n;
+    if (job.copied < op.bytes) {
+        return false;
+    }
+    storeFence();
+    // A target revoked while we copied: its owner is gone, so the writer hears that rather than
+    // that the data was delivered (as the tcp transport answers).
+    if (op.dst->revoked.load(std::memory_order_acquire)) {
+        *done = Done{op.op_id, Code::kNotFound, "target region was deregistered during the write",
+                     0, 0, 0, 0};
+        return true;
+    }
+    *done = Done{op.op_id, Code::kOk, "", op.dst_region, op.imm, op.dst_offset, op.bytes};
+    return true;
+}
+
+void LocalTransport::run() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+        cv_.wait(lock, [this] { return stop_ || !jobs_.empty(); });
+        if (stop_) {
+            return;
+        }
+        // The next session in turn (wrapping), its oldest write.
+        auto it = jobs_.lower_bound(next_turn_);
+        if (it == jobs_.end()) {
+            it = jobs_.begin();
+        }
+        const SessionId sid = it->first;
+        Job &job = it->second.front();  // references into a deque survive push_back
+        lock.unlock();
+        Done done;
+        const bool finished = step(job, &done);
+        lock.lock();
+        next_turn_ = sid + 1;
+        if (!finished) {
+            continue;
+        }
+        auto &queue = jobs_[sid];
+        queue.pop_front();
+        if (queue.empty()) {
+            jobs_.erase(sid);
+        }
+        done_.push_back(done);
+        // SYNC POINT: the flag is set under the lock with the entry; arm() reads it (acquire) so
+        // an engine about to sleep sees finished work, and the eventfd wakes one already asleep.
+        done_ready_.store(true, std::memory_order_release);
+        ipc::ring(wake_.get());
+    }
+}
+
+size_t LocalTransport::progress(EventSink &sink) {
+    if (!done_ready_.load(std::memory_order_acquire)) {
+        return 0;
+    }
+    std::vector<Done> done;
+    {
+        std::lock_guard lock(mu_);
+        done.swap(done_);
+        done_ready_.store(false, std::memory_order_relaxed);
+    }
+    ipc::drain(wake_.get());
+    for (const Done &d : done) {
+        --in_flight_;
+        if (d.code == Code::kOk) {
+            // Same address space, the copy fenced: the bytes are visible. The owner first, then
+            // the writer, as DESIGN.md's data path requires.
+            sink.arrived(d.dst, d.imm, d.offset, d.bytes, node_name_);
+        }
+        sink.completed(d.op_id, d.code, d.why);
+    }
+    return done.size() * 2;
 }
 
 }  // namespace tensorlane::sidecar

@@ -14,7 +14,7 @@
 #include "tensorlane/sidecar/region.hpp"
 #include "tensorlane/sidecar/status.hpp"
 #include "tensorlane/sidecar/transport.hpp"
-#include "transport/tcp/connection.hpp"
+#include "net/connection.hpp"
 
 namespace tensorlane::sidecar {
 

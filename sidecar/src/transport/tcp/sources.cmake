@@ -1,6 +1,4 @@
 # Sources of the TCP transport, added to tensorlane_sidecar_core.
 set(TENSORLANE_TCP_SOURCES
-  src/transport/tcp/connection.cpp
   src/transport/tcp/links.cpp
-  src/transport/tcp/socket.cpp
 )

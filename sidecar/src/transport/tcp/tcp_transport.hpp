@@ -38,10 +38,10 @@ public:
     void deregisterRegion(RegionId) override {}
     /// Never blocks: kAgain when the peer's window is full, kPeer at once while it is down,
     /// kNotFound for a region the peer revoked.
-    Status post(WriteOp op) override { return host_.postWrite(std::move(op)); }
+    Status post(const WriteOp &op) override { return host_.postWrite(op); }
     /// The same as PeerManager::progress (one loop drives bootstrap and data).
     size_t progress(EventSink &sink) override { return host_.runProgress(sink); }
-    int wakeFd() const override { return host_.loopFd(); }
+    std::vector<int> pollFds() const override { return {host_.loopFd()}; }
     size_t inFlight() const override { return host_.writesInFlight(); }
 
 private:

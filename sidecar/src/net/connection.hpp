@@ -19,7 +19,7 @@
 
 #include "tensorlane/ipc/fd.hpp"
 #include "tensorlane/sidecar/transport.hpp"
-#include "transport/tcp/frame.hpp"
+#include "net/frame.hpp"
 
 namespace tensorlane::sidecar {
 

@@ -1,4 +1,4 @@
-#include "transport/tcp/connection.hpp"
+#include "net/connection.hpp"
 
 #include <sys/socket.h>
 #include <sys/uio.h>
