@@ -275,19 +275,20 @@ def _readable_by_nobody(path: str) -> bool:
     return True
 
 
-@pytest.mark.xfail(strict=True, reason="tl_alloc_host reserves no backing up front "
-                   "(ipc/src/shm.cpp: ftruncate only), so more than /dev/shm holds is "
-                   "accepted; DESIGN.md says a full tmpfs must be an error (reported)")
-def test_more_host_memory_than_the_node_has_is_out_of_memory(client_a):
-    st = os.statvfs("/dev/shm")
-    free = st.f_bavail * st.f_frsize
-    want = min(2 * free + (1 << 30), 1 << 40)
-    if want <= free:
-        pytest.skip("/dev/shm is larger than one tl_alloc_host may ask for")
-    with pytest.raises(tensorlane.OutOfMemoryError) as e:
-        r = client_a.alloc_host(want)
-        r.close()  # never touched: no page of it is backed
-    assert isinstance(e.value, MemoryError)
+def test_a_quota_is_out_of_memory(make_cluster):
+    # [limits] refusals are TL_ENOMEM. (Small on purpose: a tl_alloc_host larger than the
+    # machine's memory reaches the kernel's OOM killer instead, see the report.)
+    cl = make_cluster(("node-a",), limits={"registered_bytes": "1MiB", "regions": 4})
+    with tensorlane.Client(cl.socket("node-a")) as c:
+        with pytest.raises(tensorlane.OutOfMemoryError) as e:
+            c.alloc_host(2 << 20)
+        assert isinstance(e.value, MemoryError) and e.value.status == Status.ENOMEM
+        assert "registered_bytes" in e.value.detail
+        keep = [c.alloc_host(4096) for _ in range(4)]
+        with pytest.raises(tensorlane.OutOfMemoryError, match="regions"):
+            c.alloc_host(4096)
+        keep.pop().close()
+        keep.append(c.alloc_host(4096))  # room again once one is released
 
 
 def test_stream_calls_absent_from_the_library_say_so(client_a, client_b, name):

@@ -98,18 +98,19 @@ def _mypy_env() -> dict:
     return {**os.environ, "MYPY_CACHE_DIR": cache, "MYPYPATH": PKG_SRC}
 
 
-def test_the_type_stubs_match_the_runtime():
+def test_the_type_stubs_match_the_runtime(tmp_path):
     env = _mypy_env()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (PKG_SRC, env.get("PYTHONPATH")) if p)
     out = subprocess.run([sys.executable, "-m", "mypy.stubtest", "tensorlane", "--concise",
                           "--mypy-config-file", os.path.join(HERE, "stubtest.ini"),
                           "--allowlist", os.path.join(HERE, "stubtest_allowlist.txt")],
-                         capture_output=True, text=True, env=env, cwd=PKG_SRC, timeout=300)
+                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-def test_the_examples_type_check_against_the_stubs():
+def test_the_examples_type_check_against_the_stubs(tmp_path):
     env = _mypy_env()
     out = subprocess.run([sys.executable, "-m", "mypy", "--config-file",
                           os.path.join(HERE, "stubtest.ini"), os.path.join(ROOT, "examples")],
-                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
