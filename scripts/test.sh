@@ -57,7 +57,8 @@ fi
 echo "clang-format: ${#sources[@]} files clean"
 
 step "shellcheck"
-mapfile -t scripts < <(git ls-files 'scripts/*.sh' '.ci/run')
+mapfile -t scripts < <(git ls-files 'scripts/*.sh' '.ci/run' 'tests/scripts/*.sh' \
+    'tests/scripts/fakebin/*')
 shellcheck "${scripts[@]}"
 echo "shellcheck: ${#scripts[@]} scripts clean"
 

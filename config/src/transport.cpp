@@ -3,6 +3,7 @@
 // Only files are read (no libibverbs), so --check-config works on hosts without rdma-core and
 // tests can point it at a fake tree. The verbs transport re-checks the device when it opens it.
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -125,7 +126,12 @@ Probe probeAny(const fs::path &ib_dir) {
 
 }  // namespace
 
-TransportChoice resolveTransport(const Config &cfg, const std::string &sysfs_root) {
+TransportChoice resolveTransport(const Config &cfg, const std::string &sysfs_root_arg) {
+    // The default root follows TENSORLANE_SYSFS_ROOT, as every other sysfs read of the sidecar
+    // does (DESIGN.md), so callers that pass nothing agree with the fabric selection.
+    const char *env = std::getenv("TENSORLANE_SYSFS_ROOT");
+    const std::string sysfs_root =
+        sysfs_root_arg == "/sys" && env != nullptr && *env != '\0' ? env : sysfs_root_arg;
     if (cfg.fabric.transport == TransportKind::kTcp) {
         return {TransportKind::kTcp, "set in the file"};
     }

@@ -84,7 +84,8 @@ Status EngineImpl::checkQuota(const Session &s, uint64_t new_bytes, bool new_map
                                      " regions, the most [limits] regions allows"};
     }
     if (new_bytes > l.registered_bytes || s.host_bytes > l.registered_bytes - new_bytes) {
-        return {Code::kNoMemory, "quota: " + std::to_string(new_bytes) + " more bytes would take "
+        return {Code::kNoMemory, "quota: " + std::to_string(new_bytes) +
+                                     " more bytes would take "
                                      "this client past [limits] registered_bytes = " +
                                      config::formatBytes(l.registered_bytes) + " (it holds " +
                                      std::to_string(s.host_bytes) + ")"};
@@ -126,7 +127,8 @@ void EngineImpl::acceptClients() {
                         std::strerror(rc));
             ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, listen_.get(), nullptr);
             listen_paused_ = true;
-            listen_paused_until_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+            listen_paused_until_ =
+                std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
             ++counters_.accept_pauses;
             return;
         }
@@ -142,8 +144,7 @@ void EngineImpl::acceptClients() {
             continue;
         }
         if (mappings_ >= max_mappings_) {
-            log_->warn("refused pid {}: the sidecar maps {} segments already", cred.pid,
-                       mappings_);
+            log_->warn("refused pid {}: the sidecar maps {} segments already", cred.pid, mappings_);
             refuse(fd.get(), Code::kNoMemory,
                    "the sidecar has no room for another session (vm.max_map_count)");
             continue;

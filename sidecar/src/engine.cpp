@@ -450,8 +450,8 @@ void EngineImpl::releaseRegion(const std::shared_ptr<Region> &r) {
     if (!regions_.remove(r->id)) {
         return;  // already released (a range released with its buffer)
     }
-    if (Session *s = findSession(r->owner); s != nullptr && r->parent == 0 &&
-                                            r->kind == MemoryKind::kHost) {
+    if (Session *s = findSession(r->owner);
+        s != nullptr && r->parent == 0 && r->kind == MemoryKind::kHost) {
         s->host_bytes -= r->bytes;
         --s->mappings;
     }

@@ -90,8 +90,9 @@ void EngineImpl::handleRequest(Session &s, const ipc::Request &r) {
         }
         ++counters_.writes_local;
     } else {
-        if (!peers_ || !peers_->remoteValid(dst.peer, dst.region)) {
-            reject(s, r, Code::kNotFound, "target region was revoked by its owner");
+        std::string why;
+        if (!peers_ || !peers_->resolveRemote(dst.peer, dst.region, &op.remote_region, &why)) {
+            reject(s, r, Code::kNotFound, "target region is not valid at the peer");
             return;
         }
         ++counters_.writes_remote;
@@ -115,8 +116,9 @@ void EngineImpl::handleRequest(Session &s, const ipc::Request &r) {
 
 bool EngineImpl::postNow(const WriteOp &op) {
     Transport *t = transportFor(op.peer);
-    Status st = t != nullptr ? t->post(op)
-                             : Status{Code::kPeer, "no transport to peer " + std::to_string(op.peer)};
+    Status st = t != nullptr
+                    ? t->post(op)
+                    : Status{Code::kPeer, "no transport to peer " + std::to_string(op.peer)};
     if (st.code() == Code::kAgain) {
         return false;
     }

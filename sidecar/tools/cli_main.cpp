@@ -1,4 +1,4 @@
-// tensorlane: the operator's command line (status, bench).
+// tensorlane: the operator's command line (status, bench, diag).
 #include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <iostream>
@@ -6,6 +6,7 @@
 #include <string>
 
 #include "bench.hpp"
+#include "diag_cmd.hpp"
 #include "tensorlane/config/config.hpp"
 #include "tensorlane/tensorlane.h"
 
@@ -81,7 +82,10 @@ int status(const std::string &socket, bool json) {
 
 int main(int argc, char **argv) {
     CLI::App app{"tensorlane: inspect and measure the tensorlane sidecars"};
-    app.require_subcommand(1);
+    // At most one verb; none is answered below with the list of verbs (CLI11's own message,
+    // "A subcommand is required", names none of them).
+    app.require_subcommand(0, 1);
+    app.footer("Run `tensorlane VERB --help` for what a verb takes.");
 
     std::string socket, config_path;
     bool json = false;
@@ -92,11 +96,14 @@ int main(int argc, char **argv) {
 
     std::function<int()> run_bench;
     tensorlane::tools::addBenchCommand(app, &run_bench);
+    std::function<int()> run_diag;
+    tensorlane::tools::addDiagCommand(app, &run_diag);
 
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError &e) {
-        return app.exit(e);
+        // --help prints and exits 0; every usage error exits 2 (CLI11's own codes are > 100).
+        return app.exit(e) == 0 ? 0 : 2;
     }
     if (st->parsed()) {
         return status(resolveSocket(socket, config_path), json);
@@ -104,5 +111,13 @@ int main(int argc, char **argv) {
     if (run_bench) {
         return run_bench();
     }
+    if (run_diag) {
+        return run_diag();
+    }
+    std::cerr << "tensorlane: a verb is required:";
+    for (const CLI::App *sub : app.get_subcommands({})) {
+        std::cerr << " " << sub->get_name();
+    }
+    std::cerr << "\nRun `tensorlane --help` or `tensorlane VERB --help` for more.\n";
     return 2;
 }

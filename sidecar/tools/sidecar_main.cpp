@@ -6,9 +6,11 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
+#include <nlohmann/json.hpp>
 
 #include "tensorlane/config/config.hpp"
 #include "tensorlane/sidecar/engine.hpp"
+#include "tensorlane/sidecar/startup.hpp"
 
 namespace {
 
@@ -27,7 +29,8 @@ int checkConfig(const std::string &path, bool json) {
         // traffic class, transport): that is what the operator is checking.
         auto structural = tensorlane::config::parseFile(path, {.check_key_file = false});
         if (structural.ok()) {
-            auto choice = tensorlane::config::resolveTransport(*structural.config);
+            auto choice = tensorlane::config::resolveTransport(
+                *structural.config, tensorlane::sidecar::SysfsRoot::fromEnvironment().path());
             std::cout << (json ? tensorlane::config::describeJson(*structural.config, choice)
                                : tensorlane::config::describeText(*structural.config, choice))
                       << "\n";
@@ -38,10 +41,34 @@ int checkConfig(const std::string &path, bool json) {
         std::cerr << path << ": " << result.errors.size() << " error(s)\n";
         return 2;
     }
-    auto choice = tensorlane::config::resolveTransport(*result.config);
-    std::cout << (json ? tensorlane::config::describeJson(*result.config, choice)
-                       : tensorlane::config::describeText(*result.config, choice))
-              << "\n";
+    // The same checks the sidecar makes at start (key content, transport, fabric, preflight),
+    // so that a file that passes here does not fail there.
+    const tensorlane::sidecar::StartupReport report =
+        tensorlane::sidecar::checkStartup(*result.config);
+    if (json) {
+        using Json = nlohmann::ordered_json;
+        Json j = Json::parse(tensorlane::config::describeJson(*result.config, report.transport));
+        Json startup = Json::parse(tensorlane::sidecar::startupJson(report));
+        j["fabric_selection"] = startup["fabric_selection"];
+        startup.erase("fabric_selection");
+        j["startup"] = std::move(startup);
+        std::cout << j.dump(2) << "\n";
+    } else {
+        std::cout << tensorlane::config::describeText(*result.config, report.transport);
+        const std::string fabric = tensorlane::sidecar::startupText(report);
+        std::cout << (fabric.empty() ? "" : "\n" + fabric) << "\n";
+    }
+    for (const auto &w : report.warnings) {
+        std::cerr << path << ": warning: " << w << "\n";
+    }
+    for (const auto &e : report.errors) {
+        std::cerr << path << ": " << e << "\n";
+    }
+    if (!report.ok()) {
+        std::cerr << path << ": " << report.errors.size()
+                  << " error(s): the sidecar would refuse to start\n";
+        return 2;
+    }
     return 0;
 }
 
@@ -56,14 +83,16 @@ int main(int argc, char **argv) {
     app.add_option("--config", config_path, "the node's TOML configuration")
         ->check(CLI::ExistingFile);
     app.add_option("--check-config", check_path,
-                   "validate FILE, print the resolved configuration, exit 0 (ok) or 2 (errors)");
+                   "validate FILE and run the start checks (peer key, transport, fabric selection, "
+                   "preflight); print the resolved configuration; exit 0 (ok) or 2 (errors)");
     app.add_flag("--json", json, "with --check-config: print JSON");
     app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
         ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError &e) {
-        return app.exit(e);
+        // --help prints and exits 0; every usage error exits 2 (CLI11's own codes are > 100).
+        return app.exit(e) == 0 ? 0 : 2;
     }
     if (!check_path.empty()) {
         return checkConfig(check_path, json);
@@ -79,6 +108,16 @@ int main(int argc, char **argv) {
             std::cerr << e.text() << "\n";
         }
         return 2;
+    }
+    // What --check-config checks, refused here the same way (and logged: the fabric selection
+    // and its reasons, the preflight's warnings).
+    const tensorlane::sidecar::StartupReport report =
+        tensorlane::sidecar::checkStartup(*parsed.config);
+    tensorlane::sidecar::logStartupReport(report);
+    if (!report.ok()) {
+        spdlog::shutdown();  // the asynchronous loggers write out the reasons first
+        std::cerr << "tensorlane-sidecar: refusing to start: " << report.status().message() << "\n";
+        return 1;
     }
     tensorlane::sidecar::Status st;
     auto engine = tensorlane::sidecar::Engine::create(*parsed.config, &st);

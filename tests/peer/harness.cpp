@@ -408,11 +408,12 @@ std::pair<Status, uint64_t> Node::post(const std::string &peer, const std::share
         if (!id) {
             return Status{Code::kNotFound, "unknown peer"};
         }
-        // What the engine does before posting.
-        if (!pm_->remoteValid(*id, remote)) {
-            return Status{Code::kNotFound, "remote region not valid"};
-        }
+        // What the engine does before posting: the handle becomes the peer's region id.
         WriteOp op;
+        std::string why;
+        if (!pm_->resolveRemote(*id, remote, &op.remote_region, &why)) {
+            return Status{Code::kNotFound, "remote region not valid: " + why};
+        }
         op.op_id = op_id;
         op.peer = *id;
         op.src = src;

@@ -112,7 +112,8 @@ TEST_F(PeerFailure, HungPeerFailsInFlightWritesWithinTheTimeoutAndRecovers) {
     auto [ps3, op3] = a->post("node-b", src, 0, remote.id, 0, kBytes, 3);
     ASSERT_TRUE(ps3.isOk()) << ps3.message();
     auto c3 = a->sink.completion(op3, 10s);
-    ASSERT_TRUE(c3 && c3->code == Code::kOk);
+    ASSERT_TRUE(c3.has_value());
+    ASSERT_EQ(c3->code, Code::kOk) << c3->reason;
     EXPECT_EQ(0, std::memcmp(dst->base, src->base, kBytes));
     auto st = nlohmann::json::parse(a->statusJson())["peers"][0];
     EXPECT_GE(st["failures"].get<int>(), 1);

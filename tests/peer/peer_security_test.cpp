@@ -15,9 +15,9 @@
 #include <random>
 
 #include "harness.hpp"
+#include "net/frame.hpp"
 #include "peer/handshake.hpp"
 #include "peer/key.hpp"
-#include "net/frame.hpp"
 
 namespace tensorlane::peertest {
 namespace {

@@ -41,6 +41,12 @@ std::string frameTypeName(uint8_t type) {
             return "ACK";
         case FrameType::kHeartbeat:
             return "HEARTBEAT";
+        case FrameType::kSelect:
+            return "SELECT";
+        case FrameType::kSelected:
+            return "SELECTED";
+        case FrameType::kTransport:
+            return "TRANSPORT";
         case FrameType::kChunk:
             return "CHUNK";
     }
@@ -106,16 +112,33 @@ Connection::Connection(Poller &poller, ipc::UniqueFd fd, std::string remote, Con
       last_rx_ms(now_ms),
       last_tx_ms(now_ms),
       last_out_progress_ms(now_ms),
-      poller_(poller),
+      poller_(&poller),
       fd_(std::move(fd)),
       remote_(std::move(remote)),
       in_(kInputBufferBytes) {
-    token_ = poller_.attach(this);
+    token_ = poller_->attach(this);
     want_write_ = is_connecting;
     // Level-triggered: a connection with more input than one progress() budget is reported
     // again on the next epoll_wait, so nothing is lost when we stop early.
     uint32_t events = EPOLLIN | EPOLLRDHUP | (want_write_ ? EPOLLOUT : 0u);
-    poller_.add(fd_.get(), events, token_);
+    poller_->add(fd_.get(), events, token_);
+}
+
+void Connection::rebind(Poller &poller) {
+    if (fd_) {
+        poller_->remove(fd_.get());
+        poller_->detach(token_);
+    }
+    poller_ = &poller;
+    token_ = poller_->attach(this);
+    if (fd_) {
+        poller_->add(fd_.get(), EPOLLIN | EPOLLRDHUP | (want_write_ ? EPOLLOUT : 0u), token_);
+    }
+}
+
+void Connection::enableAuth(const FrameAuth::Key &tx_key, const FrameAuth::Key &rx_key) {
+    tx_auth_ = FrameAuth(tx_key);
+    rx_auth_ = FrameAuth(rx_key);
 }
 
 Connection::~Connection() {
@@ -124,8 +147,8 @@ Connection::~Connection() {
 
 void Connection::close() {
     if (fd_) {
-        poller_.remove(fd_.get());
-        poller_.detach(token_);
+        poller_->remove(fd_.get());
+        poller_->detach(token_);
         fd_.reset();
     }
 }
@@ -135,31 +158,44 @@ void Connection::setWantWrite(bool want) {
         return;
     }
     want_write_ = want;
-    poller_.modify(fd_.get(), EPOLLIN | EPOLLRDHUP | (want ? EPOLLOUT : 0u), token_);
+    poller_->modify(fd_.get(), EPOLLIN | EPOLLRDHUP | (want ? EPOLLOUT : 0u), token_);
 }
 
 void Connection::queueFrame(FrameType type, uint64_t arg, std::span<const uint8_t> payload) {
     OutItem item;
-    const size_t total = kFrameHeaderBytes + payload.size();
+    const size_t tag = tx_auth_.enabled() ? kFrameTagBytes : 0;
+    const size_t total = kFrameHeaderBytes + payload.size() + tag;
+    uint8_t *p = nullptr;
     if (total <= item.head.size()) {
-        encodeFrameHeader(item.head.data(), type, static_cast<uint32_t>(payload.size()), arg);
-        std::copy(payload.begin(), payload.end(), item.head.begin() + kFrameHeaderBytes);
+        p = item.head.data();
         item.head_len = static_cast<uint32_t>(total);
     } else {
         item.big.resize(total);
-        encodeFrameHeader(item.big.data(), type, static_cast<uint32_t>(payload.size()), arg);
-        std::copy(payload.begin(), payload.end(), item.big.begin() + kFrameHeaderBytes);
+        p = item.big.data();
+    }
+    encodeFrameHeader(p, type, static_cast<uint32_t>(payload.size()), arg);
+    std::copy(payload.begin(), payload.end(), p + kFrameHeaderBytes);
+    if (tag != 0) {
+        tx_auth_.sign(p, kFrameHeaderBytes + payload.size(), nullptr, 0,
+                      p + kFrameHeaderBytes + payload.size());
     }
     out_bytes_ += item.size();
     out_.push_back(std::move(item));
 }
 
-void Connection::queueChunk(const uint8_t *head, const uint8_t *data, uint32_t len) {
+void Connection::queueChunk(const uint8_t *head, const uint8_t *data, uint32_t len,
+                            uint64_t tag_id) {
     OutItem item;
     std::copy(head, head + kChunkFrameOverhead, item.head.begin());
     item.head_len = static_cast<uint32_t>(kChunkFrameOverhead);
     item.data = data;
     item.data_len = len;
+    item.tag_id = tag_id;
+    if (tx_auth_.enabled()) {
+        // One pass over the source, right before it goes out (the data is warm for the send).
+        tx_auth_.sign(head, kChunkFrameOverhead, data, len, item.tag.data());
+        item.tag_len = kFrameTagBytes;
+    }
     out_bytes_ += item.size();
     out_.push_back(std::move(item));
 }
@@ -167,6 +203,7 @@ void Connection::queueChunk(const uint8_t *head, const uint8_t *data, uint32_t l
 void Connection::dropOutput() {
     out_.clear();
     out_bytes_ = 0;
+    sent_.clear();
 }
 
 int Connection::flush(int64_t now_ms, size_t budget) {
@@ -177,7 +214,7 @@ int Connection::flush(int64_t now_ms, size_t budget) {
     while (!out_.empty() && written_total < budget) {
         iovec iov[kMaxIovPerWrite];
         size_t n = 0;
-        for (auto it = out_.begin(); it != out_.end() && n + 2 <= kMaxIovPerWrite; ++it) {
+        for (auto it = out_.begin(); it != out_.end() && n + 3 <= kMaxIovPerWrite; ++it) {
             const uint8_t *head = it->big.empty() ? it->head.data() : it->big.data();
             const size_t head_len = it->big.empty() ? it->head_len : it->big.size();
             size_t skip = it->sent;
@@ -189,6 +226,12 @@ int Connection::flush(int64_t now_ms, size_t budget) {
             }
             if (it->data_len > skip) {
                 iov[n++] = {const_cast<uint8_t *>(it->data + skip), it->data_len - skip};
+                skip = 0;
+            } else {
+                skip -= it->data_len;
+            }
+            if (it->tag_len > skip) {
+                iov[n++] = {it->tag.data() + skip, it->tag_len - skip};
             }
         }
         // sendmsg rather than writev for MSG_NOSIGNAL: a peer that reset the connection must
@@ -215,6 +258,9 @@ int Connection::flush(int64_t now_ms, size_t budget) {
             const size_t rest = front.size() - front.sent;
             if (left >= rest) {
                 left -= rest;
+                if (front.tag_id != 0) {
+                    sent_.push_back(front.tag_id);
+                }
                 out_.pop_front();
             } else {
                 front.sent += left;
@@ -299,10 +345,12 @@ Connection::Parse Connection::nextFrame(uint32_t max_payload, FrameHeader *heade
                  std::to_string(max_payload);
         return Parse::kBad;
     }
-    if (buffered() < kFrameHeaderBytes + h.length) {
+    const size_t tag = rx_auth_.enabled() ? kFrameTagBytes : 0;
+    const size_t whole = kFrameHeaderBytes + h.length + tag;
+    if (buffered() < whole) {
         // Make sure the whole frame can fit; it always can since max_payload is far below the
         // buffer size.
-        if (in_.size() - rpos_ < kFrameHeaderBytes + h.length) {
+        if (in_.size() - rpos_ < whole) {
             std::copy(in_.begin() + static_cast<ptrdiff_t>(rpos_),
                       in_.begin() + static_cast<ptrdiff_t>(wpos_), in_.begin());
             wpos_ -= rpos_;
@@ -310,8 +358,18 @@ Connection::Parse Connection::nextFrame(uint32_t max_payload, FrameHeader *heade
         }
         return Parse::kNeedMore;
     }
+    if (tag != 0) {
+        rx_auth_.begin();
+        rx_auth_.update(bufferedData(), kFrameHeaderBytes + h.length);
+        if (!rx_auth_.verify(bufferedData() + kFrameHeaderBytes + h.length)) {
+            *error = frameTypeName(static_cast<uint8_t>(h.type)) +
+                     " frame fails its authentication tag (injected, replayed or corrupted)";
+            return Parse::kBad;
+        }
+    }
     *header = h;
     *payload = std::span<const uint8_t>(bufferedData() + kFrameHeaderBytes, h.length);
+    frame_bytes_ = whole;
     return Parse::kFrame;
 }
 

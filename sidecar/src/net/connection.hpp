@@ -15,11 +15,13 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
+#include "net/frame.hpp"
+#include "net/frame_auth.hpp"
 #include "tensorlane/ipc/fd.hpp"
 #include "tensorlane/sidecar/transport.hpp"
-#include "net/frame.hpp"
 
 namespace tensorlane::sidecar {
 
@@ -65,10 +67,11 @@ enum class ConnRole : uint8_t {
 /// The chunk a data connection is in the middle of receiving.
 struct ChunkRx {
     bool active = false;
-    void *write = nullptr;    ///< the receiver's record of the whole write
-    uint8_t *dest = nullptr;  ///< where the next byte goes; nullptr: discard it
-    uint64_t remaining = 0;   ///< bytes of this chunk still to come
-    uint64_t length = 0;      ///< the chunk's data bytes
+    void *write = nullptr;      ///< the receiver's record of the whole write
+    uint8_t *dest = nullptr;    ///< where the next byte goes; nullptr: discard it
+    uint64_t remaining = 0;     ///< bytes of this chunk still to come
+    uint64_t length = 0;        ///< the chunk's data bytes
+    bool awaiting_tag = false;  ///< all data came; its FrameAuth tag is next
 };
 
 /// A connected, non-blocking TCP socket registered with a Poller. Move-only by pointer: the
@@ -89,6 +92,14 @@ public:
     bool isOpen() const { return static_cast<bool>(fd_); }
     /// Deregisters and closes the socket; the object stays valid (owners destroy it later).
     void close();
+    /// Moves the connection to another poller (the peer layer hands authenticated data
+    /// connections to the tcp transport, which polls its own set).
+    void rebind(Poller &poller);
+    /// Tags every later frame in both directions (after the handshake; see frame_auth.hpp).
+    void enableAuth(const FrameAuth::Key &tx_key, const FrameAuth::Key &rx_key);
+    bool authenticated() const { return rx_auth_.enabled(); }
+    /// The receiving direction's tag state (the chunk reader updates it as data lands).
+    FrameAuth &rxAuth() { return rx_auth_; }
 
     // Routing fields, set by the owner.
     ConnRole role;
@@ -100,8 +111,11 @@ public:
     /// Queues a frame, copying the payload.
     void queueFrame(FrameType type, uint64_t arg, std::span<const uint8_t> payload = {});
     /// Queues a chunk frame: its header is copied, `data` is sent from where it lies (it must
-    /// stay valid until sent or dropOutput()).
-    void queueChunk(const uint8_t *head, const uint8_t *data, uint32_t len);
+    /// stay valid until sent or dropOutput()). `tag_id` (non-zero) is reported by takeSent()
+    /// once the whole frame has been written to the socket.
+    void queueChunk(const uint8_t *head, const uint8_t *data, uint32_t len, uint64_t tag_id = 0);
+    /// The tag_ids of chunks written out completely since the last call.
+    std::vector<uint64_t> takeSent() { return std::exchange(sent_, {}); }
     /// Writes queued bytes until the socket is full or `budget` bytes went. Returns 0 or errno.
     int flush(int64_t now_ms, size_t budget = SIZE_MAX);
     bool hasOutput() const { return !out_.empty(); }
@@ -117,8 +131,9 @@ public:
     /// The next whole frame in the buffer. The payload view stays valid until consumeFrame().
     Parse nextFrame(uint32_t max_payload, FrameHeader *header, std::span<const uint8_t> *payload,
                     std::string *error);
-    /// Drops the frame nextFrame() returned.
-    void consumeFrame(const FrameHeader &h) { consume(kFrameHeaderBytes + h.length); }
+    /// Drops the frame nextFrame() returned (and its tag, if it had one then: turning
+    /// authentication on while handling a frame does not change what it spans).
+    void consumeFrame(const FrameHeader &) { consume(std::exchange(frame_bytes_, 0)); }
     size_t buffered() const { return wpos_ - rpos_; }
     const uint8_t *bufferedData() const { return in_.data() + rpos_; }
     void consume(size_t n);
@@ -144,16 +159,19 @@ public:
 
 private:
     struct OutItem {
-        std::array<uint8_t, kChunkFrameOverhead> head{};
+        std::array<uint8_t, kChunkFrameOverhead + kFrameTagBytes> head{};
         uint32_t head_len = 0;
-        std::vector<uint8_t> big;  ///< a frame too large for `head`
+        std::vector<uint8_t> big;  ///< a frame too large for `head` (tag included)
         const uint8_t *data = nullptr;
         size_t data_len = 0;
+        std::array<uint8_t, kFrameTagBytes> tag{};  ///< after `data`, when tag_len
+        uint32_t tag_len = 0;
+        uint64_t tag_id = 0;
         size_t sent = 0;
-        size_t size() const { return (big.empty() ? head_len : big.size()) + data_len; }
+        size_t size() const { return (big.empty() ? head_len : big.size()) + data_len + tag_len; }
     };
 
-    Poller &poller_;
+    Poller *poller_;
     ipc::UniqueFd fd_;
     std::string remote_;
     uint64_t token_ = 0;
@@ -163,6 +181,10 @@ private:
     size_t wpos_ = 0;
     std::deque<OutItem> out_;
     uint64_t out_bytes_ = 0;
+    std::vector<uint64_t> sent_;
+    size_t frame_bytes_ = 0;  ///< what the frame nextFrame() returned spans
+    FrameAuth tx_auth_;
+    FrameAuth rx_auth_;
 };
 
 }  // namespace tensorlane::sidecar

@@ -12,6 +12,10 @@
 // All integers are little-endian. A CHUNK frame's payload starts with a 40-byte chunk header
 // (ChunkHeader) and carries the chunk's data after it, which the receiver reads straight into
 // the target region.
+//
+// Once a connection has authenticated ([security] tcp_integrity = "mac", the default), every
+// frame after the handshake is followed by a 16-byte tag (FrameAuth) over its header and
+// payload; `length` does not count the tag.
 #pragma once
 
 #include <bit>
@@ -34,6 +38,8 @@ inline constexpr size_t kFrameHeaderBytes = 16;
 inline constexpr size_t kChunkHeaderBytes = 40;
 /// A CHUNK frame's header and chunk header together.
 inline constexpr size_t kChunkFrameOverhead = kFrameHeaderBytes + kChunkHeaderBytes;
+/// The authentication tag after each frame of an authenticated connection.
+inline constexpr size_t kFrameTagBytes = 16;
 /// Largest payload accepted before a connection is authenticated (HELLO is well under it).
 inline constexpr uint32_t kMaxHandshakePayload = 1024;
 /// Largest control payload after authentication (a region descriptor, a refusal text).
@@ -50,6 +56,9 @@ enum class FrameType : uint8_t {
     kRegionDel = 17,  ///< server → client: a revoked region (arg = id)
     kAck = 18,        ///< server → client: a write ended (arg = sequence number)
     kHeartbeat = 19,  ///< either way on control: liveness
+    kSelect = 20,     ///< client → server on control: the transport for this session (arg)
+    kSelected = 21,   ///< server → client on control: the transport accepted (arg)
+    kTransport = 22,  ///< either way on control: a message of the session's transport
     kChunk = 32,      ///< client → server on data connections: one piece of a write
 };
 

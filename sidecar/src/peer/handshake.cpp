@@ -12,6 +12,10 @@ namespace {
 // client's.
 constexpr std::string_view kServerLabel = "tensorlane peer v1 server proof";
 constexpr std::string_view kClientLabel = "tensorlane peer v1 client proof";
+// Frame keys: an HMAC over the whole transcript (HELLO and CHALLENGE, so both fresh nonces),
+// one per direction.
+constexpr std::string_view kC2sLabel = "tensorlane peer v2 frame key client to server";
+constexpr std::string_view kS2cLabel = "tensorlane peer v2 frame key server to client";
 
 void mac(const PeerKey &key, std::string_view label, std::span<const uint8_t> a,
          std::span<const uint8_t> b, uint8_t out[kMacBytes]) {
@@ -28,6 +32,13 @@ void mac(const PeerKey &key, std::string_view label, std::span<const uint8_t> a,
     crypto_auth_hmacsha256_update(&st, b.data(), b.size());
     crypto_auth_hmacsha256_final(&st, out);
     sodium_memzero(&st, sizeof st);
+}
+
+void deriveKeys(const PeerKey &key, std::span<const uint8_t> hello,
+                std::span<const uint8_t> challenge, HandshakeOutcome *out) {
+    static_assert(FrameAuth::kKeyBytes == kMacBytes);
+    mac(key, kC2sLabel, hello, challenge, out->c2s_key.data());
+    mac(key, kS2cLabel, hello, challenge, out->s2c_key.data());
 }
 
 std::string versionMismatch(const std::string &ours_name, uint16_t ours,
@@ -52,6 +63,12 @@ Status checkSharedCaps(const std::string &our_name, const PeerCaps &ours,
     }
     if (ours.connections != theirs.connections) {
         return differs("connections_per_peer", ours.connections, theirs.connections);
+    }
+    if (ours.integrity != theirs.integrity) {
+        auto name = [](uint32_t v) { return v != 0 ? std::string("\"mac\"") : "\"none\""; };
+        return {Code::kInvalid, "[security] tcp_integrity differs: " + our_name + " has " +
+                                    name(ours.integrity) + ", " + their_name + " has " +
+                                    name(theirs.integrity) + "; both ends must set the same value"};
     }
     if (theirs.peer_timeout_ms == 0 || theirs.keepalive_ms == 0) {
         return {Code::kInvalid, their_name + " announced a zero timeout"};
@@ -120,6 +137,8 @@ Status ClientHandshake::onChallenge(std::span<const uint8_t> payload, std::vecto
     out->session_id = c.session_id;
     out->data_index = msg_.data_index;
     out->peer_caps = c.caps;
+    out->integrity = self_.caps.integrity != 0;
+    deriveKeys(key_, hello_, payload, out);
     return Status::ok();
 }
 
@@ -195,6 +214,8 @@ Status ServerHandshake::onAuth(std::span<const uint8_t> payload, HandshakeOutcom
     out->session_id = session_id_;
     out->data_index = hello_msg_.data_index;
     out->peer_caps = hello_msg_.caps;
+    out->integrity = self_.caps.integrity != 0;
+    deriveKeys(key_, hello_, challenge_, out);
     return Status::ok();
 }
 

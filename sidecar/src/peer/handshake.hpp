@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "net/frame_auth.hpp"
 #include "peer/key.hpp"
 #include "peer/wire.hpp"
 #include "tensorlane/sidecar/status.hpp"
@@ -38,10 +39,15 @@ struct HandshakeOutcome {
     uint64_t session_id = 0;
     uint32_t data_index = 0;
     PeerCaps peer_caps;
+    /// Frame keys of this connection, bound to the whole handshake (both nonces): client to
+    /// server and server to client. Used when both ends announced integrity.
+    FrameAuth::Key c2s_key{};
+    FrameAuth::Key s2c_key{};
+    bool integrity = false;
 };
 
 /// kInvalid naming both values when a setting both ends must share differs (chunk_bytes,
-/// connections_per_peer).
+/// connections_per_peer, tcp_integrity).
 Status checkSharedCaps(const std::string &our_name, const PeerCaps &ours,
                        const std::string &their_name, const PeerCaps &theirs);
 

@@ -78,13 +78,12 @@ Status PeerManagerImpl::admit(const HelloMsg &hello) const {
     }
     if (hello.role == LinkRole::kData) {
         if (!p->in || p->in->session_id != hello.session_id ||
-            p->in->remote_incarnation != hello.incarnation) {
+            p->in->remote_incarnation != hello.incarnation || !p->in->transport_open) {
             return {Code::kInvalid, "data connection for an unknown session"};
         }
-        if (hello.data_index >= p->in->data.size() || p->in->data[hello.data_index]) {
+        if (hello.data_index >= p->in->data_expected || p->in->data_taken[hello.data_index]) {
             return {Code::kInvalid, "data connection index " + std::to_string(hello.data_index) +
-                                        " taken or "
-                                        "out of range"};
+                                        " taken or out of range"};
         }
     }
     return Status::ok();
@@ -246,6 +245,8 @@ void PeerManagerImpl::promote(uint64_t token, const HandshakeOutcome &o, int64_t
     std::unique_ptr<Connection> conn = std::move(it->second.conn);
     pending_.erase(it);
     conn->peer = p->id;
+    // Every frame we send from here on carries a tag, and every frame we accept must.
+    authenticate(*conn, o, false);
 
     if (o.role == LinkRole::kControl) {
         if (p->in) {
@@ -254,9 +255,9 @@ void PeerManagerImpl::promote(uint64_t token, const HandshakeOutcome &o, int64_t
         auto s = std::make_unique<InSession>();
         s->session_id = o.session_id;
         s->remote_incarnation = o.peer_incarnation;
+        s->remote_caps = o.peer_caps;
+        s->integrity = o.integrity;
         s->heartbeat_ms = heartbeatInterval(o.peer_caps);
-        s->link = std::make_unique<InLink>(regions_, p->name, cfg_.tcp.chunk_bytes, limits_.window);
-        s->data.resize(cfg_.tcp.connections_per_peer);
         conn->role = ConnRole::kInControl;
         sendSnapshot(*conn);
         if (int rc = conn->flush(now); rc != 0) {
@@ -285,14 +286,13 @@ void PeerManagerImpl::promote(uint64_t token, const HandshakeOutcome &o, int64_t
         return;
     }
 
-    if (!p->in || p->in->session_id != o.session_id || o.data_index >= p->in->data.size() ||
-        p->in->data[o.data_index]) {
+    if (!p->in || p->in->session_id != o.session_id || !p->in->transport_open ||
+        o.data_index >= p->in->data_expected || p->in->data_taken[o.data_index]) {
         logDrop(conn->remote(), "data connection for a session that is gone", now);
         conn->close();
         dead_conns_.push_back(std::move(conn));
         return;
     }
-    conn->role = ConnRole::kInData;
     conn->index = o.data_index;
     conn->queueFrame(FrameType::kReady, 0);
     if (int rc = conn->flush(now); rc != 0) {
@@ -301,7 +301,8 @@ void PeerManagerImpl::promote(uint64_t token, const HandshakeOutcome &o, int64_t
         dead_conns_.push_back(std::move(conn));
         return;
     }
-    p->in->data[o.data_index] = std::move(conn);
+    p->in->data_taken[o.data_index] = true;
+    transport_->adoptConnection(p->id, SessionSide::kIn, o.data_index, std::move(conn));
 }
 
 void PeerManagerImpl::closeIn(Peer &p, const std::string &reason, bool warn) {
@@ -317,13 +318,12 @@ void PeerManagerImpl::closeIn(Peer &p, const std::string &reason, bool warn) {
     if (p.in->control) {
         p.in->control->close();
     }
-    for (auto &c : p.in->data) {
-        if (c) {
-            c->close();
-        }
-    }
     // Writes half received are dropped: the writer fails them when it sees the session die.
-    dead_in_.push_back(std::move(p.in));
+    std::unique_ptr<InSession> dead = std::move(p.in);
+    if (dead->transport_open) {
+        transport_->closeSession(p.id, SessionSide::kIn, Code::kPeer, reason);
+    }
+    dead_in_.push_back(std::move(dead));
     signalWake();
 }
 
@@ -354,12 +354,8 @@ void PeerManagerImpl::onInControlEvent(Connection &c, uint32_t events, int64_t n
             closeIn(*p, "protocol error: " + error, true);
             return;
         }
-        if (h.type != FrameType::kHeartbeat) {
-            closeIn(*p,
-                    "protocol error: unexpected " + frameTypeName(static_cast<uint8_t>(h.type)) +
-                        " on the control connection",
-                    true);
-            return;
+        if (!handleInControlFrame(*p, h, payload, now)) {
+            return;  // the session was closed
         }
         c.consumeFrame(h);
     }
@@ -370,30 +366,56 @@ void PeerManagerImpl::onInControlEvent(Connection &c, uint32_t events, int64_t n
     }
 }
 
-void PeerManagerImpl::onInDataEvent(Connection &c, uint32_t events, int64_t now) {
-    Peer *p = peerOf(c.peer);
-    if (p == nullptr || !p->in || c.index >= p->in->data.size() ||
-        p->in->data[c.index].get() != &c) {
-        return;
+bool PeerManagerImpl::handleInControlFrame(Peer &p, const FrameHeader &h,
+                                           std::span<const uint8_t> payload, int64_t now) {
+    InSession &s = *p.in;
+    if (h.type == FrameType::kHeartbeat) {
+        return true;
     }
-    if ((events & EPOLLOUT) != 0) {
-        if (int rc = c.flush(now); rc != 0) {
-            closeIn(*p, "data connection: " + errnoText(rc), true);
-            return;
+    if (h.type == FrameType::kSelect && !s.transport_open) {
+        // The client chose the transport for its writes; open our receiving side of it and
+        // answer with our own bootstrap data for it.
+        if (h.arg != transport_->kind() || !transport_->available()) {
+            const std::string why =
+                "transport " + std::to_string(h.arg) + " is not available on " + cfg_.node.name;
+            s.control->queueFrame(
+                FrameType::kRefuse, 0,
+                std::span(reinterpret_cast<const uint8_t *>(why.data()), why.size()));
+            (void)s.control->flush(now);
+            closeIn(p, "refused the transport the peer selected: " + why, true);
+            return false;
         }
+        SessionInfo info = sessionInfo(p, s.session_id, s.remote_incarnation, s.integrity);
+        info.remote_blob.assign(payload.begin(), payload.end());
+        Status st = transport_->openSession(p.id, SessionSide::kIn, info);
+        if (!st.isOk()) {
+            closeIn(p, "cannot open the transport session: " + st.message(), true);
+            return false;
+        }
+        s.transport_open = true;
+        s.data_expected = cfg_.tcp.connections_per_peer;
+        s.data_taken.assign(s.data_expected, false);
+        s.control->queueFrame(FrameType::kSelected, h.arg,
+                              transport_->localBlob(p.id, SessionSide::kIn));
+        if (int rc = s.control->flush(now); rc != 0) {
+            closeIn(p, "cannot answer SELECT: " + errnoText(rc), true);
+            return false;
+        }
+        return true;
     }
-    if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) == 0) {
-        return;
+    if (h.type == FrameType::kTransport && s.transport_open) {
+        std::string error;
+        if (!transport_->onControlFrame(p.id, SessionSide::kIn, h, payload, &error)) {
+            closeIn(p, "protocol error: " + error, true);
+            return false;
+        }
+        return p.in != nullptr;
     }
-    std::string error;
-    const int rc = p->in->link->onReadable(c, limits_.read_budget, now, &error);
-    if (rc == EPROTO) {
-        closeIn(*p, "protocol error on a data connection: " + error, true);
-    } else if (rc == ECONNRESET) {
-        closeIn(*p, "data connection closed by the peer", false);
-    } else if (rc != 0) {
-        closeIn(*p, "data connection: " + errnoText(rc), true);
-    }
+    closeIn(p,
+            "protocol error: unexpected " + frameTypeName(static_cast<uint8_t>(h.type)) +
+                " on the control connection",
+            true);
+    return false;
 }
 
 }  // namespace tensorlane::sidecar

@@ -31,9 +31,9 @@ std::string hex64(uint64_t v) {
     return buf;
 }
 
-// The settings this implementation can honour; the config library checks the same ranges, but
-// the manager may be handed a Config built in code.
-Status checkConfig(const config::Config &cfg) {
+}  // namespace
+
+Status checkPeerConfig(const config::Config &cfg) {
     const auto &t = cfg.tcp;
     auto bad = [](const std::string &what) { return Status{Code::kInvalid, what}; };
     if (cfg.node.name.empty() || cfg.node.name.size() > kMaxNodeNameBytes) {
@@ -73,39 +73,15 @@ Status checkConfig(const config::Config &cfg) {
     return Status::ok();
 }
 
-}  // namespace
-
-std::unique_ptr<PeerManager> makePeerManager(const config::Config &cfg, RegionTable &regions,
-                                             Status *error) {
-    auto fail = [&](Status s) -> std::unique_ptr<PeerManager> {
-        if (error != nullptr) {
-            *error = std::move(s);
-        }
-        return nullptr;
-    };
-    Status s = checkConfig(cfg);
-    if (!s.isOk()) {
-        return fail(std::move(s));
-    }
-    PeerKey key;
-    // A node without peers needs no key: it neither listens nor connects.
-    if (!cfg.peers.empty()) {
-        s = PeerKey::fromFile(cfg.security.peer_key_file, &key);
-        if (!s.isOk()) {
-            return fail(std::move(s));
-        }
-    }
-    auto pm = std::make_unique<PeerManagerImpl>(cfg, regions, key);
-    s = pm->init();
-    if (!s.isOk()) {
-        return fail(std::move(s));
-    }
-    return pm;
-}
-
 PeerManagerImpl::PeerManagerImpl(const config::Config &cfg, RegionTable &regions, PeerKey key,
-                                 PeerLimits limits)
-    : cfg_(cfg), regions_(regions), key_(std::move(key)), limits_(limits), transport_(*this) {
+                                 std::unique_ptr<RemoteTransport> transport, PeerLimits limits)
+    : cfg_(cfg),
+      regions_(regions),
+      key_(std::move(key)),
+      limits_(limits),
+      transport_(std::move(transport)),
+      directory_(cfg.limits.peer_regions) {
+    transport_->attach(*this);
     PeerId id = 1;
     for (const auto &pc : cfg_.peers) {
         Peer p;
@@ -128,6 +104,7 @@ PeerManagerImpl::~PeerManagerImpl() {
     dead_out_.clear();
     dead_in_.clear();
     dead_conns_.clear();
+    transport_.reset();
 }
 
 Status PeerManagerImpl::init() {
@@ -157,6 +134,9 @@ Status PeerManagerImpl::init() {
     poller_.add(timer_.get(), EPOLLIN, kTokenTimer);
     poller_.add(wake_.get(), EPOLLIN, kTokenWake);
     poller_.add(resolver_->fd(), EPOLLIN, kTokenResolver);
+    for (int fd : transport_->pollFds()) {
+        poller_.add(fd, EPOLLIN, kTokenTransport);
+    }
     return Status::ok();
 }
 
@@ -305,54 +285,29 @@ void PeerManagerImpl::lookup(PeerId peer, const std::string &name,
 
 void PeerManagerImpl::resolveLookup(Peer &p, const std::string &name,
                                     std::function<void(Status, RemoteRegion)> done) {
-    auto it = p.region_by_name.find(name);
-    if (it == p.region_by_name.end()) {
-        callbacks_.push_back(
-            [done = std::move(done),
-             msg = "peer '" + p.name + "' exposes no region named '" + name + "'"] {
-                done(Status{Code::kNotFound, msg}, RemoteRegion{});
-            });
+    std::optional<RemoteRegion> rr = directory_.lookup(p.id, name);
+    if (!rr) {
+        std::string msg = "peer '" + p.name + "' exposes no region named '" + name + "'";
+        if (const uint64_t dropped = directory_.dropped(p.id); dropped != 0) {
+            msg += " (it described " + std::to_string(dropped) +
+                   " regions beyond [limits] peer_regions, which were ignored)";
+        }
+        callbacks_.push_back([done = std::move(done), msg = std::move(msg)] {
+            done(Status{Code::kNotFound, msg}, RemoteRegion{});
+        });
         return;
     }
-    const RegionDescriptor &d = p.regions.at(it->second);
-    RemoteRegion rr;
-    rr.id = handleFor(p, d.id);
-    rr.bytes = d.bytes;
-    callbacks_.push_back([done = std::move(done), rr] { done(Status::ok(), rr); });
+    callbacks_.push_back([done = std::move(done), r = *rr] { done(Status::ok(), r); });
 }
 
-uint64_t PeerManagerImpl::handleFor(const Peer &p, uint64_t remote_id) {
-    auto key = std::make_pair(p.id, remote_id);
-    auto it = handle_of_.find(key);
-    if (it != handle_of_.end()) {
-        return it->second;
-    }
-    const uint64_t h = next_handle_++;
-    handles_.emplace(h, Handle{p.id, p.remote_incarnation, remote_id});
-    handle_of_.emplace(key, h);
-    return h;
-}
-
-void PeerManagerImpl::pruneHandles(PeerId peer) {
-    // The old handles stay in handles_ (so a write through one says why it fails); only the
-    // name-to-handle cache forgets them, so lookups hand out fresh ones.
-    for (auto it = handle_of_.begin(); it != handle_of_.end();) {
-        if (it->first.first == peer) {
-            it = handle_of_.erase(it);
-        } else {
-            ++it;
-        }
-    }
-}
-
-bool PeerManagerImpl::remoteValid(PeerId peer, RegionId remote) const {
-    auto it = handles_.find(remote);
-    const Peer *p = peerOf(peer);
-    if (it == handles_.end() || p == nullptr || it->second.peer != peer) {
+bool PeerManagerImpl::resolveRemote(PeerId peer, RegionId handle, uint64_t *remote_id,
+                                    std::string *why) const {
+    std::optional<RegionDirectory::Target> t = directory_.resolve(peer, handle, why);
+    if (!t) {
         return false;
     }
-    return it->second.incarnation == p->remote_incarnation &&
-           p->regions.count(it->second.remote_id) != 0;
+    *remote_id = t->remote_id;
+    return true;
 }
 
 void PeerManagerImpl::regionExposed(const Region &r) {
@@ -385,8 +340,6 @@ void PeerManagerImpl::regionRevoked(RegionId id) {
     signalWake();
 }
 
-// ----- the transport's entry points
-
 Status PeerManagerImpl::ensureConnected(PeerId peer) {
     Peer *p = peerOf(peer);
     if (p == nullptr) {
@@ -402,59 +355,80 @@ Status PeerManagerImpl::ensureConnected(PeerId peer) {
     return Status::ok();
 }
 
-void PeerManagerImpl::dropPeer(PeerId peer) {
+// ----- what the transport asks of us (PeerLink)
+
+Status PeerManagerImpl::sendControl(PeerId peer, SessionSide side, FrameType type, uint64_t arg,
+                                    std::span<const uint8_t> payload) {
+    Peer *p = peerOf(peer);
+    Connection *c = nullptr;
+    if (p != nullptr && side == SessionSide::kOut && p->out) {
+        c = p->out->control.get();
+    } else if (p != nullptr && side == SessionSide::kIn && p->in) {
+        c = p->in->control.get();
+    }
+    if (c == nullptr || !c->isOpen()) {
+        return {Code::kPeer, "no control connection"};
+    }
+    c->queueFrame(type, arg, payload);
+    // Flushed once per progress() (deliverAcks-style batching): many ACKs, one send.
+    signalWake();
+    return Status::ok();
+}
+
+void PeerManagerImpl::openDataConnections(PeerId peer, uint32_t count) {
+    Peer *p = peerOf(peer);
+    if (p == nullptr || !p->out) {
+        return;
+    }
+    OutSession &s = *p->out;
+    const int64_t now = monotonicMs();
+    s.extras.resize(count);
+    for (uint32_t i = 0; i < count; ++i) {
+        s.extras[i].hs = std::make_unique<ClientHandshake>(key_, identity(), p->name,
+                                                           LinkRole::kData, s.session_id, i);
+        std::unique_ptr<Connection> c;
+        if (!openConnection(*p, ConnRole::kOutData, i, now, &c)) {
+            return;  // failOut ran
+        }
+        s.extras[i].conn = std::move(c);
+    }
+}
+
+void PeerManagerImpl::transportReady(PeerId peer) {
+    Peer *p = peerOf(peer);
+    if (p != nullptr && p->out && p->out->phase == OutSession::Phase::kOpening) {
+        onUp(*p, monotonicMs());
+    }
+}
+
+void PeerManagerImpl::failSession(PeerId peer, SessionSide side, const std::string &reason) {
     Peer *p = peerOf(peer);
     if (p == nullptr) {
         return;
     }
-    p->wanted = false;
-    p->attempt_scheduled = false;
-    failOut(*p, "disconnected by the engine", false, monotonicMs());
-    setState(*p, PeerState::kDown, "disconnected by the engine");
-    signalWake();
+    if (side == SessionSide::kOut) {
+        failOut(*p, reason, true, monotonicMs());
+    } else {
+        closeIn(*p, reason, true);
+    }
 }
 
-Status PeerManagerImpl::postWrite(WriteOp op) {
-    Peer *p = peerOf(op.peer);
-    if (p == nullptr) {
-        return {Code::kInvalid, "peer " + std::to_string(op.peer) + " is not a remote peer"};
-    }
-    if (!op.src || op.src->base == nullptr || !op.src->contains(op.src_offset, op.bytes)) {
-        return {Code::kInvalid, "the source range is not readable memory of the source region"};
-    }
-    auto h = handles_.find(op.dst_region);
-    if (h == handles_.end() || h->second.peer != op.peer) {
-        return {Code::kNotFound, "no such remote region at peer '" + p->name + "'"};
-    }
-    if (p->state != PeerState::kUp || !p->out || !p->out->link) {
-        return {Code::kPeer,
-                "peer '" + p->name + "' is down: " +
-                    (p->last_error.empty() ? std::string("not connected") : p->last_error)};
-    }
-    if (h->second.incarnation != p->remote_incarnation) {
-        return {Code::kNotFound, "the remote region belongs to an earlier run of '" + p->name +
-                                     "' (it restarted); look it up again"};
-    }
-    auto d = p->regions.find(h->second.remote_id);
-    if (d == p->regions.end()) {
-        return {Code::kNotFound, "peer '" + p->name + "' revoked the region"};
-    }
-    const uint64_t rbytes = d->second.bytes;
-    if (op.bytes == 0 || op.dst_offset > rbytes || op.bytes > rbytes - op.dst_offset) {
-        return {Code::kInvalid, "the write is out of the remote region's bounds"};
-    }
-    const uint64_t remote_id = h->second.remote_id;
-    return p->out->link->post(std::move(op), remote_id, monotonicMs());
+SessionInfo PeerManagerImpl::sessionInfo(const Peer &p, uint64_t session_id, uint64_t incarnation,
+                                         bool integrity) const {
+    SessionInfo info;
+    info.peer_name = p.name;
+    info.session_id = session_id;
+    info.incarnation = incarnation;
+    info.connections = cfg_.tcp.connections_per_peer;
+    info.chunk_bytes = cfg_.tcp.chunk_bytes;
+    info.integrity = integrity;
+    return info;
 }
 
-size_t PeerManagerImpl::writesInFlight() const {
-    size_t n = completions_.size();
-    for (const Peer &p : peers_) {
-        if (p.out && p.out->link) {
-            n += p.out->link->inFlight();
-        }
+void PeerManagerImpl::authenticate(Connection &c, const HandshakeOutcome &o, bool client) {
+    if (o.integrity) {
+        c.enableAuth(client ? o.c2s_key : o.s2c_key, client ? o.s2c_key : o.c2s_key);
     }
-    return n;
 }
 
 // ----- the loop
@@ -509,14 +483,27 @@ size_t PeerManagerImpl::progress(EventSink &sink) {
     if (now >= next_deadline_) {
         runTimers(now);
     }
-    size_t events = deliverArrivals(sink, now);
+    size_t events = transport_->progress(sink);
+    // What the transport queued on control connections (ACKs) goes out in one send each.
+    for (Peer &p : peers_) {
+        if (p.in && p.in->control && p.in->control->hasOutput()) {
+            if (int rc = p.in->control->flush(now); rc != 0) {
+                closeIn(p, std::string("control connection: ") + std::strerror(rc), true);
+            }
+        }
+        if (p.out && p.out->control && p.out->control->hasOutput()) {
+            if (int rc = p.out->control->flush(now); rc != 0) {
+                failOut(p, std::string("control connection: ") + std::strerror(rc), true, now);
+            }
+        }
+    }
     events += drainQueues(sink);
     dead_out_.clear();
     dead_in_.clear();
     dead_conns_.clear();
     rearmTimer();
     in_progress_ = false;
-    if (!completions_.empty() || !state_events_.empty() || !callbacks_.empty()) {
+    if (!state_events_.empty() || !callbacks_.empty() || !transport_->arm()) {
         signalWake();
     }
     return events;
@@ -548,6 +535,8 @@ void PeerManagerImpl::dispatch(const epoll_event &ev, int64_t now) {
                 }
             }
             return;
+        case kTokenTransport:
+            return;  // its progress() runs on every turn
         default:
             break;
     }
@@ -563,36 +552,14 @@ void PeerManagerImpl::dispatch(const epoll_event &ev, int64_t now) {
             onInControlEvent(*c, ev.events, now);
             break;
         case ConnRole::kInData:
-            onInDataEvent(*c, ev.events, now);
-            break;
+            break;  // data connections belong to the transport once authenticated
         case ConnRole::kOutControl:
             onOutControlEvent(*c, ev.events, now);
             break;
         case ConnRole::kOutData:
-            onOutDataEvent(*c, ev.events, now);
+            onOutExtraEvent(*c, ev.events, now);
             break;
     }
-}
-
-size_t PeerManagerImpl::deliverArrivals(EventSink &sink, int64_t now) {
-    size_t n = 0;
-    for (Peer &p : peers_) {
-        if (!p.in || !p.in->link || !p.in->link->deliverable()) {
-            continue;
-        }
-        InLink &link = *p.in->link;
-        const uint64_t writes_before = link.writesReceived();
-        const uint64_t bytes_before = link.bytesReceived();
-        n += link.deliver(sink, *p.in->control);
-        p.writes_received += link.writesReceived() - writes_before;
-        p.bytes_received += link.bytesReceived() - bytes_before;
-        // arrived() may have revoked regions or done anything else on this thread; the session
-        // is still ours (closeIn only runs from this thread's handlers, not from the sink).
-        if (p.in && p.in->control->flush(now) != 0) {
-            closeIn(p, "cannot send acknowledgements", true);
-        }
-    }
-    return n;
 }
 
 size_t PeerManagerImpl::drainQueues(EventSink &sink) {
@@ -600,158 +567,19 @@ size_t PeerManagerImpl::drainQueues(EventSink &sink) {
     // Callbacks may post, look up or expose again; what they queue is taken in the next round.
     for (int round = 0; round < 4; ++round) {
         auto states = std::exchange(state_events_, {});
-        auto completions = std::exchange(completions_, {});
         auto callbacks = std::exchange(callbacks_, {});
-        if (states.empty() && completions.empty() && callbacks.empty()) {
+        if (states.empty() && callbacks.empty()) {
             break;
         }
         for (const StateEvent &e : states) {
             sink.peerState(e.peer, e.state, e.reason);
         }
-        for (const Completion &c : completions) {
-            sink.completed(c.op_id, c.code, c.reason);
-        }
         for (auto &cb : callbacks) {
             cb();
         }
-        n += states.size() + completions.size() + callbacks.size();
+        n += states.size() + callbacks.size();
     }
     return n;
-}
-
-void PeerManagerImpl::runTimers(int64_t now) {
-    // Everything below that sets a deadline (a reconnect scheduled by failOut, a handshake
-    // deadline set by startAttempt) lowers next_deadline_ through noteDeadline() or due().
-    next_deadline_ = INT64_MAX;
-    auto due = [this](int64_t at) { next_deadline_ = std::min(next_deadline_, at); };
-    const int64_t timeout = cfg_.tcp.peer_timeout_ms;
-
-    if (listen_paused_until_ != 0) {
-        if (now >= listen_paused_until_) {
-            listen_paused_until_ = 0;
-            if (listener_) {
-                poller_.add(listener_.get(), EPOLLIN, kTokenListen);
-            }
-        } else {
-            due(listen_paused_until_);
-        }
-    }
-
-    std::vector<uint64_t> expired;
-    for (const auto &[token, pd] : pending_) {
-        if (now >= pd.deadline_ms) {
-            expired.push_back(token);
-        } else {
-            due(pd.deadline_ms);
-        }
-    }
-    for (uint64_t token : expired) {
-        auto it = pending_.find(token);
-        const bool closing = it->second.closing;
-        dropPending(token,
-                    closing ? std::string("refused")
-                            : "no complete handshake within " +
-                                  std::to_string(cfg_.tcp.connect_timeout_ms) +
-                                  " ms (half-open or slow connection)",
-                    now);
-    }
-
-    for (Peer &p : peers_) {
-        if (p.attempt_scheduled) {
-            if (now >= p.next_attempt_ms) {
-                startAttempt(p, now);
-            } else {
-                due(p.next_attempt_ms);
-            }
-        }
-        if (p.out) {
-            OutSession &s = *p.out;
-            if (s.phase != OutSession::Phase::kUp) {
-                if (now >= s.deadline_ms) {
-                    failOut(p,
-                            "no answer within " + std::to_string(cfg_.tcp.connect_timeout_ms) +
-                                " ms while " +
-                                (s.phase == OutSession::Phase::kResolving    ? "resolving"
-                                 : s.phase == OutSession::Phase::kConnecting ? "connecting"
-                                                                             : "authenticating"),
-                            true, now);
-                } else {
-                    due(s.deadline_ms);
-                }
-            } else {
-                Connection &ctl = *s.control;
-                if (now - ctl.last_rx_ms >= timeout) {
-                    failOut(p,
-                            "nothing heard from the peer for " +
-                                std::to_string(now - ctl.last_rx_ms) + " ms (peer_timeout_ms " +
-                                std::to_string(timeout) + ")",
-                            true, now);
-                } else {
-                    bool stalled = false;
-                    for (OutData &d : s.data) {
-                        if (d.conn->hasOutput()) {
-                            if (now - d.conn->last_out_progress_ms >= timeout) {
-                                stalled = true;
-                            } else {
-                                due(d.conn->last_out_progress_ms + timeout);
-                            }
-                        }
-                    }
-                    if (stalled) {
-                        failOut(p,
-                                "sending stalled for " + std::to_string(timeout) +
-                                    " ms (the peer stopped reading)",
-                                true, now);
-                    } else {
-                        if (now - ctl.last_tx_ms >= s.heartbeat_ms) {
-                            ctl.queueFrame(FrameType::kHeartbeat, static_cast<uint64_t>(now));
-                            if (int rc = ctl.flush(now); rc != 0) {
-                                failOut(p, std::string("control connection: ") + std::strerror(rc),
-                                        true, now);
-                            }
-                        }
-                        if (p.out) {
-                            due(ctl.last_tx_ms + s.heartbeat_ms);
-                            due(ctl.last_rx_ms + timeout);
-                        }
-                    }
-                }
-            }
-        }
-        if (p.in) {
-            Connection &ctl = *p.in->control;
-            if (now - ctl.last_rx_ms >= timeout) {
-                closeIn(p,
-                        "nothing heard for " + std::to_string(now - ctl.last_rx_ms) +
-                            " ms (peer_timeout_ms " + std::to_string(timeout) + ")",
-                        true);
-            } else {
-                if (now - ctl.last_tx_ms >= p.in->heartbeat_ms) {
-                    ctl.queueFrame(FrameType::kHeartbeat, static_cast<uint64_t>(now));
-                    if (int rc = ctl.flush(now); rc != 0) {
-                        closeIn(p, std::string("control connection: ") + std::strerror(rc), true);
-                    }
-                }
-                if (p.in) {
-                    due(ctl.last_tx_ms + p.in->heartbeat_ms);
-                    due(ctl.last_rx_ms + timeout);
-                }
-            }
-        }
-        for (auto it = p.lookups.begin(); it != p.lookups.end();) {
-            if (now >= it->deadline_ms) {
-                callbacks_.push_back(
-                    [done = std::move(it->done),
-                     msg = "peer '" + p.name + "' (" + p.address + ") did not answer in time"] {
-                        done(Status{Code::kPeer, msg}, RemoteRegion{});
-                    });
-                it = p.lookups.erase(it);
-            } else {
-                due(it->deadline_ms);
-                ++it;
-            }
-        }
-    }
 }
 
 // ----- helpers
@@ -773,6 +601,8 @@ HandshakeIdentity PeerManagerImpl::identity() const {
     id.caps.connections = cfg_.tcp.connections_per_peer;
     id.caps.peer_timeout_ms = cfg_.tcp.peer_timeout_ms;
     id.caps.keepalive_ms = cfg_.tcp.keepalive_ms;
+    id.caps.integrity = cfg_.security.tcp_integrity == config::TcpIntegrity::kMac ? 1 : 0;
+    id.caps.transports = transport_->kind();
     return id;
 }
 
@@ -801,39 +631,26 @@ std::string PeerManagerImpl::statusJson() const {
     nlohmann::json peers = nlohmann::json::array();
     for (const Peer &p : peers_) {
         size_t conns = 0;
-        size_t in_flight = 0;
-        nlohmann::json data_bytes = nlohmann::json::array();
         if (p.out) {
             conns += p.out->control && p.out->control->isOpen() ? 1 : 0;
-            for (const OutData &d : p.out->data) {
-                conns += d.conn && d.conn->isOpen() ? 1 : 0;
-                data_bytes.push_back(d.conn ? d.conn->bytes_out : 0);
-            }
-            in_flight = p.out->link ? p.out->link->inFlight() : 0;
         }
         if (p.in) {
             conns += p.in->control && p.in->control->isOpen() ? 1 : 0;
-            for (const auto &c : p.in->data) {
-                conns += c && c->isOpen() ? 1 : 0;
-            }
         }
-        nlohmann::json j;
+        nlohmann::json j = nlohmann::json::parse(transport_->peerStatusJson(p.id), nullptr, false);
+        if (!j.is_object()) {
+            j = nlohmann::json::object();
+        }
         j["name"] = p.name;
         j["address"] = p.address;
         j["state"] = toString(p.state);
-        j["transport"] = "tcp";
-        j["connections"] = conns;
-        j["writes_sent"] = p.writes_sent;
-        j["writes_received"] = p.writes_received;
-        j["bytes_sent"] = p.bytes_sent;
-        j["bytes_received"] = p.bytes_received;
+        j["control_connections"] = conns;
         j["failures"] = p.failures;
         j["last_error"] = p.last_error;
-        j["in_flight"] = in_flight;
-        j["remote_regions"] = p.regions.size();
+        j["remote_regions"] = directory_.regionCount(p.id);
+        j["remote_regions_ignored"] = directory_.dropped(p.id);
         j["incarnation"] = p.remote_incarnation != 0 ? hex64(p.remote_incarnation) : "";
         j["inbound"] = p.in != nullptr;
-        j["data_bytes_sent"] = std::move(data_bytes);  // per data connection of our session
         peers.push_back(std::move(j));
     }
     nlohmann::json out;
@@ -845,6 +662,8 @@ std::string PeerManagerImpl::statusJson() const {
     listener["pending_handshakes"] = pending_.size();
     listener["rejected"] = rejected_;
     listener["last_rejection"] = last_rejection_;
+    listener["handles"] = directory_.handleCount();
+    listener["handle_tombstones"] = directory_.tombstoneCount();
     out["listener"] = std::move(listener);
     return out.dump();
 }

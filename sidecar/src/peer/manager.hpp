@@ -1,6 +1,14 @@
-// The peer manager: the bootstrap listener, authenticated sessions to and from every configured
-// peer, region descriptors, liveness and reconnection, and the TCP transport's data path, all
-// driven from one non-blocking epoll loop on the engine thread (docs/peers.md).
+// The peer manager: authenticated sessions to and from every configured peer, driven from one
+// non-blocking epoll loop on the engine thread (docs/peers.md). Split by concern:
+//   manager.cpp   the peer table, state, the PeerManager API, the loop, status
+//   inbound.cpp   authentication of accepted connections (the listener, server handshakes) and
+//                 the control connections peers open to us
+//   outbound.cpp  connect attempts with backoff, client handshakes, our control connections,
+//                 and the extra connections a transport asks for
+//   liveness.cpp  deadlines: handshakes, heartbeats, silence, reconnects, lookups
+//   directory.*   region descriptors and lookups (RegionDirectory)
+// The bytes of writes belong to the transports (transport/remote.hpp); this layer only
+// authenticates their connections and carries their control frames.
 //
 // Sessions are one-way: our writes to a peer go over the session we opened to it ("out"), its
 // writes to us over the session it opened to us ("in"). The server side of a session sends its
@@ -18,33 +26,34 @@
 #include <unordered_map>
 #include <vector>
 
+#include "net/connection.hpp"
+#include "net/socket.hpp"
+#include "peer/directory.hpp"
 #include "peer/handshake.hpp"
 #include "peer/key.hpp"
 #include "peer/log.hpp"
 #include "peer/resolver.hpp"
 #include "tensorlane/config/config.hpp"
 #include "tensorlane/sidecar/peers.hpp"
-#include "net/connection.hpp"
-#include "transport/tcp/links.hpp"
-#include "net/socket.hpp"
-#include "transport/tcp/tcp_transport.hpp"
+#include "transport/remote.hpp"
 
 namespace tensorlane::sidecar {
+
+/// The settings this implementation can honour (the config library checks the same ranges,
+/// but a Config may be built in code).
+Status checkPeerConfig(const config::Config &cfg);
 
 /// Limits that keep unauthenticated and misbehaving peers bounded.
 struct PeerLimits {
     /// Accepted connections still in their handshake; more are closed at once.
     size_t max_pending_handshakes = 64;
-    /// Writes in flight per peer session (the receiver's reorder window is the same).
-    size_t window = 4096;
-    /// Bytes read from one data connection per progress() call before others get a turn.
-    size_t read_budget = 16u << 20;
 };
 
-class PeerManagerImpl final : public PeerManager, private TcpHost {
+class PeerManagerImpl final : public PeerManager, private PeerLink {
 public:
+    /// `transport` carries the writes (the tcp transport until verbs is in).
     PeerManagerImpl(const config::Config &cfg, RegionTable &regions, PeerKey key,
-                    PeerLimits limits = {});
+                    std::unique_ptr<RemoteTransport> transport, PeerLimits limits = {});
     ~PeerManagerImpl() override;
     PeerManagerImpl(const PeerManagerImpl &) = delete;
     PeerManagerImpl &operator=(const PeerManagerImpl &) = delete;
@@ -60,10 +69,11 @@ public:
     PeerState peerState(PeerId id) const override;
     void lookup(PeerId peer, const std::string &name,
                 std::function<void(Status, RemoteRegion)> done) override;
-    bool remoteValid(PeerId peer, RegionId remote) const override;
+    bool resolveRemote(PeerId peer, RegionId handle, uint64_t *remote_id,
+                       std::string *why) const override;
     void regionExposed(const Region &r) override;
     void regionRevoked(RegionId r) override;
-    Transport &transport() override { return transport_; }
+    Transport &transport() override { return *transport_; }
     int wakeFd() const override { return poller_.fd(); }
     size_t progress(EventSink &sink) override;
     std::string statusJson() const override;
@@ -74,45 +84,56 @@ public:
     uint64_t incarnation() const { return incarnation_; }
 
 private:
-    // ----- TcpHost
-    Status ensureConnected(PeerId peer) override;
-    void dropPeer(PeerId peer) override;
-    Status postWrite(WriteOp op) override;
-    size_t runProgress(EventSink &sink) override { return progress(sink); }
-    int loopFd() const override { return poller_.fd(); }
-    size_t writesInFlight() const override;
+    // ----- PeerLink (the transport's requests)
+    Status sendControl(PeerId peer, SessionSide side, FrameType type, uint64_t arg,
+                       std::span<const uint8_t> payload) override;
+    void openDataConnections(PeerId peer, uint32_t count) override;
+    void transportReady(PeerId peer) override;
+    void failSession(PeerId peer, SessionSide side, const std::string &reason) override;
 
     // ----- state
-    struct OutData {
+    /// A connection of our session that is still in its handshake (a transport asked for it).
+    struct OutExtra {
         std::unique_ptr<Connection> conn;
         std::unique_ptr<ClientHandshake> hs;
         bool sent_auth = false;
-        bool ready = false;
     };
     /// Our session to a peer, from the first connect until it fails.
     struct OutSession {
-        enum class Phase { kResolving, kConnecting, kHandshake, kSyncing, kData, kUp };
+        enum class Phase {
+            kResolving,
+            kConnecting,
+            kHandshake,
+            kSyncing,
+            kSelecting,
+            kOpening,
+            kUp
+        };
         Phase phase = Phase::kResolving;
         uint64_t attempt = 0;
         SockAddr addr;
         std::unique_ptr<Connection> control;
         std::unique_ptr<ClientHandshake> hs;
-        std::vector<OutData> data;
+        std::vector<OutExtra> extras;  ///< by index
         uint64_t session_id = 0;
         uint64_t remote_incarnation = 0;
         PeerCaps remote_caps;
+        bool integrity = false;
         std::map<uint64_t, RegionDescriptor> staged;  ///< the snapshot until READY
-        std::unique_ptr<OutLink> link;                ///< once up
-        int64_t deadline_ms = 0;                      ///< for the phase, until up
+        bool transport_open = false;
+        int64_t deadline_ms = 0;  ///< for the phase, until up
         int64_t heartbeat_ms = 0;
     };
     /// A peer's authenticated session to us.
     struct InSession {
         uint64_t session_id = 0;
         uint64_t remote_incarnation = 0;
+        PeerCaps remote_caps;
+        bool integrity = false;
         std::unique_ptr<Connection> control;
-        std::vector<std::unique_ptr<Connection>> data;
-        std::unique_ptr<InLink> link;
+        uint32_t data_expected = 0;  ///< connections the transport takes (tcp: connections)
+        std::vector<bool> data_taken;
+        bool transport_open = false;
         int64_t heartbeat_ms = 0;
     };
     /// An accepted connection that has not authenticated yet.
@@ -142,34 +163,25 @@ private:
         bool attempt_scheduled = false;
         int64_t next_attempt_ms = 0;
         uint32_t backoff_ms = 0;
-        uint64_t remote_incarnation = 0;               ///< of `regions`
-        std::map<uint64_t, RegionDescriptor> regions;  ///< what it exposes to us, by id
-        std::unordered_map<std::string, uint64_t> region_by_name;
+        uint64_t remote_incarnation = 0;  ///< of the regions in the directory
         std::vector<PendingLookup> lookups;
-        uint64_t writes_sent = 0;
-        uint64_t bytes_sent = 0;
-        uint64_t writes_received = 0;
-        uint64_t bytes_received = 0;
         uint64_t failures = 0;
         std::string last_error;
         std::string last_logged_error;
     };
-    /// What a RemoteRegion.id handed to the engine stands for. Handles are never reused, and a
-    /// handle from before a peer restarted stays invalid (its region ids start over).
-    struct Handle {
-        PeerId peer = 0;
-        uint64_t incarnation = 0;
-        uint64_t remote_id = 0;
-    };
 
-    // ----- loop
+    // ----- loop (manager.cpp)
     void dispatch(const epoll_event &ev, int64_t now);
-    void runTimers(int64_t now);
-    void rearmTimer();
     void noteDeadline(int64_t at);
+    void rearmTimer();
     void signalWake();
-    size_t deliverArrivals(EventSink &sink, int64_t now);
     size_t drainQueues(EventSink &sink);
+
+    // ----- deadlines (liveness.cpp)
+    void runTimers(int64_t now);
+    void checkOut(Peer &p, int64_t now, const std::function<void(int64_t)> &due);
+    void checkIn(Peer &p, int64_t now, const std::function<void(int64_t)> &due);
+    void checkLookups(Peer &p, int64_t now, const std::function<void(int64_t)> &due);
 
     // ----- inbound (inbound.cpp)
     void acceptAll(int64_t now);
@@ -180,7 +192,8 @@ private:
                        int64_t now);
     void dropPending(uint64_t token, const std::string &reason, int64_t now);
     void onInControlEvent(Connection &c, uint32_t events, int64_t now);
-    void onInDataEvent(Connection &c, uint32_t events, int64_t now);
+    bool handleInControlFrame(Peer &p, const FrameHeader &h, std::span<const uint8_t> payload,
+                              int64_t now);
     void closeIn(Peer &p, const std::string &reason, bool warn);
     void sendSnapshot(Connection &control);
 
@@ -191,39 +204,43 @@ private:
     bool openConnection(Peer &p, ConnRole role, uint32_t index, int64_t now,
                         std::unique_ptr<Connection> *out);
     void onOutControlEvent(Connection &c, uint32_t events, int64_t now);
-    void onOutDataEvent(Connection &c, uint32_t events, int64_t now);
+    void onOutExtraEvent(Connection &c, uint32_t events, int64_t now);
     bool handleOutControlFrame(Peer &p, const FrameHeader &h, std::span<const uint8_t> payload,
                                int64_t now);
     void onSynced(Peer &p, int64_t now);
+    void onSelected(Peer &p, uint64_t kind, std::span<const uint8_t> blob, int64_t now);
     void onUp(Peer &p, int64_t now);
     void failOut(Peer &p, const std::string &reason, bool reconnect, int64_t now);
-    void applyRegionAdd(Peer &p, RegionDescriptor d);
-    void applyRegionDel(Peer &p, uint64_t id);
 
     // ----- helpers
+    /// Marks `peer` wanted and starts connecting it if it is not up.
+    Status ensureConnected(PeerId peer);
     Peer *peerOf(PeerId id);
     const Peer *peerOf(PeerId id) const;
     Peer *peerNamed(std::string_view name);
     void setState(Peer &p, PeerState s, const std::string &reason);
     void resolveLookup(Peer &p, const std::string &name,
                        std::function<void(Status, RemoteRegion)> done);
-    uint64_t handleFor(const Peer &p, uint64_t remote_id);
-    void pruneHandles(PeerId peer);
     HandshakeIdentity identity() const;
     int64_t heartbeatInterval(const PeerCaps &remote) const;
     void logDrop(const std::string &remote, const std::string &reason, int64_t now);
+    SessionInfo sessionInfo(const Peer &p, uint64_t session_id, uint64_t incarnation,
+                            bool integrity) const;
+    /// Turns on the frame tags of an authenticated connection (when both ends asked for them).
+    static void authenticate(Connection &c, const HandshakeOutcome &o, bool client);
 
     static constexpr uint64_t kTokenListen = 1;
     static constexpr uint64_t kTokenTimer = 2;
     static constexpr uint64_t kTokenWake = 3;
     static constexpr uint64_t kTokenResolver = 4;
+    static constexpr uint64_t kTokenTransport = 5;
 
     const config::Config cfg_;
     RegionTable &regions_;
     const PeerKey key_;
     const PeerLimits limits_;
+    std::unique_ptr<RemoteTransport> transport_;
     uint64_t incarnation_ = 0;
-    TcpTransport transport_;
 
     Poller poller_;
     ipc::UniqueFd timer_;
@@ -236,13 +253,10 @@ private:
 
     std::vector<Peer> peers_;
     std::unordered_map<uint64_t, Pending> pending_;  ///< by connection token
-    std::unordered_map<uint64_t, Handle> handles_;
-    std::map<std::pair<PeerId, uint64_t>, uint64_t> handle_of_;  ///< current incarnation
-    uint64_t next_handle_ = 1;
+    RegionDirectory directory_;
     uint64_t next_attempt_ = 1;
 
     // Events for the engine, delivered by progress().
-    std::vector<Completion> completions_;
     struct StateEvent {
         PeerId peer;
         PeerState state;
@@ -265,6 +279,7 @@ private:
     bool wake_signalled_ = false;
 
     LogLimiter drop_log_{20, 10000};
+    LogLimiter region_log_{5, 10000};
     uint64_t rejected_ = 0;
     std::string last_rejection_;
 };

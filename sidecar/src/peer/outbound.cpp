@@ -1,5 +1,6 @@
 // The connecting side: connect attempts with jittered exponential backoff, the client
-// handshake, region descriptors from the peer, acknowledgements of our writes, and failure.
+// handshake, region descriptors from the peer, the choice of transport, the extra
+// connections a transport asks for, and failure.
 #include <sodium.h>
 
 #include <algorithm>
@@ -190,6 +191,9 @@ bool PeerManagerImpl::handleOutControlFrame(Peer &p, const FrameHeader &h,
                 failOut(p, "cannot send AUTH: " + errnoText(rc), true, now);
                 return false;
             }
+            // Every later frame on this connection, either way, carries a tag.
+            authenticate(*s.control, o, true);
+            s.integrity = o.integrity;
             s.session_id = o.session_id;
             s.remote_incarnation = o.peer_incarnation;
             s.remote_caps = o.peer_caps;
@@ -202,7 +206,11 @@ bool PeerManagerImpl::handleOutControlFrame(Peer &p, const FrameHeader &h,
                 if (!decodeRegionAdd(h.arg, payload, &d)) {
                     return protocolError("malformed REGION_ADD");
                 }
-                s.staged[d.id] = std::move(d);
+                // Bounded like the live descriptors: the directory keeps at most
+                // peer_regions of them; a peer cannot make us hold more here either.
+                if (s.staged.size() < cfg_.limits.peer_regions || s.staged.count(d.id) != 0) {
+                    s.staged[d.id] = std::move(d);
+                }
                 return true;
             }
             if (h.type == FrameType::kRegionDel) {
@@ -215,32 +223,40 @@ bool PeerManagerImpl::handleOutControlFrame(Peer &p, const FrameHeader &h,
             }
             return protocolError("unexpected " + frameTypeName(static_cast<uint8_t>(h.type)) +
                                  " before READY");
-        case Phase::kData:
+        case Phase::kSelecting:
+        case Phase::kOpening:
         case Phase::kUp:
             if (h.type == FrameType::kRegionAdd) {
                 RegionDescriptor d;
                 if (!decodeRegionAdd(h.arg, payload, &d)) {
                     return protocolError("malformed REGION_ADD");
                 }
-                applyRegionAdd(p, std::move(d));
+                if (!directory_.add(p.id, std::move(d))) {
+                    uint64_t suppressed = 0;
+                    if (region_log_.allow(now, &suppressed)) {
+                        peerLog().warn(
+                            "peer '{}' describes more than [limits] peer_regions = {} regions; "
+                            "ignoring the rest ({} ignored so far)",
+                            p.name, cfg_.limits.peer_regions, directory_.dropped(p.id));
+                    }
+                }
                 return true;
             }
             if (h.type == FrameType::kRegionDel) {
-                applyRegionDel(p, h.arg);
+                directory_.remove(p.id, h.arg);
                 return true;
             }
-            if (h.type == FrameType::kAck && s.phase == Phase::kUp && payload.size() == 8) {
-                const Code code = ipc::sanitizeCode(static_cast<int32_t>(loadLe32(payload.data())));
-                const size_t before = completions_.size();
-                if (!s.link->onAck(h.arg, code, &completions_)) {
-                    return protocolError("ACK for write " + std::to_string(h.arg) +
-                                         ", which is not the oldest in flight");
+            if (h.type == FrameType::kSelected && s.phase == Phase::kSelecting) {
+                onSelected(p, h.arg, payload, now);
+                return p.out != nullptr;
+            }
+            if ((h.type == FrameType::kAck || h.type == FrameType::kTransport) &&
+                s.phase != Phase::kSelecting && s.transport_open) {
+                std::string error;
+                if (!transport_->onControlFrame(p.id, SessionSide::kOut, h, payload, &error)) {
+                    return protocolError(error);
                 }
-                if (code == Code::kOk && completions_.size() > before) {
-                    ++p.writes_sent;
-                    p.bytes_sent += completions_.back().bytes;
-                }
-                return true;
+                return p.out != nullptr;
             }
             return protocolError("unexpected " + frameTypeName(static_cast<uint8_t>(h.type)));
         default:
@@ -255,35 +271,57 @@ void PeerManagerImpl::onSynced(Peer &p, int64_t now) {
             "peer '{}' restarted (incarnation {:016x} -> {:016x}): its regions are new; "
             "handles from before fail with TL_ENOENT",
             p.name, p.remote_incarnation, s.remote_incarnation);
-        pruneHandles(p.id);
     }
     p.remote_incarnation = s.remote_incarnation;
-    p.regions = std::move(s.staged);
-    p.region_by_name.clear();
-    for (const auto &[id, d] : p.regions) {
-        p.region_by_name[d.name] = id;
+    directory_.replace(p.id, s.remote_incarnation, std::move(s.staged));
+    s.staged.clear();
+    // The transport both ends can use: verbs where both announce it, else tcp (which every
+    // node speaks). Its own bootstrap data rides along.
+    const uint32_t kind = transport_->kind();
+    if ((s.remote_caps.transports & kind) == 0) {
+        failOut(p,
+                "the peer cannot use the " + std::string(transport_->name()) +
+                    " transport this node offers",
+                true, now);
+        return;
     }
-    s.phase = OutSession::Phase::kData;
-    s.data.resize(cfg_.tcp.connections_per_peer);
-    for (uint32_t i = 0; i < s.data.size(); ++i) {
-        s.data[i].hs = std::make_unique<ClientHandshake>(key_, identity(), p.name, LinkRole::kData,
-                                                         s.session_id, i);
-        std::unique_ptr<Connection> c;
-        if (!openConnection(p, ConnRole::kOutData, i, now, &c)) {
-            return;
-        }
-        s.data[i].conn = std::move(c);
+    s.phase = OutSession::Phase::kSelecting;
+    s.deadline_ms = now + cfg_.tcp.connect_timeout_ms;
+    noteDeadline(s.deadline_ms);
+    s.control->queueFrame(FrameType::kSelect, kind, transport_->localBlob(p.id, SessionSide::kOut));
+    if (int rc = s.control->flush(now); rc != 0) {
+        failOut(p, "cannot send SELECT: " + errnoText(rc), true, now);
     }
 }
 
-void PeerManagerImpl::onOutDataEvent(Connection &c, uint32_t events, int64_t now) {
+void PeerManagerImpl::onSelected(Peer &p, uint64_t kind, std::span<const uint8_t> blob,
+                                 int64_t now) {
+    OutSession &s = *p.out;
+    if (kind != transport_->kind()) {
+        failOut(p, "the peer selected transport " + std::to_string(kind) + ", not the one offered",
+                true, now);
+        return;
+    }
+    SessionInfo info = sessionInfo(p, s.session_id, s.remote_incarnation, s.integrity);
+    info.remote_blob.assign(blob.begin(), blob.end());
+    s.phase = OutSession::Phase::kOpening;
+    s.transport_open = true;
+    Status st = transport_->openSession(p.id, SessionSide::kOut, info);
+    if (!st.isOk() && p.out) {
+        failOut(p,
+                "cannot open the " + std::string(transport_->name()) + " session: " + st.message(),
+                true, now);
+    }
+}
+
+void PeerManagerImpl::onOutExtraEvent(Connection &c, uint32_t events, int64_t now) {
     Peer *p = peerOf(c.peer);
-    if (p == nullptr || !p->out || c.index >= p->out->data.size() ||
-        p->out->data[c.index].conn.get() != &c) {
+    if (p == nullptr || !p->out || c.index >= p->out->extras.size() ||
+        p->out->extras[c.index].conn.get() != &c) {
         return;
     }
     OutSession &s = *p->out;
-    OutData &d = s.data[c.index];
+    OutExtra &d = s.extras[c.index];
     if (c.connecting) {
         if ((events & (EPOLLOUT | EPOLLERR | EPOLLHUP)) == 0) {
             return;
@@ -309,17 +347,6 @@ void PeerManagerImpl::onOutDataEvent(Connection &c, uint32_t events, int64_t now
         return;
     }
     const int rc = c.fill(now);
-    if (d.ready) {
-        // The server sends nothing after READY on a data connection: readable means closed.
-        if (rc == EAGAIN) {
-            return;
-        }
-        failOut(*p,
-                rc == 0 ? std::string("unexpected bytes on a data connection")
-                        : "data connection: " + errnoText(rc),
-                true, now);
-        return;
-    }
     for (;;) {
         FrameHeader h;
         std::span<const uint8_t> payload;
@@ -357,17 +384,22 @@ void PeerManagerImpl::onOutDataEvent(Connection &c, uint32_t events, int64_t now
                 failOut(*p, "cannot send AUTH: " + errnoText(wrc), true, now);
                 return;
             }
+            // Everything after AUTH is tagged, both ways (the server's READY first).
+            authenticate(c, o, true);
             d.sent_auth = true;
             continue;
         }
-        if (h.type == FrameType::kReady && d.sent_auth && c.buffered() == kFrameHeaderBytes) {
+        if (h.type == FrameType::kReady && d.sent_auth) {
             c.consumeFrame(h);
-            d.ready = true;
-            const bool all =
-                std::all_of(s.data.begin(), s.data.end(), [](const OutData &x) { return x.ready; });
-            if (all) {
-                onUp(*p, now);
+            if (c.buffered() != 0) {
+                failOut(*p, "protocol error: bytes after READY on a data connection", true, now);
+                return;
             }
+            // Authenticated: the transport owns it from here.
+            std::unique_ptr<Connection> conn = std::move(d.conn);
+            const uint32_t index = conn->index;
+            d.hs.reset();
+            transport_->adoptConnection(p->id, SessionSide::kOut, index, std::move(conn));
             return;
         }
         failOut(*p,
@@ -386,19 +418,14 @@ void PeerManagerImpl::onOutDataEvent(Connection &c, uint32_t events, int64_t now
 void PeerManagerImpl::onUp(Peer &p, int64_t now) {
     OutSession &s = *p.out;
     s.phase = OutSession::Phase::kUp;
-    std::vector<Connection *> conns;
-    for (OutData &d : s.data) {
-        conns.push_back(d.conn.get());
-    }
-    s.link = std::make_unique<OutLink>(std::move(conns), cfg_.tcp.chunk_bytes,
-                                      std::min<size_t>(cfg_.tcp.window, limits_.window));
     s.heartbeat_ms = heartbeatInterval(s.remote_caps);
     p.backoff_ms = cfg_.tcp.reconnect_min_ms;
     p.last_logged_error.clear();
     peerLog().info(
-        "connected to peer '{}' at {} (session {:016x}, incarnation {:016x}, {} data "
-        "connections)",
-        p.name, s.addr.text(), s.session_id, s.remote_incarnation, s.data.size());
+        "connected to peer '{}' at {} over {} (session {:016x}, incarnation {:016x}, frames "
+        "{})",
+        p.name, s.addr.text(), transport_->name(), s.session_id, s.remote_incarnation,
+        s.integrity ? "authenticated" : "not authenticated (tcp_integrity = none)");
     setState(p, PeerState::kUp, "connected to " + s.addr.text());
     for (PendingLookup &l : p.lookups) {
         resolveLookup(p, l.name, std::move(l.done));
@@ -413,7 +440,6 @@ void PeerManagerImpl::failOut(Peer &p, const std::string &reason, bool reconnect
     }
     OutSession &s = *p.out;
     const bool was_up = s.phase == OutSession::Phase::kUp;
-    const size_t in_flight = s.link ? s.link->inFlight() : 0;
     p.last_error = reason;
     ++p.failures;
 
@@ -430,8 +456,8 @@ void PeerManagerImpl::failOut(Peer &p, const std::string &reason, bool reconnect
     if (stopped_ || !reconnect) {
         peerLog().info("session to peer '{}' closed: {}", p.name, reason);
     } else if (was_up) {
-        peerLog().warn("lost peer '{}' ({}): {}; {} writes in flight fail with TL_EPEER{}", p.name,
-                       p.address, reason, in_flight, retry_text);
+        peerLog().warn("lost peer '{}' ({}): {}; writes in flight fail with TL_EPEER{}", p.name,
+                       p.address, reason, retry_text);
     } else if (reason != p.last_logged_error) {
         peerLog().warn("cannot reach peer '{}' ({}): {}{}", p.name, p.address, reason, retry_text);
     } else {
@@ -439,22 +465,22 @@ void PeerManagerImpl::failOut(Peer &p, const std::string &reason, bool reconnect
     }
     p.last_logged_error = reason;
 
-    // Close the connections first: their queued output points into the writes' source
-    // regions, which failing the writes lets go.
     if (s.control) {
         s.control->dropOutput();
         s.control->close();
     }
-    for (OutData &d : s.data) {
+    for (OutExtra &d : s.extras) {
         if (d.conn) {
-            d.conn->dropOutput();
             d.conn->close();
         }
     }
-    if (s.link) {
-        s.link->failAll(Code::kPeer, "peer '" + p.name + "' failed: " + reason, &completions_);
+    // The transport fails every write in flight; each ends exactly once, with TL_EPEER.
+    std::unique_ptr<OutSession> dead = std::move(p.out);
+    if (dead->transport_open) {
+        transport_->closeSession(p.id, SessionSide::kOut, Code::kPeer,
+                                 "peer '" + p.name + "' failed: " + reason);
     }
-    dead_out_.push_back(std::move(p.out));
+    dead_out_.push_back(std::move(dead));
 
     for (PendingLookup &l : p.lookups) {
         callbacks_.push_back(
@@ -471,30 +497,6 @@ void PeerManagerImpl::failOut(Peer &p, const std::string &reason, bool reconnect
         noteDeadline(p.next_attempt_ms);
     }
     signalWake();
-}
-
-void PeerManagerImpl::applyRegionAdd(Peer &p, RegionDescriptor d) {
-    auto old = p.regions.find(d.id);
-    if (old != p.regions.end()) {
-        auto byname = p.region_by_name.find(old->second.name);
-        if (byname != p.region_by_name.end() && byname->second == d.id) {
-            p.region_by_name.erase(byname);
-        }
-    }
-    p.region_by_name[d.name] = d.id;
-    p.regions[d.id] = std::move(d);
-}
-
-void PeerManagerImpl::applyRegionDel(Peer &p, uint64_t id) {
-    auto it = p.regions.find(id);
-    if (it == p.regions.end()) {
-        return;
-    }
-    auto byname = p.region_by_name.find(it->second.name);
-    if (byname != p.region_by_name.end() && byname->second == id) {
-        p.region_by_name.erase(byname);
-    }
-    p.regions.erase(it);
 }
 
 }  // namespace tensorlane::sidecar

@@ -11,8 +11,8 @@
 #include <thread>
 #include <vector>
 
-#include "tensorlane/ipc/fd.hpp"
 #include "net/socket.hpp"
+#include "tensorlane/ipc/fd.hpp"
 
 namespace tensorlane::sidecar {
 

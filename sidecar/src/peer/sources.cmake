@@ -1,8 +1,10 @@
 # Sources of the peer subsystem (bootstrap, descriptors), added to tensorlane_sidecar_core.
 set(TENSORLANE_PEER_SOURCES
+  src/peer/directory.cpp
   src/peer/handshake.cpp
   src/peer/inbound.cpp
   src/peer/key.cpp
+  src/peer/liveness.cpp
   src/peer/log.cpp
   src/peer/manager.cpp
   src/peer/outbound.cpp

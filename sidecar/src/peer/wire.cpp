@@ -11,6 +11,8 @@ void putCaps(ByteWriter &w, const PeerCaps &c) {
     w.u32(c.connections);
     w.u32(c.peer_timeout_ms);
     w.u32(c.keepalive_ms);
+    w.u32(c.integrity);
+    w.u32(c.transports);
 }
 
 PeerCaps getCaps(ByteReader &r) {
@@ -19,6 +21,8 @@ PeerCaps getCaps(ByteReader &r) {
     c.connections = r.u32();
     c.peer_timeout_ms = r.u32();
     c.keepalive_ms = r.u32();
+    c.integrity = r.u32();
+    c.transports = r.u32();
     return c;
 }
 

@@ -13,7 +13,7 @@ namespace tensorlane::sidecar {
 /// The peer protocol version. Bumped on any incompatible change; both ends must speak the same
 /// one. Every version keeps the frame header and the HELLO payload's first two bytes (this
 /// version) where they are, so a mismatch is always reported as such.
-inline constexpr uint16_t kPeerProtocolVersion = 1;
+inline constexpr uint16_t kPeerProtocolVersion = 2;  ///< 2: frame integrity, transports
 inline constexpr size_t kNonceBytes = 32;
 inline constexpr size_t kMacBytes = 32;
 /// The longest node name the protocol carries (tl_notification holds 63 bytes and a NUL).
@@ -24,12 +24,20 @@ inline constexpr size_t kMaxRegionNameBytes = 255;
 /// What a connection is for, told in HELLO. Wire values.
 enum class LinkRole : uint8_t { kControl = 1, kData = 2 };
 
+/// Transports a node can carry writes over, as bits in PeerCaps::transports. Wire values.
+enum TransportBit : uint32_t {
+    kTransportTcp = 1u << 0,
+    kTransportVerbs = 1u << 1,
+};
+
 /// Settings a node announces at bootstrap.
 struct PeerCaps {
     uint32_t chunk_bytes = 0;      ///< [tcp] chunk_bytes; must match
     uint32_t connections = 0;      ///< [tcp] connections_per_peer; must match
     uint32_t peer_timeout_ms = 0;  ///< [tcp] peer_timeout_ms; the other end heartbeats faster
     uint32_t keepalive_ms = 0;     ///< [tcp] keepalive_ms
+    uint32_t integrity = 1;        ///< [security] tcp_integrity: 1 mac, 0 none; must match
+    uint32_t transports = kTransportTcp;  ///< TransportBit set this node can use
 };
 
 /// HELLO: the client's opening message.

@@ -245,7 +245,8 @@ struct TransportChoice {
 /// Resolves the transport by looking at <sysfs_root>/class/infiniband/*/ports/*/state: auto
 /// gives verbs when a port is ACTIVE (only the configured device and port when device is not
 /// "auto"), else tcp; explicit verbs and tcp are kept, the reason saying what sysfs shows.
-/// Reads files only (no libibverbs). Never throws.
+/// Reads files only (no libibverbs). A root of "/sys" is replaced by $TENSORLANE_SYSFS_ROOT
+/// when that is set. Never throws.
 TransportChoice resolveTransport(const Config &cfg, const std::string &sysfs_root = "/sys");
 
 /// The resolved configuration with derived values, as text for people: one "key = value" line

@@ -44,14 +44,24 @@ public:
     /// when the peer has no such exposed region, kPeer when it cannot be reached in time.
     virtual void lookup(PeerId peer, const std::string &name,
                         std::function<void(Status, RemoteRegion)> done) = 0;
-    /// False when the peer has revoked the region (so a write fails fast with kNotFound).
-    virtual bool remoteValid(PeerId peer, RegionId remote) const = 0;
+    /// The peer's own id of the region a handle from lookup() stands for; false with the
+    /// reason when the peer revoked it or restarted since (a write then fails at once with
+    /// kNotFound).
+    virtual bool resolveRemote(PeerId peer, RegionId handle, uint64_t *remote_id,
+                               std::string *why) const = 0;
+    /// resolveRemote() without the details.
+    bool remoteValid(PeerId peer, RegionId handle) const {
+        uint64_t id = 0;
+        std::string why;
+        return resolveRemote(peer, handle, &id, &why);
+    }
 
     /// A local region was exposed or revoked: tell the connected peers.
     virtual void regionExposed(const Region &r) = 0;
     virtual void regionRevoked(RegionId r) = 0;
 
-    /// The transport that carries writes to remote peers.
+    /// The transport that carries writes to remote peers (the one chosen for `peer` at its
+    /// bootstrap; every peer uses tcp until the verbs transport is in).
     virtual Transport &transport() = 0;
 
     /// Readable when progress() has work.

@@ -32,8 +32,8 @@ struct CudaMemory {
     std::array<unsigned char, 64> ipc_handle{};  ///< cudaIpcMemHandle_t of the allocation
     /// The dma-buf fd of the whole allocation (ibv_reg_dmabuf_mr), shared by its regions.
     std::shared_ptr<ipc::UniqueFd> dmabuf;
-    uint64_t alloc_bytes = 0;   ///< size of the whole allocation
-    uint64_t alloc_offset = 0;  ///< where the region starts in it
+    uint64_t alloc_bytes = 0;     ///< size of the whole allocation
+    uint64_t alloc_offset = 0;    ///< where the region starts in it
     uint64_t client_address = 0;  ///< the owner's device address of the region (diagnostics)
 };
 

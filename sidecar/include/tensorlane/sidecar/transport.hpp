@@ -31,7 +31,8 @@ struct WriteOp {
     PeerId peer = kLocalPeer;
     std::shared_ptr<Region> src;  ///< keeps the source alive until completion
     uint64_t src_offset = 0;
-    RegionId dst_region = 0;  ///< the target sidecar's region id (remote: the peer's handle)
+    RegionId dst_region = 0;     ///< local: the target's region id; remote: the engine's handle
+    uint64_t remote_region = 0;  ///< remote: the peer sidecar's own region id (peer layer)
     /// The target region itself when it is local (kLocalPeer): resolved by the engine so that a
     /// transport thread never looks anything up in the engine's tables.
     std::shared_ptr<Region> dst;

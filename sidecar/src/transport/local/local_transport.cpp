@@ -161,8 +161,9 @@ bool LocalTransport::step(Job &job, Done *done) {
     // A target revoked while we copied: its owner is gone, so the writer hears that rather than
     // that the data was delivered (as the tcp transport answers).
     if (op.dst->revoked.load(std::memory_order_acquire)) {
-        *done = Done{op.op_id, Code::kNotFound, "target region was deregistered during the write",
-                     0, 0, 0, 0};
+        *done = Done{
+            op.op_id, Code::kNotFound, "target region was deregistered during the write", 0, 0, 0,
+            0};
         return true;
     }
     *done = Done{op.op_id, Code::kOk, "", op.dst_region, op.imm, op.dst_offset, op.bytes};

@@ -10,6 +10,9 @@ namespace {
 // Rejected writes are still read off the socket (the stream has no other way to skip them);
 // their bytes go here.
 constexpr size_t kScratchBytes = 256 * 1024;
+// Rounds of cut-then-flush per pump: enough to refill connections that drained at once
+// (loopback), bounded so one peer cannot hold the engine thread.
+constexpr int kPumpRounds = 4;
 
 }  // namespace
 
@@ -18,46 +21,114 @@ constexpr size_t kScratchBytes = 256 * 1024;
 OutLink::OutLink(std::vector<Connection *> data, uint32_t chunk_bytes, size_t window)
     : data_(std::move(data)), chunk_bytes_(chunk_bytes), window_(window) {}
 
-Status OutLink::post(WriteOp op, uint64_t remote_region, int64_t now_ms) {
+Status OutLink::post(const WriteOp &op, int64_t now_ms) {
     if (inflight_.size() >= window_) {
         return {Code::kAgain, "too many writes in flight to this peer"};
     }
-    const uint64_t seq = next_seq_++;
-    const uint8_t *src = op.src->base + op.src_offset;
-    ChunkHeader c;
-    c.region = remote_region;
-    c.write_offset = op.dst_offset;
-    c.total_bytes = op.bytes;
-    c.imm = op.imm;
-    const uint64_t total = op.bytes;
-    inflight_.push_back(InFlight{seq, std::move(op)});
-
-    // Chunks rotate over the data connections so a large write streams over all of them; the
-    // target puts the notifications back in sequence order, so striping never reorders them.
-    uint8_t head[kChunkFrameOverhead];
-    for (uint64_t off = 0; off < total;) {
-        const uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(chunk_bytes_, total - off));
-        c.chunk_offset = off;
-        encodeChunkFrame(head, seq, c, len);
-        Connection *conn = data_[next_conn_++ % data_.size()];
-        conn->queueChunk(head, src + off, len);
-        off += len;
-    }
-    // Send at once from the caller's thread: a small write then costs one writev and no wakeup.
-    // A socket error here is also reported by epoll (EPOLLERR), where the session is failed.
-    for (Connection *conn : data_) {
-        if (conn->hasOutput()) {
-            (void)conn->flush(now_ms);
-        }
-    }
+    inflight_.push_back(InFlight{next_seq_++, op, 0, 0});
+    // Send at once from the caller's thread: a small write then costs one sendmsg and no
+    // wake-up. A socket error here is also reported by epoll (EPOLLERR), where the session is
+    // failed.
+    (void)pump(now_ms);
     return Status::ok();
 }
 
-bool OutLink::onAck(uint64_t seq, Code code, std::vector<Completion> *out) {
+OutLink::InFlight *OutLink::find(uint64_t seq) {
+    if (inflight_.empty() || seq < inflight_.front().seq) {
+        return nullptr;
+    }
+    const uint64_t i = seq - inflight_.front().seq;
+    return i < inflight_.size() ? &inflight_[i] : nullptr;
+}
+
+int OutLink::pump(int64_t now_ms) {
+    // Each connection holds at most two chunks of ours beyond what the socket took: enough to
+    // keep it busy between two turns of the loop, and the cursor does the rest.
+    const uint64_t watermark = 2 * (uint64_t{chunk_bytes_} + kChunkFrameOverhead + kFrameTagBytes);
+    for (int round = 0; round < kPumpRounds; ++round) {
+        bool cut = false;
+        while (cut_from_ < inflight_.size()) {
+            Connection *conn = nullptr;
+            for (size_t k = 0; k < data_.size(); ++k) {
+                Connection *c = data_[(next_conn_ + k) % data_.size()];
+                if (c->isOpen() && c->queuedBytes() < watermark) {
+                    conn = c;
+                    next_conn_ = (next_conn_ + k + 1) % data_.size();
+                    break;
+                }
+            }
+            if (conn == nullptr) {
+                break;
+            }
+            InFlight &w = inflight_[cut_from_];
+            const uint32_t len =
+                static_cast<uint32_t>(std::min<uint64_t>(chunk_bytes_, w.op.bytes - w.cut));
+            ChunkHeader h;
+            h.region = w.op.remote_region;
+            h.write_offset = w.op.dst_offset;
+            h.total_bytes = w.op.bytes;
+            h.chunk_offset = w.cut;
+            h.imm = w.op.imm;
+            uint8_t head[kChunkFrameOverhead];
+            encodeChunkFrame(head, w.seq, h, len);
+            // Chunks rotate over the connections so a large write streams over all of them;
+            // the target puts the notifications back in sequence order.
+            conn->queueChunk(head, w.op.src->base + w.op.src_offset + w.cut, len, w.seq);
+            w.cut += len;
+            ++w.unsent;
+            cut = true;
+            if (w.cut == w.op.bytes) {
+                ++cut_from_;
+            }
+        }
+        bool drained = false;
+        for (Connection *c : data_) {
+            if (c->hasOutput()) {
+                const uint64_t before = c->queuedBytes();
+                if (int rc = c->flush(now_ms); rc != 0) {
+                    return rc;
+                }
+                noteSent(*c);
+                drained = drained || c->queuedBytes() < before;
+            }
+        }
+        if (!cut || !drained) {
+            break;
+        }
+    }
+    // Work left and a socket with room: ask for EPOLLOUT, which fires at once while the socket
+    // can take more, so the next turn of the loop cuts on. (A connection whose queue emptied
+    // stops asking for it by itself, and nothing else would call us back.)
+    if (cut_from_ < inflight_.size()) {
+        for (Connection *c : data_) {
+            if (c->isOpen() && c->queuedBytes() < watermark) {
+                c->setWantWrite(true);
+            }
+        }
+    }
+    return 0;
+}
+
+void OutLink::noteSent(Connection &c) {
+    for (uint64_t seq : c.takeSent()) {
+        if (InFlight *w = find(seq); w != nullptr && w->unsent > 0) {
+            --w->unsent;
+        }
+    }
+}
+
+bool OutLink::onAck(uint64_t seq, Code code, std::vector<Completion> *out, std::string *error) {
     if (inflight_.empty() || inflight_.front().seq != seq) {
+        *error = "ACK for write " + std::to_string(seq) + ", which is not the oldest in flight";
         return false;
     }
     InFlight &f = inflight_.front();
+    if (f.cut != f.op.bytes || f.unsent != 0) {
+        *error = "ACK for write " + std::to_string(seq) + " before all of it was sent (" +
+                 std::to_string(f.cut) + " of " + std::to_string(f.op.bytes) + " bytes cut, " +
+                 std::to_string(f.unsent) + " chunk(s) still queued)";
+        return false;
+    }
     Completion done;
     done.op_id = f.op.op_id;
     done.code = code;
@@ -71,6 +142,9 @@ bool OutLink::onAck(uint64_t seq, Code code, std::vector<Completion> *out) {
     }
     out->push_back(std::move(done));
     inflight_.pop_front();
+    if (cut_from_ > 0) {
+        --cut_from_;
+    }
     return true;
 }
 
@@ -79,6 +153,15 @@ void OutLink::failAll(Code code, const std::string &reason, std::vector<Completi
         out->push_back(Completion{f.op.op_id, code, reason, f.op.bytes});
     }
     inflight_.clear();
+    cut_from_ = 0;
+}
+
+uint64_t OutLink::uncutBytes() const {
+    uint64_t n = 0;
+    for (size_t i = cut_from_; i < inflight_.size(); ++i) {
+        n += inflight_[i].op.bytes - inflight_[i].cut;
+    }
+    return n;
 }
 
 // ----- InLink
@@ -108,6 +191,11 @@ int InLink::beginChunk(Connection &c, std::string *error) {
     }
     const uint64_t chunk_len = h.length - kChunkHeaderBytes;
     const ChunkHeader ch = decodeChunkHeader(c.bufferedData() + kFrameHeaderBytes);
+    if (c.authenticated()) {
+        // The tag covers both headers and the data; the data is added as it lands.
+        c.rxAuth().begin();
+        c.rxAuth().update(c.bufferedData(), kChunkFrameOverhead);
+    }
     c.consume(kChunkFrameOverhead);
 
     const uint64_t seq = h.arg;
@@ -120,6 +208,7 @@ int InLink::beginChunk(Connection &c, std::string *error) {
     RxWrite &w = it->second;
     if (inserted) {
         if (ch.total_bytes == 0) {
+            pending_.erase(it);
             *error = "write of 0 bytes";
             return EPROTO;
         }
@@ -127,8 +216,8 @@ int InLink::beginChunk(Connection &c, std::string *error) {
         w.offset = ch.write_offset;
         w.total = ch.total_bytes;
         w.imm = ch.imm;
-        // Checked once per write against the shared table: exposed, not revoked, in bounds.
-        // A write that fails is still read off the stream, and answered with kNotFound.
+        // Checked once per write against the table: exposed, not revoked, in bounds. A write
+        // that fails is still read off the stream, and answered with kNotFound.
         auto r = regions_.find(ch.region);
         if (r && r->base != nullptr && r->exposed.load(std::memory_order_acquire) &&
             !r->revoked.load(std::memory_order_acquire) && r->contains(w.offset, w.total)) {
@@ -141,25 +230,51 @@ int InLink::beginChunk(Connection &c, std::string *error) {
         *error = "chunk of write " + std::to_string(seq) + " disagrees with its first chunk";
         return EPROTO;
     }
+    // Bytes claimed by chunks begun, not only those received: two chunks of the same write
+    // arriving at once on two connections must not both fit, or the first could deliver and
+    // free the record while the second still writes into it.
     if (ch.chunk_offset > w.total || chunk_len > w.total - ch.chunk_offset ||
-        chunk_len > w.total - w.received) {
+        chunk_len > w.total - w.claimed) {
         *error = "chunk at " + std::to_string(ch.chunk_offset) + "+" + std::to_string(chunk_len) +
                  " outside write " + std::to_string(seq) + " of " + std::to_string(w.total) +
-                 " bytes";
+                 " bytes (" + std::to_string(w.claimed) + " already claimed)";
         return EPROTO;
     }
+    w.claimed += chunk_len;
     c.rx.active = true;
     c.rx.write = &w;
     c.rx.remaining = chunk_len;
     c.rx.length = chunk_len;
+    c.rx.awaiting_tag = false;
     c.rx.dest = w.code == Code::kOk ? w.region->base + w.offset + ch.chunk_offset : nullptr;
     return 0;
 }
 
-void InLink::finishChunk(Connection &c) {
+int InLink::finishChunk(Connection &c, int64_t now_ms, std::string *error) {
+    if (c.authenticated()) {
+        if (c.buffered() < kFrameTagBytes) {
+            c.rx.awaiting_tag = true;
+            const int rc = c.fillAtLeast(kFrameTagBytes, now_ms);
+            if (rc != 0) {
+                return rc;  // EAGAIN: epoll reports the rest
+            }
+            if (c.buffered() < kFrameTagBytes) {
+                return EAGAIN;
+            }
+        }
+        const bool good = c.rxAuth().verify(c.bufferedData());
+        c.consume(kFrameTagBytes);
+        if (!good) {
+            // The bytes already landed in the region, but nobody is told: the write never
+            // completes and the session is dropped.
+            *error = "a chunk fails its authentication tag (injected or corrupted on the way)";
+            return EPROTO;
+        }
+    }
     auto *w = static_cast<RxWrite *>(c.rx.write);
     w->received += c.rx.length;
     c.rx = ChunkRx{};
+    return 0;
 }
 
 int InLink::onReadable(Connection &c, size_t budget, int64_t now_ms, std::string *error) {
@@ -207,6 +322,9 @@ int InLink::onReadable(Connection &c, size_t budget, int64_t now_ms, std::string
             if (rc != 0) {
                 return rc;
             }
+            if (c.authenticated()) {
+                c.rxAuth().update(dest, got);
+            }
             if (rx.dest != nullptr) {
                 rx.dest += got;
             }
@@ -217,7 +335,13 @@ int InLink::onReadable(Connection &c, size_t budget, int64_t now_ms, std::string
                 return 0;
             }
         }
-        finishChunk(c);
+        const int rc = finishChunk(c, now_ms, error);
+        if (rc == EAGAIN) {
+            return 0;
+        }
+        if (rc != 0) {
+            return rc;
+        }
     }
     return 0;
 }
@@ -228,33 +352,6 @@ bool InLink::deliverable() const {
     }
     const auto &[seq, w] = *pending_.begin();
     return seq == next_deliver_ && w.received == w.total;
-}
-
-size_t InLink::deliver(EventSink &sink, Connection &control) {
-    size_t n = 0;
-    while (deliverable()) {
-        auto it = pending_.begin();
-        RxWrite &w = it->second;
-        Code code = w.code;
-        // Deregistered before its last byte landed: the owner is gone, so the writer is told the
-        // region was revoked rather than that its data was delivered.
-        if (code == Code::kOk && w.region->revoked.load(std::memory_order_acquire)) {
-            code = Code::kNotFound;
-        }
-        if (code == Code::kOk) {
-            sink.arrived(w.region_id, w.imm, w.offset, w.total, peer_name_);
-            ++writes_received_;
-            bytes_received_ += w.total;
-        }
-        uint8_t payload[8];
-        storeLe32(payload, static_cast<uint32_t>(code));
-        storeLe32(payload + 4, 0);
-        control.queueFrame(FrameType::kAck, it->first, payload);
-        pending_.erase(it);
-        ++next_deliver_;
-        ++n;
-    }
-    return n;
 }
 
 }  // namespace tensorlane::sidecar

@@ -1,7 +1,7 @@
-// The TCP data path of one authenticated session: the sending side (OutLink: writes split into
-// chunks, striped over the data connections, completed by the target's ACKs) and the receiving
-// side (InLink: chunks read straight into the target region, writes delivered in sequence order,
-// each one notified before it is acknowledged).
+// The TCP data path of one authenticated session: the sending side (OutLink: writes cut into
+// chunks as the sockets drain, striped over the data connections, completed by the target's
+// ACKs) and the receiving side (InLink: chunks read straight into the target region, writes
+// delivered in sequence order, each one notified before it is acknowledged).
 #pragma once
 
 #include <cstdint>
@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "net/connection.hpp"
 #include "tensorlane/sidecar/region.hpp"
 #include "tensorlane/sidecar/status.hpp"
 #include "tensorlane/sidecar/transport.hpp"
-#include "net/connection.hpp"
 
 namespace tensorlane::sidecar {
 
@@ -27,31 +27,51 @@ struct Completion {
 };
 
 /// The sender's half: sequence numbers, chunking, striping, in-flight bookkeeping.
+///
+/// A write is not cut into chunks when it is posted: it keeps a cursor, and chunks are cut
+/// from the oldest unfinished write only while a data connection has less than two chunks
+/// queued. So memory per peer is bounded whatever the writes' sizes (a 1 TiB write costs a
+/// handful of queue items, not 2^28), and the striping follows the sockets that drain.
 class OutLink {
 public:
-    /// `data` are the session's authenticated data connections (owned by the session, which
-    /// outlives this link).
+    /// `data` are the session's authenticated data connections (owned by the transport, which
+    /// keeps them for as long as this link).
     OutLink(std::vector<Connection *> data, uint32_t chunk_bytes, size_t window);
 
-    /// Queues `op` to land in the target's region `remote_region` and starts sending. kAgain
-    /// when `window` writes are already in flight. Never blocks.
-    Status post(WriteOp op, uint64_t remote_region, int64_t now_ms);
+    /// Queues `op` (its remote_region resolved) and starts sending. kAgain when `window` writes
+    /// are already in flight. Never blocks.
+    Status post(const WriteOp &op, int64_t now_ms);
 
-    /// The target ended write `seq` with `code`. False when `seq` is not the oldest write in
-    /// flight (targets acknowledge in sequence order, so anything else is a protocol error).
-    bool onAck(uint64_t seq, Code code, std::vector<Completion> *out);
+    /// Cuts chunks into connections with room and sends. Returns 0 or the errno of a failed
+    /// connection.
+    int pump(int64_t now_ms);
+
+    /// Notes the chunks `c` has written out completely (after a flush).
+    void noteSent(Connection &c);
+
+    /// The target ended write `seq` with `code`. False with `*error` when that is a protocol
+    /// error: not the oldest write in flight (targets acknowledge in order), or a write whose
+    /// chunks have not all left yet (the target cannot have received them: the source memory
+    /// may still be read for them).
+    bool onAck(uint64_t seq, Code code, std::vector<Completion> *out, std::string *error);
 
     /// Ends every write in flight with `code` (the session died). Call after the connections
     /// dropped their queued output, which points into the writes' source regions.
     void failAll(Code code, const std::string &reason, std::vector<Completion> *out);
 
     size_t inFlight() const { return inflight_.size(); }
+    /// Bytes posted and not yet cut into chunks (tests and status).
+    uint64_t uncutBytes() const;
 
 private:
     struct InFlight {
         uint64_t seq = 0;
         WriteOp op;
+        uint64_t cut = 0;     ///< bytes cut into chunks so far
+        uint32_t unsent = 0;  ///< chunks queued on a connection and not yet written out
     };
+    /// The write with this sequence number, or nullptr.
+    InFlight *find(uint64_t seq);
 
     std::vector<Connection *> data_;
     uint32_t chunk_bytes_;
@@ -59,6 +79,7 @@ private:
     uint64_t next_seq_ = 1;
     size_t next_conn_ = 0;
     std::deque<InFlight> inflight_;
+    size_t cut_from_ = 0;  ///< index in inflight_ of the oldest write not cut completely
 };
 
 /// The receiver's half for one peer session.
@@ -72,8 +93,9 @@ public:
     int onReadable(Connection &c, size_t budget, int64_t now_ms, std::string *error);
 
     /// Reports the writes that are complete, in sequence order: arrived() for those that landed,
-    /// then an ACK on `control` (so the writer's completion follows the owner's notification).
-    size_t deliver(EventSink &sink, Connection &control);
+    /// then an ACK through `ack` (so the writer's completion follows the owner's notification).
+    template <class AckFn>
+    size_t deliver(EventSink &sink, AckFn &&ack);
     /// True when deliver() has something to do.
     bool deliverable() const;
 
@@ -86,14 +108,16 @@ private:
         uint64_t region_id = 0;
         uint64_t offset = 0;
         uint64_t total = 0;
-        uint64_t received = 0;
+        uint64_t claimed = 0;   ///< bytes of chunks begun (at most total)
+        uint64_t received = 0;  ///< bytes of chunks finished and authenticated
         uint32_t imm = 0;
         Code code = Code::kOk;
     };
 
     /// Starts receiving the chunk whose frame header is buffered in `c`.
     int beginChunk(Connection &c, std::string *error);
-    void finishChunk(Connection &c);
+    /// The chunk's data all came: check its tag (authenticated connections) and count it.
+    int finishChunk(Connection &c, int64_t now_ms, std::string *error);
 
     RegionTable &regions_;
     std::string peer_name_;
@@ -105,5 +129,30 @@ private:
     uint64_t writes_received_ = 0;
     uint64_t bytes_received_ = 0;
 };
+
+template <class AckFn>
+size_t InLink::deliver(EventSink &sink, AckFn &&ack) {
+    size_t n = 0;
+    while (deliverable()) {
+        auto it = pending_.begin();
+        RxWrite &w = it->second;
+        Code code = w.code;
+        // Deregistered before its last byte landed: the owner is gone, so the writer is told the
+        // region was revoked rather than that its data was delivered.
+        if (code == Code::kOk && w.region->revoked.load(std::memory_order_acquire)) {
+            code = Code::kNotFound;
+        }
+        if (code == Code::kOk) {
+            sink.arrived(w.region_id, w.imm, w.offset, w.total, peer_name_);
+            ++writes_received_;
+            bytes_received_ += w.total;
+        }
+        ack(it->first, code);
+        pending_.erase(it);
+        ++next_deliver_;
+        ++n;
+    }
+    return n;
+}
 
 }  // namespace tensorlane::sidecar

@@ -1,51 +1,105 @@
-// The TCP transport as the engine sees it: the Transport seam over the peer manager's sessions.
-// The byte-moving parts live next to it (connection, links); session setup, authentication and
-// liveness live in the peer manager, which owns the one epoll loop both use.
+// Transport "tcp": write-with-immediate over the data connections of authenticated peer
+// sessions (docs/peers.md, "Data path"). The peer layer authenticates the connections and
+// hands them over; this transport owns them from then on, polls them in its own epoll set, and
+// reports through the engine's EventSink.
+//
+// The sending side of a session (kOut) is an OutLink over connections_per_peer connections;
+// the receiving side (kIn) an InLink whose ACKs travel back on the session's control
+// connection through PeerLink::sendControl.
 #pragma once
 
-#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
 
-#include "tensorlane/sidecar/transport.hpp"
+#include "tensorlane/config/config.hpp"
+#include "transport/remote.hpp"
+#include "transport/tcp/links.hpp"
 
 namespace tensorlane::sidecar {
 
-/// What the TCP transport needs from its owner, the peer manager.
-class TcpHost {
+class TcpTransport final : public RemoteTransport {
 public:
-    virtual ~TcpHost() = default;
-    /// Marks `peer` wanted and starts connecting it if it is not up.
-    virtual Status ensureConnected(PeerId peer) = 0;
-    /// Closes the session to `peer` (its in-flight writes end with kPeer) and stops reconnecting.
-    virtual void dropPeer(PeerId peer) = 0;
-    /// Validates and sends one write; see Transport::post.
-    virtual Status postWrite(WriteOp op) = 0;
-    /// Drives all peer I/O and reports events.
-    virtual size_t runProgress(EventSink &sink) = 0;
-    virtual int loopFd() const = 0;
-    virtual size_t writesInFlight() const = 0;
-};
+    /// Writes in flight per peer session, at most (the receiver's reorder window).
+    static constexpr size_t kMaxWindow = 4096;
 
-/// Transport "tcp": write-with-immediate over authenticated TCP sessions.
-class TcpTransport final : public Transport {
-public:
-    explicit TcpTransport(TcpHost &host) : host_(host) {}
+    TcpTransport(const config::Config &cfg, RegionTable &regions);
+    ~TcpTransport() override;
+    TcpTransport(const TcpTransport &) = delete;
+    TcpTransport &operator=(const TcpTransport &) = delete;
 
+    /// Creates the epoll set. Returns 0 or errno.
+    int init();
+
+    // Transport
     const char *name() const override { return "tcp"; }
-    Status connect(PeerId peer) override { return host_.ensureConnected(peer); }
-    void disconnect(PeerId peer) override { host_.dropPeer(peer); }
+    Status connect(PeerId) override { return Status::ok(); }
+    void disconnect(PeerId) override {}
     /// Nothing to register: the target reads straight into the region's mapped memory.
     Status registerRegion(Region &) override { return Status::ok(); }
     void deregisterRegion(RegionId) override {}
-    /// Never blocks: kAgain when the peer's window is full, kPeer at once while it is down,
-    /// kNotFound for a region the peer revoked.
-    Status post(const WriteOp &op) override { return host_.postWrite(op); }
-    /// The same as PeerManager::progress (one loop drives bootstrap and data).
-    size_t progress(EventSink &sink) override { return host_.runProgress(sink); }
-    std::vector<int> pollFds() const override { return {host_.loopFd()}; }
-    size_t inFlight() const override { return host_.writesInFlight(); }
+    /// kPeer at once while the session is not up; kAgain when its window is full.
+    Status post(const WriteOp &op) override;
+    size_t progress(EventSink &sink) override;
+    std::vector<int> pollFds() const override { return {poller_.fd()}; }
+    bool arm() override { return completions_.empty(); }
+    size_t inFlight() const override;
+
+    // RemoteTransport
+    uint32_t kind() const override;
+    bool available() const override { return true; }
+    std::vector<uint8_t> localBlob(PeerId, SessionSide) override { return {}; }
+    Status openSession(PeerId peer, SessionSide side, const SessionInfo &info) override;
+    void closeSession(PeerId peer, SessionSide side, Code code, const std::string &reason) override;
+    bool onControlFrame(PeerId peer, SessionSide side, const FrameHeader &h,
+                        std::span<const uint8_t> payload, std::string *error) override;
+    void adoptConnection(PeerId peer, SessionSide side, uint32_t index,
+                         std::unique_ptr<Connection> conn) override;
+    std::string peerStatusJson(PeerId peer) const override;
+    void attach(PeerLink &link) override { link_ = &link; }
 
 private:
-    TcpHost &host_;
+    struct OutSide {
+        SessionInfo info;
+        std::vector<std::unique_ptr<Connection>> data;
+        std::unique_ptr<OutLink> link;  ///< once every data connection is up
+    };
+    struct InSide {
+        SessionInfo info;
+        std::vector<std::unique_ptr<Connection>> data;
+        std::unique_ptr<InLink> link;
+    };
+    struct PeerData {
+        std::unique_ptr<OutSide> out;
+        std::unique_ptr<InSide> in;
+        uint64_t writes_sent = 0;
+        uint64_t bytes_sent = 0;
+        uint64_t writes_received = 0;
+        uint64_t bytes_received = 0;
+    };
+
+    PeerData &peer(PeerId id) { return peers_[id]; }
+    void onEvent(Connection &c, uint32_t events, int64_t now);
+    /// Sends queued ACKs of every receiving side and delivers arrivals.
+    size_t deliver(EventSink &sink, int64_t now);
+    /// Data connections whose output stopped moving for peer_timeout_ms: the peer stopped
+    /// reading.
+    void checkStalls(int64_t now);
+    void fail(PeerId peer, SessionSide side, const std::string &reason);
+
+    const config::Config cfg_;
+    RegionTable &regions_;
+    PeerLink *link_ = nullptr;
+    Poller poller_;
+    std::unordered_map<PeerId, PeerData> peers_;
+    std::vector<Completion> completions_;
+    /// Connections closed during this progress() call, destroyed at its end.
+    std::vector<std::unique_ptr<Connection>> dead_;
+    std::vector<std::unique_ptr<OutLink>> dead_links_;
+    std::vector<std::unique_ptr<InLink>> dead_in_links_;
+    int64_t last_stall_check_ms_ = 0;
 };
 
 }  // namespace tensorlane::sidecar

@@ -1,0 +1,16 @@
+#include <spdlog/spdlog.h>
+
+#include <memory>
+
+#include "fabric/internal.hpp"
+#include "logging.hpp"
+
+namespace tensorlane::sidecar {
+
+spdlog::logger &fabricLog() {
+    // The sidecar's asynchronous stderr logger for this part (logging.hpp).
+    static const std::shared_ptr<spdlog::logger> logger = sidecarLogger("fabric");
+    return *logger;
+}
+
+}  // namespace tensorlane::sidecar

@@ -1,0 +1,345 @@
+#include "transport/tcp/tcp_transport.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "net/socket.hpp"
+#include "peer/wire.hpp"
+
+namespace tensorlane::sidecar {
+
+namespace {
+
+/// Bytes read from one data connection per event before the others get a turn.
+constexpr size_t kReadBudget = 16u << 20;
+
+std::string errnoText(int rc) {
+    return rc == ECONNRESET ? std::string("connection closed by the peer")
+                            : std::string(std::strerror(rc));
+}
+
+}  // namespace
+
+TcpTransport::TcpTransport(const config::Config &cfg, RegionTable &regions)
+    : cfg_(cfg), regions_(regions) {}
+
+TcpTransport::~TcpTransport() {
+    // Connections deregister from the poller when destroyed: before the poller goes.
+    peers_.clear();
+    dead_.clear();
+}
+
+int TcpTransport::init() {
+    return poller_.open();
+}
+
+uint32_t TcpTransport::kind() const {
+    return kTransportTcp;
+}
+
+size_t TcpTransport::inFlight() const {
+    size_t n = completions_.size();
+    for (const auto &[id, p] : peers_) {
+        if (p.out && p.out->link) {
+            n += p.out->link->inFlight();
+        }
+    }
+    return n;
+}
+
+Status TcpTransport::post(const WriteOp &op) {
+    auto it = peers_.find(op.peer);
+    if (it == peers_.end() || !it->second.out || !it->second.out->link) {
+        return {Code::kPeer, "no tcp session to peer " + std::to_string(op.peer) + " is up"};
+    }
+    if (!op.src || op.src->base == nullptr || !op.src->contains(op.src_offset, op.bytes)) {
+        return {Code::kInvalid, "the source range is not readable memory of the source region"};
+    }
+    return it->second.out->link->post(op, monotonicMs());
+}
+
+Status TcpTransport::openSession(PeerId id, SessionSide side, const SessionInfo &info) {
+    PeerData &p = peer(id);
+    if (side == SessionSide::kOut) {
+        p.out = std::make_unique<OutSide>();
+        p.out->info = info;
+        p.out->data.resize(info.connections);
+        link_->openDataConnections(id, info.connections);
+    } else {
+        p.in = std::make_unique<InSide>();
+        p.in->info = info;
+        p.in->data.resize(info.connections);
+        p.in->link =
+            std::make_unique<InLink>(regions_, info.peer_name, info.chunk_bytes, kMaxWindow);
+    }
+    return Status::ok();
+}
+
+void TcpTransport::closeSession(PeerId id, SessionSide side, Code code, const std::string &reason) {
+    auto it = peers_.find(id);
+    if (it == peers_.end()) {
+        return;
+    }
+    PeerData &p = it->second;
+    if (side == SessionSide::kOut && p.out) {
+        // Close the connections first: their queued output points into the writes' source
+        // regions, which failing the writes lets go.
+        for (auto &c : p.out->data) {
+            if (c) {
+                c->dropOutput();
+                c->close();
+                dead_.push_back(std::move(c));
+            }
+        }
+        if (p.out->link) {
+            p.out->link->failAll(code, reason, &completions_);
+            dead_links_.push_back(std::move(p.out->link));
+        }
+        p.out.reset();
+    } else if (side == SessionSide::kIn && p.in) {
+        // Writes half received are dropped: the writer fails them when it sees the session die.
+        for (auto &c : p.in->data) {
+            if (c) {
+                c->close();
+                dead_.push_back(std::move(c));
+            }
+        }
+        dead_in_links_.push_back(std::move(p.in->link));
+        p.in.reset();
+    }
+}
+
+void TcpTransport::adoptConnection(PeerId id, SessionSide side, uint32_t index,
+                                   std::unique_ptr<Connection> conn) {
+    PeerData &p = peer(id);
+    std::vector<std::unique_ptr<Connection>> *slots = nullptr;
+    if (side == SessionSide::kOut && p.out) {
+        slots = &p.out->data;
+    } else if (side == SessionSide::kIn && p.in) {
+        slots = &p.in->data;
+    }
+    if (slots == nullptr || index >= slots->size() || (*slots)[index]) {
+        conn->close();
+        dead_.push_back(std::move(conn));
+        return;
+    }
+    conn->rebind(poller_);
+    conn->peer = id;
+    conn->index = index;
+    conn->role = side == SessionSide::kOut ? ConnRole::kOutData : ConnRole::kInData;
+    (*slots)[index] = std::move(conn);
+    if (side != SessionSide::kOut) {
+        return;
+    }
+    for (const auto &c : p.out->data) {
+        if (!c) {
+            return;
+        }
+    }
+    std::vector<Connection *> conns;
+    for (auto &c : p.out->data) {
+        conns.push_back(c.get());
+    }
+    p.out->link = std::make_unique<OutLink>(std::move(conns), p.out->info.chunk_bytes,
+                                            std::min<size_t>(cfg_.tcp.window, kMaxWindow));
+    link_->transportReady(id);
+}
+
+bool TcpTransport::onControlFrame(PeerId id, SessionSide side, const FrameHeader &h,
+                                  std::span<const uint8_t> payload, std::string *error) {
+    auto it = peers_.find(id);
+    if (side != SessionSide::kOut || h.type != FrameType::kAck || payload.size() != 8 ||
+        it == peers_.end() || !it->second.out || !it->second.out->link) {
+        *error = "unexpected " + frameTypeName(static_cast<uint8_t>(h.type)) + " frame";
+        return false;
+    }
+    PeerData &p = it->second;
+    const Code code = ipc::sanitizeCode(static_cast<int32_t>(loadLe32(payload.data())));
+    const size_t before = completions_.size();
+    if (!p.out->link->onAck(h.arg, code, &completions_, error)) {
+        return false;
+    }
+    if (code == Code::kOk && completions_.size() > before) {
+        ++p.writes_sent;
+        p.bytes_sent += completions_.back().bytes;
+    }
+    return true;
+}
+
+void TcpTransport::fail(PeerId id, SessionSide side, const std::string &reason) {
+    // The peer layer tears the whole session down, which calls closeSession() back.
+    link_->failSession(id, side, reason);
+}
+
+void TcpTransport::onEvent(Connection &c, uint32_t events, int64_t now) {
+    const PeerId id = c.peer;
+    auto it = peers_.find(id);
+    if (it == peers_.end()) {
+        return;
+    }
+    PeerData &p = it->second;
+    if (c.role == ConnRole::kOutData) {
+        if (!p.out || c.index >= p.out->data.size() || p.out->data[c.index].get() != &c) {
+            return;
+        }
+        if ((events & EPOLLOUT) != 0) {
+            if (int rc = c.flush(now); rc != 0) {
+                fail(id, SessionSide::kOut, "data connection: " + errnoText(rc));
+                return;
+            }
+            if (p.out->link) {
+                p.out->link->noteSent(c);
+                if (int rc = p.out->link->pump(now); rc != 0) {
+                    fail(id, SessionSide::kOut, "data connection: " + errnoText(rc));
+                    return;
+                }
+            }
+        }
+        if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0) {
+            // The target sends nothing on a data connection: readable means closed or broken.
+            const int rc = c.fill(now);
+            if (rc != EAGAIN) {
+                fail(id, SessionSide::kOut,
+                     rc == 0 ? std::string("unexpected bytes on a data connection")
+                             : "data connection: " + errnoText(rc));
+            }
+        }
+        return;
+    }
+    if (!p.in || c.index >= p.in->data.size() || p.in->data[c.index].get() != &c) {
+        return;
+    }
+    if ((events & EPOLLOUT) != 0) {
+        // READY, if the handshake's last frame did not leave at once.
+        if (int rc = c.flush(now); rc != 0) {
+            fail(id, SessionSide::kIn, "data connection: " + errnoText(rc));
+            return;
+        }
+    }
+    if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) == 0) {
+        return;
+    }
+    std::string error;
+    const int rc = p.in->link->onReadable(c, kReadBudget, now, &error);
+    if (rc == EPROTO) {
+        fail(id, SessionSide::kIn, "protocol error on a data connection: " + error);
+    } else if (rc == ECONNRESET) {
+        fail(id, SessionSide::kIn, "data connection closed by the peer");
+    } else if (rc != 0) {
+        fail(id, SessionSide::kIn, "data connection: " + errnoText(rc));
+    }
+}
+
+size_t TcpTransport::deliver(EventSink &sink, int64_t now) {
+    (void)now;
+    size_t n = 0;
+    for (auto &[id, p] : peers_) {
+        if (!p.in || !p.in->link || !p.in->link->deliverable()) {
+            continue;
+        }
+        InLink &link = *p.in->link;
+        const uint64_t writes_before = link.writesReceived();
+        const uint64_t bytes_before = link.bytesReceived();
+        const PeerId peer_id = id;
+        bool failed = false;
+        n += link.deliver(sink, [&](uint64_t seq, Code code) {
+            if (failed) {
+                return;
+            }
+            uint8_t payload[8];
+            storeLe32(payload, static_cast<uint32_t>(code));
+            storeLe32(payload + 4, 0);
+            if (!link_->sendControl(peer_id, SessionSide::kIn, FrameType::kAck, seq, payload)
+                     .isOk()) {
+                failed = true;
+            }
+        });
+        p.writes_received += link.writesReceived() - writes_before;
+        p.bytes_received += link.bytesReceived() - bytes_before;
+        if (failed) {
+            fail(peer_id, SessionSide::kIn, "cannot send acknowledgements");
+        }
+    }
+    return n;
+}
+
+void TcpTransport::checkStalls(int64_t now) {
+    const int64_t timeout = cfg_.tcp.peer_timeout_ms;
+    std::vector<PeerId> stalled;
+    for (auto &[id, p] : peers_) {
+        if (!p.out) {
+            continue;
+        }
+        for (const auto &c : p.out->data) {
+            if (c && c->hasOutput() && now - c->last_out_progress_ms >= timeout) {
+                stalled.push_back(id);
+                break;
+            }
+        }
+    }
+    for (PeerId id : stalled) {
+        fail(id, SessionSide::kOut,
+             "sending stalled for " + std::to_string(timeout) + " ms (the peer stopped reading)");
+    }
+}
+
+size_t TcpTransport::progress(EventSink &sink) {
+    const int64_t now = monotonicMs();
+    epoll_event evs[64];
+    const int n = poller_.wait(evs, 64, 0);
+    for (int i = 0; i < n; ++i) {
+        if (Connection *c = poller_.find(evs[i].data.u64)) {
+            onEvent(*c, evs[i].events, now);
+        }
+    }
+    size_t events = deliver(sink, now);
+    if (now - last_stall_check_ms_ >= 100) {
+        last_stall_check_ms_ = now;
+        checkStalls(now);
+    }
+    auto done = std::exchange(completions_, {});
+    for (const Completion &c : done) {
+        sink.completed(c.op_id, c.code, c.reason);
+    }
+    events += done.size();
+    dead_.clear();
+    dead_links_.clear();
+    dead_in_links_.clear();
+    return events;
+}
+
+std::string TcpTransport::peerStatusJson(PeerId id) const {
+    nlohmann::json j = nlohmann::json::object();
+    auto it = peers_.find(id);
+    if (it == peers_.end()) {
+        j["transport"] = "tcp";
+        return j.dump();
+    }
+    const PeerData &p = it->second;
+    nlohmann::json out_bytes = nlohmann::json::array();
+    size_t conns = 0;
+    if (p.out) {
+        for (const auto &c : p.out->data) {
+            conns += c && c->isOpen() ? 1 : 0;
+            out_bytes.push_back(c ? c->bytes_out : 0);
+        }
+    }
+    if (p.in) {
+        for (const auto &c : p.in->data) {
+            conns += c && c->isOpen() ? 1 : 0;
+        }
+    }
+    j["transport"] = "tcp";
+    j["data_connections"] = conns;
+    j["in_flight"] = p.out && p.out->link ? p.out->link->inFlight() : 0;
+    j["writes_sent"] = p.writes_sent;
+    j["bytes_sent"] = p.bytes_sent;
+    j["writes_received"] = p.writes_received;
+    j["bytes_received"] = p.bytes_received;
+    j["data_bytes_sent"] = std::move(out_bytes);
+    j["integrity"] = p.out ? p.out->info.integrity : (p.in ? p.in->info.integrity : false);
+    return j.dump();
+}
+
+}  // namespace tensorlane::sidecar
