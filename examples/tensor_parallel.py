@@ -219,6 +219,15 @@ def launch(args) -> int:
     if W < 2:
         print("--ranks must be at least 2", file=sys.stderr)
         return 2
+    if args.device == "cuda":
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if gpus < W:
+            # NCCL refuses two ranks on one GPU ("Duplicate GPU detected").
+            print(f"--device cuda needs a GPU per rank on this host: {W} ranks, {gpus} GPUs",
+                  file=sys.stderr)
+            return 77
     names = ["node-a", "node-b"]
     nodes = [names[q * 2 // W] for q in range(W)]
     mode = pick_poll_mode(args.poll_mode, W + len(names))
