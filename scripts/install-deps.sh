@@ -9,7 +9,8 @@ usage: scripts/install-deps.sh [--dry-run]
 
 Installs (with apt-get) the build and test dependencies that are missing:
 compilers, CMake/Ninja, rdma-core, Boost, toml++, spdlog, CLI11, nlohmann-json, libsodium,
-GoogleTest, Google Benchmark, clang (fuzzing), clang-format, shellcheck, iproute2.
+GoogleTest, Google Benchmark, clang (fuzzing), clang-format, shellcheck, iproute2; for the
+Python package's tests: pytest, numpy, PyTorch (CPU), pip and mypy (Debian's python3-*).
   --dry-run   print what would be installed, change nothing
 USAGE
 }
@@ -30,6 +31,7 @@ packages=(
     libgtest-dev libgmock-dev libbenchmark-dev
     clang libclang-rt-14-dev clang-format shellcheck
     iproute2 procps python3
+    python3-pytest python3-numpy python3-torch python3-pip mypy
 )
 
 missing=()

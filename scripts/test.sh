@@ -1,24 +1,28 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, checks formatting and scripts, builds, runs the
 # parser fuzzer briefly, the ring stress tests under ThreadSanitizer, then every CTest tier
-# that runs on this machine. Ends with CTest's summary line.
+# that runs on this machine (the Python package's pytest files are CTest entries named
+# python.*). Ends with CTest's summary line.
 set -euo pipefail
 
 usage() {
     cat <<'USAGE'
-usage: scripts/test.sh [--quick] [--no-install]
+usage: scripts/test.sh [--quick] [--python] [--no-install]
 
   --quick        skip the ThreadSanitizer and fuzz builds
+  --python       only the Python package: build what it needs, run its pytest files
   --no-install   do not run scripts/install-deps.sh
 Environment: FUZZ_SECONDS (default 20), JOBS (default: nproc).
 USAGE
 }
 
 quick=0
+python_only=0
 install=1
 for arg in "$@"; do
     case "$arg" in
         --quick) quick=1 ;;
+        --python) python_only=1 ;;
         --no-install) install=0 ;;
         -h|--help) usage; exit 0 ;;
         *) usage >&2; exit 2 ;;
@@ -35,6 +39,14 @@ step() { printf '\n== %s\n' "$*"; }
 if [ "$install" -eq 1 ]; then
     step "dependencies"
     scripts/install-deps.sh
+fi
+
+if [ "$python_only" -eq 1 ]; then
+    step "Python package: build what the tests need, run tests/python through CTest"
+    cmake --preset release >/dev/null
+    cmake --build build/release --target tensorlane-sidecar tensorlane-python -j "$jobs"
+    ctest --test-dir build/release -R '^python\.' -j "$jobs" --output-on-failure
+    exit 0
 fi
 
 step "clang-format"

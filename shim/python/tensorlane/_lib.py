@@ -1,0 +1,191 @@
+"""Finding and loading libtensorlane.so, and the ctypes prototypes of its C ABI.
+
+The library is looked for in this order, and the first one found wins:
+
+1. ``$TENSORLANE_LIBRARY`` (a path to the ``.so``); when it is set, nothing else is tried, so a
+   wrong path is an error and never a silent fall-back to another copy;
+2. next to this package (``tensorlane/libtensorlane.so*``: the build tree's package and a
+   package installed together with the library);
+3. the dynamic loader's search path (``LD_LIBRARY_PATH``, ``ldconfig``'s cache: an installed
+   ``libtensorlane.so.0``).
+
+Nothing is loaded at import time: the first :class:`tensorlane.Client` loads it, so that
+``import tensorlane`` (and the type stubs, ``tensorlane.testing``) work on a machine without it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from ctypes import POINTER, c_char, c_char_p, c_int, c_size_t, c_uint32, c_uint64, c_void_p
+from typing import Optional
+
+__all__ = ["LibraryError", "library", "library_path", "NotificationStruct", "WriteDesc"]
+
+SONAME = "libtensorlane.so.0"
+
+
+class LibraryError(ImportError):
+    """libtensorlane.so could not be found or loaded; the message lists what was tried."""
+
+
+class NotificationStruct(ctypes.Structure):
+    """``tl_notification`` (96 bytes)."""
+
+    _fields_ = [
+        ("region", c_uint64),
+        ("imm", c_uint32),
+        ("offset", c_uint64),
+        ("bytes", c_uint64),
+        ("peer", c_char * 64),
+    ]
+
+
+class WriteDesc(ctypes.Structure):
+    """``tl_write_desc`` (48 bytes): one write of a batch."""
+
+    _fields_ = [
+        ("src", c_uint64),
+        ("src_off", c_uint64),
+        ("dst", c_uint64),
+        ("dst_off", c_uint64),
+        ("bytes", c_uint64),
+        ("imm", c_uint32),
+        ("reserved", c_uint32),
+    ]
+
+
+# The C header's layouts (tensorlane.h static_asserts sizeof(tl_notification) == 96).
+assert ctypes.sizeof(NotificationStruct) == 96
+assert ctypes.sizeof(WriteDesc) == 48
+
+_u64p = POINTER(c_uint64)
+
+# name: (restype, argtypes). Every call of the first list must be there; the optional ones
+# (stream-ordered calls, CUDA builds with GPU support) are looked up with getattr.
+_REQUIRED = {
+    "tl_status_str": (c_char_p, [c_int]),
+    "tl_last_error": (c_char_p, []),
+    "tl_connect": (c_int, [c_char_p, POINTER(c_void_p)]),
+    "tl_disconnect": (None, [c_void_p]),
+    "tl_alloc_host": (c_int, [c_void_p, c_size_t, POINTER(c_void_p), _u64p]),
+    "tl_register": (c_int, [c_void_p, c_void_p, c_size_t, _u64p]),
+    "tl_deregister": (c_int, [c_void_p, c_uint64]),
+    "tl_expose": (c_int, [c_void_p, c_uint64, c_char_p]),
+    "tl_lookup": (c_int, [c_void_p, c_char_p, c_char_p, _u64p, _u64p]),
+    "tl_write": (
+        c_int,
+        [c_void_p, c_uint64, c_uint64, c_uint64, c_uint64, c_uint64, c_uint32, _u64p],
+    ),
+    "tl_wait": (c_int, [c_void_p, c_uint64, c_int]),
+    "tl_test": (c_int, [c_void_p, c_uint64, POINTER(c_int)]),
+    "tl_wait_notification": (c_int, [c_void_p, POINTER(NotificationStruct), c_int]),
+    "tl_nop": (c_int, [c_void_p, _u64p]),
+    "tl_write_batch": (
+        c_int,
+        [c_void_p, POINTER(WriteDesc), c_size_t, _u64p, POINTER(c_size_t)],
+    ),
+    "tl_nop_batch": (c_int, [c_void_p, c_size_t, _u64p, POINTER(c_size_t)]),
+    "tl_node_name": (c_char_p, [c_void_p]),
+    "tl_sidecar_status": (c_int, [c_void_p, c_char_p, c_size_t, POINTER(c_size_t)]),
+}
+
+_OPTIONAL = {
+    # DESIGN.md, "Stream-ordered calls (CUDA builds; s is a cudaStream_t)".
+    "tl_write_on_stream": (
+        c_int,
+        [c_void_p, c_uint64, c_uint64, c_uint64, c_uint64, c_uint64, c_uint32, c_void_p, _u64p],
+    ),
+    "tl_stream_wait_ticket": (c_int, [c_void_p, c_uint64, c_void_p]),
+    "tl_stream_wait_notification": (c_int, [c_void_p, c_uint64, c_uint32, c_void_p]),
+}
+
+_lock = threading.Lock()
+_lib: Optional[ctypes.CDLL] = None
+_path: Optional[str] = None
+
+
+def _candidates() -> list[tuple[str, str]]:
+    """(how it was found, what to dlopen), in the order they are tried."""
+    env = os.environ.get("TENSORLANE_LIBRARY")
+    if env:
+        return [("$TENSORLANE_LIBRARY", env)]
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = []
+    for name in ("libtensorlane.so", SONAME):
+        path = os.path.join(here, name)
+        if os.path.exists(path):
+            out.append(("next to the package", path))
+    out.append(("the loader path", SONAME))
+    out.append(("the loader path", "libtensorlane.so"))
+    return out
+
+
+def _prototype(lib: ctypes.CDLL, name: str, spec: tuple) -> None:
+    fn = getattr(lib, name)
+    fn.restype, fn.argtypes = spec[0], spec[1]
+
+
+def library() -> ctypes.CDLL:
+    """The loaded libtensorlane (loaded on first use); raises LibraryError if there is none."""
+    global _lib, _path
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is not None:
+            return _lib
+        tried = []
+        for how, what in _candidates():
+            try:
+                # CDLL, not PyDLL: ctypes releases the GIL around every call, so a thread
+                # blocked in tl_wait never stops the others.
+                lib = ctypes.CDLL(what)
+            except OSError as e:
+                tried.append(f"{what} ({how}): {e}")
+                continue
+            missing = [n for n in _REQUIRED if not hasattr(lib, n)]
+            if missing:
+                tried.append(f"{what} ({how}): lacks {', '.join(missing)}")
+                continue
+            for name, spec in _REQUIRED.items():
+                _prototype(lib, name, spec)
+            for name, spec in _OPTIONAL.items():
+                if hasattr(lib, name):
+                    _prototype(lib, name, spec)
+            _path = _resolved_path(lib, what)
+            _lib = lib
+            return lib
+        raise LibraryError(
+            "cannot load libtensorlane.so; tried:\n  "
+            + "\n  ".join(tried)
+            + "\nSet TENSORLANE_LIBRARY to the library's path, put it next to the package, "
+            "or install it where the dynamic loader finds it."
+        )
+
+
+def _resolved_path(lib: ctypes.CDLL, fallback: str) -> str:
+    """The file the loader actually mapped (from /proc/self/maps), else what was asked for."""
+    try:
+        addr = ctypes.cast(lib.tl_status_str, c_void_p).value or 0
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            for line in maps:
+                parts = line.split()
+                lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                if lo <= addr < hi and len(parts) >= 6:
+                    return parts[5]
+    except (OSError, ValueError):
+        pass
+    return fallback
+
+
+def library_path() -> str:
+    """The path of the loaded library (loading it first)."""
+    library()
+    assert _path is not None
+    return _path
+
+
+def optional(name: str):
+    """An optional C function, or None when this build of the library lacks it."""
+    return getattr(library(), name, None)

@@ -1,0 +1,98 @@
+"""CUDA tensors (registered by data_ptr()) and the stream-ordered calls.
+
+These need a GPU, PyTorch with CUDA, and a libtensorlane whose C ABI accepts CUDA memory.
+Each test skips, with the reason, when one of those is missing (CI here: no GPU; the GPU
+machine until the GPU issue lands: tl_register returns TL_ECUDA, the stream calls are not
+exported). A skip is never counted as a pass.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import tensorlane
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="CUDA unavailable: torch.cuda.is_available() is False (Debian's torch is CPU-only;"
+    " these run on the GPU machine with its PyTorch)")
+
+
+def registered(client, tensor):
+    try:
+        return client.register(tensor)
+    except tensorlane.CudaError as e:
+        if e.status == tensorlane.Status.ECUDA:
+            pytest.skip(f"the C ABI refuses CUDA memory (TL_ECUDA): {e.detail}")
+        raise
+
+
+def needs_streams():
+    if not tensorlane.Client.supports_streams():
+        pytest.skip(f"{tensorlane.library_path()} does not export the stream-ordered calls "
+                    "(tl_write_on_stream, tl_stream_wait_ticket, tl_stream_wait_notification)")
+
+
+def test_a_slice_of_a_caching_allocator_block_registers_by_data_ptr(client_a):
+    block = torch.empty(1 << 22, dtype=torch.uint8, device="cuda")
+    t = block[4096:4096 + 65536]  # an offset inside the allocation
+    r = registered(client_a, t)
+    assert isinstance(r, tensorlane.DeviceRegion) and r.device == "cuda"
+    assert (r.address, r.nbytes) == (t.data_ptr(), 65536)
+    with pytest.raises(TypeError):
+        memoryview(r)  # device memory is not a CPU buffer
+    assert client_a.region_of(t[100:200]) is r
+
+
+def test_cuda_to_cuda_across_nodes(client_a, client_b, name):
+    recv = torch.zeros((256, 1024), dtype=torch.float32, device="cuda")
+    client_b.expose(registered(client_b, recv), name)
+    src = torch.randn((256, 1024), device="cuda")
+    registered(client_a, src)
+    torch.cuda.synchronize()
+    remote = client_a.lookup("node-b", name, timeout=5)
+    client_a.write(src, remote, imm=11).wait(30)
+    note = client_b.wait_notification(30)
+    assert note.imm == 11 and note.bytes == src.numel() * 4
+    assert torch.equal(recv, src)
+
+
+def test_cuda_and_host_memory_both_ways(client_a, client_b, name):
+    host = client_b.alloc_host_tensor(4096, torch.float32)
+    client_b.expose(host, name)
+    dev = torch.arange(4096, dtype=torch.float32, device="cuda")
+    registered(client_a, dev)
+    torch.cuda.synchronize()
+    client_a.write(dev, client_a.lookup("node-b", name, timeout=5)).wait(30)
+    client_b.wait_notification(30)
+    assert torch.equal(host, dev.cpu())
+    back = torch.zeros(4096, dtype=torch.float32, device="cuda")
+    client_a.expose(registered(client_a, back), name + "-back")
+    client_b.write(host, client_b.lookup("node-a", name + "-back", timeout=5)).wait(30)
+    client_a.wait_notification(30)
+    assert torch.equal(back.cpu(), host)
+
+
+def test_stream_ordered_write_and_waits(client_a, client_b, name):
+    needs_streams()
+    recv = torch.zeros(1 << 20, dtype=torch.uint8, device="cuda")
+    region = registered(client_b, recv)
+    client_b.expose(region, name)
+    src = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+    registered(client_a, src)
+    remote = client_a.lookup("node-b", name, timeout=5)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        src.fill_(7)  # queued before the write on s: the write must see it
+    ticket = client_a.write_on_stream(src, remote, imm=5, stream=s)
+    client_a.stream_wait_ticket(ticket, stream=s)
+    s.synchronize()
+    ticket.wait(30)
+    r = torch.cuda.Stream()
+    client_b.stream_wait_notification(region, 5, stream=r)
+    with torch.cuda.stream(r):
+        total = recv.sum()  # runs only after the data has landed
+    r.synchronize()
+    assert total.item() == 7 * (1 << 20)

@@ -1,0 +1,116 @@
+"""`pip install ./shim/python` works (offline), the library is found in the documented order,
+and the type stubs match the runtime."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+import tensorlane
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PKG_SRC = os.path.join(ROOT, "shim", "python")
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+SHOW = "import tensorlane; print(tensorlane.library_path()); print(tensorlane.__file__)"
+
+
+def python(code: str, **env) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("TENSORLANE_LIBRARY", "PYTHONPATH", "LD_LIBRARY_PATH")}
+    clean.update({k: v for k, v in env.items() if v is not None})
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=clean, timeout=60, cwd="/")
+
+
+@pytest.fixture(scope="module")
+def built_library() -> str:
+    return os.path.realpath(tensorlane.library_path())
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory, built_library):
+    """The package pip-installed into a directory, with the library bundled next to it."""
+    if importlib.util.find_spec("pip") is None:
+        pytest.skip("pip is not installed for this Python (Debian: python3-pip)")
+    target = tmp_path_factory.mktemp("site")
+    env = {**os.environ, "TENSORLANE_WHEEL_LIBRARY": built_library, "PIP_NO_INDEX": "1"}
+    out = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--quiet",
+                          "--target", str(target), PKG_SRC], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return target
+
+
+def test_pip_install_bundles_the_library_next_to_the_package(installed):
+    files = sorted(os.listdir(installed / "tensorlane"))
+    assert {"__init__.py", "__init__.pyi", "py.typed", "libtensorlane.so"} <= set(files)
+    out = python(SHOW, PYTHONPATH=str(installed))
+    assert out.returncode == 0, out.stderr
+    lib, pkg = out.stdout.split()
+    assert lib == str(installed / "tensorlane" / "libtensorlane.so")
+    assert pkg.startswith(str(installed))
+
+
+def test_tensorlane_library_wins_over_the_bundled_copy(installed, built_library):
+    out = python(SHOW, PYTHONPATH=str(installed), TENSORLANE_LIBRARY=built_library)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[0] == built_library
+
+
+def test_a_wrong_tensorlane_library_is_an_error_not_a_fallback(installed, tmp_path):
+    bogus = str(tmp_path / "libnothing.so")
+    out = python("import tensorlane\ntry:\n    tensorlane.Client()\n"
+                 "except tensorlane.LibraryError as e:\n    print(e)\n",
+                 PYTHONPATH=str(installed), TENSORLANE_LIBRARY=bogus)
+    assert out.returncode == 0, out.stderr
+    assert "$TENSORLANE_LIBRARY" in out.stdout and bogus in out.stdout
+    assert "(next to the package)" not in out.stdout  # nothing else was tried
+    assert "(the loader path)" not in out.stdout
+
+
+def test_the_loader_path_is_the_last_resort(built_library):
+    out = python(SHOW, PYTHONPATH=PKG_SRC, LD_LIBRARY_PATH=os.path.dirname(built_library))
+    assert out.returncode == 0, out.stderr
+    assert os.path.realpath(out.stdout.split()[0]) == built_library
+    out = python("import tensorlane\ntry:\n    tensorlane.library_path()\n"
+                 "except ImportError as e:\n    print('missing:', e)\n", PYTHONPATH=PKG_SRC)
+    assert "missing:" in out.stdout and "TENSORLANE_LIBRARY" in out.stdout
+
+
+def test_import_needs_neither_the_library_nor_torch():
+    out = python("import sys, tensorlane, tensorlane.testing\n"
+                 "assert 'torch' not in sys.modules and 'numpy' not in sys.modules\n"
+                 "print(tensorlane.__version__)", PYTHONPATH=PKG_SRC)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == tensorlane.__version__
+
+
+def _mypy_env() -> dict:
+    if importlib.util.find_spec("mypy") is None:
+        pytest.skip("mypy is not installed (Debian: mypy)")
+    cache = os.path.join(os.environ.get("TENSORLANE_BUILD_DIR",
+                                        os.path.join(ROOT, "build", "release")), "mypy-cache")
+    return {**os.environ, "MYPY_CACHE_DIR": cache, "MYPYPATH": PKG_SRC}
+
+
+def test_the_type_stubs_match_the_runtime(tmp_path):
+    env = _mypy_env()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (PKG_SRC, env.get("PYTHONPATH")) if p)
+    out = subprocess.run([sys.executable, "-m", "mypy.stubtest", "tensorlane", "--concise",
+                          "--mypy-config-file", os.path.join(HERE, "stubtest.ini"),
+                          "--allowlist", os.path.join(HERE, "stubtest_allowlist.txt")],
+                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_examples_type_check_against_the_stubs(tmp_path):
+    env = _mypy_env()
+    out = subprocess.run([sys.executable, "-m", "mypy", "--config-file",
+                          os.path.join(HERE, "stubtest.ini"), os.path.join(ROOT, "examples")],
+                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
