@@ -76,6 +76,11 @@ bool EngineImpl::allowed(const ipc::PeerCred &cred, int fd, std::string *why) co
     return false;
 }
 
+std::string EngineImpl::remotesQuotaText() const {
+    return "tl_lookup: quota: this client holds " + std::to_string(cfg_.limits.regions) +
+           " remote handles, the most [limits] regions allows";
+}
+
 Status EngineImpl::checkQuota(const Session &s, uint64_t new_bytes, bool new_mapping) const {
     const auto &l = cfg_.limits;
     if (regions_.countOfSession(s.id) >= l.regions) {
@@ -456,8 +461,12 @@ void EngineImpl::onLookup(Session &s, const ipc::LookupMsg &m) {
                   std::string("tl_lookup: nothing is exposed as '") + name + "' on " + peer);
             return;
         }
-        uint64_t handle = s.next_remote++;
-        s.remotes[handle] = RemoteRef{kLocalPeer, r->id, r->bytes};
+        const uint64_t handle =
+            s.remoteHandle(RemoteRef{kLocalPeer, r->id, r->bytes}, cfg_.limits.regions);
+        if (handle == 0) {
+            reply(s, m.h.seq, Code::kNoMemory, 0, 0, remotesQuotaText());
+            return;
+        }
         reply(s, m.h.seq, Code::kOk, handle, r->bytes, "");
         return;
     }
@@ -481,8 +490,12 @@ void EngineImpl::onLookup(Session &s, const ipc::LookupMsg &m) {
                            reply(*cs, seq, st.code(), 0, 0, "tl_lookup: " + st.message());
                            return;
                        }
-                       uint64_t handle = cs->next_remote++;
-                       cs->remotes[handle] = RemoteRef{id, rr.id, rr.bytes};
+                       const uint64_t handle =
+                           cs->remoteHandle(RemoteRef{id, rr.id, rr.bytes}, cfg_.limits.regions);
+                       if (handle == 0) {
+                           reply(*cs, seq, Code::kNoMemory, 0, 0, remotesQuotaText());
+                           return;
+                       }
                        reply(*cs, seq, Code::kOk, handle, rr.bytes, "");
                    });
 }

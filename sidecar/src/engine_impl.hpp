@@ -96,6 +96,7 @@ private:
     void releaseRegion(const std::shared_ptr<Region> &r);
     /// kNoMemory with the reason when one more region of `bytes` would exceed a quota.
     Status checkQuota(const Session &s, uint64_t new_bytes, bool new_mapping) const;
+    std::string remotesQuotaText() const;
     /// Makes `r` usable by every transport (local, tcp, verbs); an error undoes nothing.
     Status registerWithTransports(Region &r);
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <string>
 #include <unordered_map>
 
@@ -46,7 +47,25 @@ struct Session {
     std::deque<ipc::Completion> completion_backlog;
     std::deque<ipc::Notification> notification_backlog;
     std::unordered_map<uint64_t, RemoteRef> remotes;
+    /// The handle already given out for a (peer, region): a lookup repeated in a loop reuses
+    /// it instead of growing `remotes`.
+    std::map<std::pair<PeerId, RegionId>, uint64_t> remote_of;
     uint64_t next_remote = 1;
+    /// A handle for `ref` (reused when it exists). 0 when the session holds `max` already.
+    uint64_t remoteHandle(const RemoteRef &ref, size_t max) {
+        const auto key = std::make_pair(ref.peer, ref.region);
+        if (auto it = remote_of.find(key); it != remote_of.end()) {
+            remotes[it->second] = ref;  // the size may have changed
+            return it->second;
+        }
+        if (remotes.size() >= max) {
+            return 0;
+        }
+        const uint64_t h = next_remote++;
+        remotes[h] = ref;
+        remote_of[key] = h;
+        return h;
+    }
     uint64_t in_flight = 0;            ///< accepted requests not yet completed
     uint64_t host_bytes = 0;           ///< bytes of its tl_alloc_host buffers ([limits])
     uint64_t mappings = 0;             ///< segments of its the sidecar maps (session included)

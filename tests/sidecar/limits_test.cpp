@@ -299,6 +299,50 @@ TEST(Quotas, AnAllocationLargerThanMemoryIsENomemNotTheOomKiller) {
     tl_disconnect(c);
 }
 
+TEST(Quotas, RepeatedLookupsReuseOneHandleAndRemotesAreBounded) {
+    Sidecar sc(SidecarOptions{.extra = "[limits]\nregions = 8\n"});
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    tl_client *c = nullptr;
+    ASSERT_EQ(tl_connect(sc.socket().c_str(), &c), TL_OK);
+    void *p = nullptr;
+    tl_region r = 0;
+    ASSERT_EQ(tl_alloc_host(c, 4096, &p, &r), TL_OK);
+    ASSERT_EQ(tl_expose(c, r, "one"), TL_OK);
+    tl_remote first = 0, again = 0;
+    ASSERT_EQ(tl_lookup(c, tl_node_name(c), "one", &first, nullptr), TL_OK);
+    for (int i = 0; i < 1000; ++i) {
+        ASSERT_EQ(tl_lookup(c, tl_node_name(c), "one", &again, nullptr), TL_OK);
+        ASSERT_EQ(again, first) << "a lookup in a loop grows the client's handle table";
+    }
+    // Distinct regions (exposed by two other clients, each within its own quota): a handle
+    // each, up to [limits] regions for the client that looks them up.
+    tl_client *owners[2] = {nullptr, nullptr};
+    for (int o = 0; o < 2; ++o) {
+        ASSERT_EQ(tl_connect(sc.socket().c_str(), &owners[o]), TL_OK);
+        for (int i = 0; i < 5; ++i) {
+            tl_region ri = 0;
+            ASSERT_EQ(tl_alloc_host(owners[o], 4096, &p, &ri), TL_OK);
+            const std::string name = "o" + std::to_string(o) + "-" + std::to_string(i);
+            ASSERT_EQ(tl_expose(owners[o], ri, name.c_str()), TL_OK);
+        }
+    }
+    tl_status last = TL_OK;
+    int handles = 1;  // "one"
+    for (int o = 0; o < 2 && last == TL_OK; ++o) {
+        for (int i = 0; i < 5 && last == TL_OK; ++i) {
+            const std::string name = "o" + std::to_string(o) + "-" + std::to_string(i);
+            last = tl_lookup(c, tl_node_name(c), name.c_str(), &again, nullptr);
+            handles += last == TL_OK;
+        }
+    }
+    EXPECT_EQ(handles, 8);
+    EXPECT_EQ(last, TL_ENOMEM) << "8 remote handles should be the most";
+    EXPECT_NE(std::string(tl_last_error()).find("remote handles"), std::string::npos);
+    tl_disconnect(c);
+    tl_disconnect(owners[0]);
+    tl_disconnect(owners[1]);
+}
+
 TEST(Wakeups, BacklogFlushedWhenTheClientDrainsWithoutIdleTicks) {
     // Depth 16 and 64 notifications: the sidecar holds 48 in its backlog. Each time the owner
     // drains its ring it must ring the sidecar, which moves the next batch at once. Before, the

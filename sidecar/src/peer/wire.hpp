@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "transport/remote.hpp"
+
 namespace tensorlane::sidecar {
 
 /// The peer protocol version. Bumped on any incompatible change; both ends must speak the same
@@ -23,12 +25,6 @@ inline constexpr size_t kMaxRegionNameBytes = 255;
 
 /// What a connection is for, told in HELLO. Wire values.
 enum class LinkRole : uint8_t { kControl = 1, kData = 2 };
-
-/// Transports a node can carry writes over, as bits in PeerCaps::transports. Wire values.
-enum TransportBit : uint32_t {
-    kTransportTcp = 1u << 0,
-    kTransportVerbs = 1u << 1,
-};
 
 /// Settings a node announces at bootstrap.
 struct PeerCaps {

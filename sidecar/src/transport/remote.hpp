@@ -25,6 +25,13 @@
 
 namespace tensorlane::sidecar {
 
+/// Transports a node can carry writes over, as bits in the bootstrap's PeerCaps::transports
+/// and as the SELECT frame's argument. Wire values.
+enum TransportBit : uint32_t {
+    kTransportTcp = 1u << 0,
+    kTransportVerbs = 1u << 1,
+};
+
 /// Which of a peer's two sessions: the one we opened (our writes) or the one it opened to us.
 enum class SessionSide : uint8_t { kOut, kIn };
 

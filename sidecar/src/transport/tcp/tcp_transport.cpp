@@ -5,7 +5,6 @@
 #include <nlohmann/json.hpp>
 
 #include "net/socket.hpp"
-#include "peer/wire.hpp"
 
 namespace tensorlane::sidecar {
 
