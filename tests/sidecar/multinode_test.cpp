@@ -408,8 +408,9 @@ TEST(MultiNode, SidecarRestartWorkersReconnect) {
     tl_disconnect(ca);
 }
 
-TEST(MultiNode, VerbsByNameIsRefusedNotSilentlyReplaced) {
-    // The verbs transport is not in this build: asking for it must fail loudly at start.
+TEST(MultiNode, VerbsByNameWithoutADeviceIsRefusedNotSilentlyReplaced) {
+    // No RDMA device on this host (no TENSORLANE_SYSFS_ROOT tree): asking for verbs by name must
+    // fail loudly at start, never fall back to tcp.
     SidecarOptions o{.name = "node-a",
                      .listen = "127.0.0.1:" + std::to_string(freePort()),
                      .peers = {{"node-b", "127.0.0.1:" + std::to_string(freePort())}},
@@ -417,5 +418,5 @@ TEST(MultiNode, VerbsByNameIsRefusedNotSilentlyReplaced) {
     Sidecar sc(o);
     EXPECT_FALSE(sc.ready());
     EXPECT_FALSE(sc.alive());
-    EXPECT_TRUE(sc.logHas("verbs (RoCE) transport is not in this build")) << sc.log();
+    EXPECT_TRUE(sc.logHas("transport = \"verbs\", but the fabric is unusable")) << sc.log();
 }
