@@ -17,11 +17,8 @@ namespace tensorlane::simhca {
 uint64_t Completer::wqeOf(SimQp &qp, uint32_t psn) {
     WqRing<SendWqe> &sq = qp.sq_;
     const RequesterState &r = qp.req_;
-    for (uint64_t pos = sq.head(); pos < sq.tail() && pos <= r.next; ++pos) {
+    for (uint64_t pos = sq.head(); pos < sq.tail() && pos < r.started; ++pos) {
         const SendWqe &w = sq.at(pos);
-        if (pos == r.next && r.next_pkt == 0) {
-            break;
-        }
         const int32_t off = psnDiff(psn, w.first_psn);
         if (off >= 0 && off < static_cast<int32_t>(w.npackets)) {
             return pos;
@@ -41,7 +38,7 @@ int64_t rnrTimerNs(uint8_t field) {
 
 void Completer::retire(SimQp &qp) {
     RequesterState &r = qp.req_;
-    while (!qp.sq_.empty() && qp.sq_.head() < r.next) {
+    while (!qp.sq_.empty() && qp.sq_.head() < r.started) {
         SendWqe &w = qp.sq_.at(qp.sq_.head());
         if (w.opcode == IBV_WR_RDMA_READ) {
             if (w.read_next < w.npackets) {
@@ -68,14 +65,11 @@ bool Completer::ackThrough(SimQp &qp, uint32_t psn, bool &rewound) {
     RequesterState &r = qp.req_;
     HwCounters &counters = qp.counters();
     const uint32_t upto = psnAdd(psn, 1);
-    if (psnDiff(upto, r.una) <= 0 || psnDiff(upto, r.next_psn) > 0) {
+    if (psnDiff(upto, r.una) <= 0 || psnDiff(upto, r.max_psn_sent) > 0) {
         return false;  // old, or acknowledges what was never sent: ignored (9.7.5.1.1)
     }
-    for (uint64_t pos = sq.head(); pos < sq.tail() && pos <= r.next; ++pos) {
+    for (uint64_t pos = sq.head(); pos < sq.tail() && pos < r.started; ++pos) {
         SendWqe &w = sq.at(pos);
-        if (pos == r.next && r.next_pkt == 0) {
-            break;
-        }
         if (psnDiff(w.first_psn, upto) >= 0) {
             break;
         }
@@ -93,6 +87,10 @@ bool Completer::ackThrough(SimQp &qp, uint32_t psn, bool &rewound) {
         }
     }
     r.una = upto;
+    if (psnDiff(r.una, r.next_psn) > 0) {
+        // Acknowledged beyond where a go-back restarted: skip what the peer already has.
+        Requester::rewind(qp, r.una);
+    }
     return true;
 }
 

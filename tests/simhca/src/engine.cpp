@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "device.hpp"
@@ -38,6 +39,9 @@ struct RxBuffers {
     iovec iov[kRxBatch]{};
     sockaddr_in from[kRxBatch]{};
 };
+
+// QPs owing a coalesced ACK after the receive batch this thread is running.
+thread_local std::vector<SimQp *> tl_acks;
 
 RxBuffers &rxBuffers() {
     static thread_local RxBuffers buffers;
@@ -129,7 +133,6 @@ void Engine::removeQp(SimQp *qp, SimDevice *dev) {
         route_of_.erase(it);
     }
     std::erase(qps_, qp);
-    std::erase(ack_list_, qp);
     auto it = device_qps_.find(dev);
     if (it != device_qps_.end() && --it->second == 0) {
         device_qps_.erase(it);
@@ -162,9 +165,16 @@ void Engine::unbindQp(SimQp *qp) {
     }
 }
 
-void Engine::scheduleAck(SimQp *qp) {
-    ack_list_.push_back(qp);
+void Engine::scheduleAck(SimQp *qp) { tl_acks.push_back(qp); }
+
+void Engine::flushAcks() {
+    // ACK coalescing: one ACK per QP for everything this batch brought.
+    for (size_t i = 0; i < tl_acks.size(); ++i) {
+        tl_acks[i]->flushAck();
+    }
+    tl_acks.clear();
 }
+
 
 void Engine::wakeFor(int64_t deadline) {
     if (std::this_thread::get_id() == thread_id_) {
@@ -343,7 +353,7 @@ void Engine::run() {
     // real-time priority lets it run as soon as a packet or timer wakes it; it blocks in
     // epoll_pwait2() when idle, so it cannot starve the host. Without CAP_SYS_NICE (or an
     // RLIMIT_RTPRIO) this fails and the engine runs at normal priority.
-    {
+    if (const char *rt = getenv("TENSORLANE_SIMHCA_RT"); rt == nullptr || std::strcmp(rt, "0") != 0) {
         sched_param param{};
         param.sched_priority = 1;
         if (pthread_setschedparam(pthread_self(), SCHED_FIFO, &param) != 0) {
@@ -381,11 +391,7 @@ void Engine::run() {
                 receiveBatch(*static_cast<Endpoint *>(tag));
             }
         }
-        // ACK coalescing: one ACK per QP for everything this batch brought.
-        for (size_t i = 0; i < ack_list_.size(); ++i) {
-            ack_list_[i]->flushAck();
-        }
-        ack_list_.clear();
+        flushAcks();
         const int64_t now = nowNs();
         runTimers(now);
         if (now >= next_flush) {

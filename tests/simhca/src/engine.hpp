@@ -42,8 +42,9 @@ public:
     void bindQp(SimQp *qp, uint32_t local_ip);
     /// Stops routing packets to qp.
     void unbindQp(SimQp *qp);
-    /// Engine thread: flush qp's coalesced ACK after this receive batch.
+    /// Flush qp's coalesced ACK after the receive batch the calling thread is running.
     void scheduleAck(SimQp *qp);
+
     /// Makes the engine wake by deadline (CLOCK_MONOTONIC ns) to run timers.
     void wakeFor(int64_t deadline);
     /// Watches dev's ports in the tree for state and GID changes.
@@ -54,6 +55,7 @@ public:
 private:
     void run();
     void receiveBatch(Endpoint &ep);
+    static void flushAcks();
     void handleInotify();
     void runTimers(int64_t now);
 
@@ -82,7 +84,6 @@ private:
     std::unordered_map<int, Watch> watches_;
     std::vector<SimDevice *> watched_;
 
-    std::vector<SimQp *> ack_list_;  ///< engine thread only
     std::vector<SimQp *> timer_snapshot_;
     std::thread thread_;
     std::thread::id thread_id_;

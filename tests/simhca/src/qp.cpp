@@ -100,6 +100,9 @@ int SimQp::checkAttrLocked(const ibv_qp_attr &attr, int mask, ibv_qp_state next)
     if ((mask & IBV_QP_PORT) && (attr.port_num < 1 || attr.port_num > info.ports.size())) {
         return EINVAL;  // rdma_is_port_valid()
     }
+    if (mask & IBV_QP_ALT_PATH) {
+        return EINVAL;  // _ib_modify_qp(): alternate paths are banned in RoCE mode
+    }
     if ((mask & IBV_QP_PKEY_INDEX) && attr.pkey_index != 0) {
         return EINVAL;  // one P_Key table entry (0xffff), as RoCE ports have
     }
@@ -267,7 +270,7 @@ int SimQp::modifyLocked(const ibv_qp_attr &attr, int mask) {
         case IBV_QPS_RTS:
             if (prev == IBV_QPS_RTR) {
                 req_ = RequesterState{};
-                req_.next = sq_.head();
+                req_.next = req_.started = sq_.head();
                 req_.next_psn = req_.una = req_.max_psn_sent = attr_.sq_psn;
                 req_.retry_left = attr_.retry_cnt;
                 req_.rnr_left = attr_.rnr_retry;
@@ -393,7 +396,7 @@ void SimQp::flushLocked() {
     while (!rq_.empty()) {
         (void)completeRecvLocked(IBV_WC_RECV, IBV_WC_WR_FLUSH_ERR, 0, false, 0, false);
     }
-    req_.next = sq_.head();
+    req_.next = req_.started = sq_.head();
     req_.next_pkt = 0;
     req_.timer_ns = 0;
     req_.rnr_wait_ns = 0;

@@ -65,11 +65,8 @@ void Requester::restartTimer(SimQp &qp) {
 
 void Requester::rewind(SimQp &qp, uint32_t psn) {
     RequesterState &r = qp.req_;
-    for (uint64_t pos = qp.sq_.head(); pos <= r.next && pos < qp.sq_.tail(); ++pos) {
+    for (uint64_t pos = qp.sq_.head(); pos < r.started && pos < qp.sq_.tail(); ++pos) {
         SendWqe &w = qp.sq_.at(pos);
-        if (pos == r.next && r.next_pkt == 0) {
-            break;  // not started: nothing to go back into
-        }
         const int32_t off = psnDiff(psn, w.first_psn);
         if (off >= 0 && off < static_cast<int32_t>(w.npackets)) {
             r.next = pos;
@@ -83,6 +80,11 @@ void Requester::rewind(SimQp &qp, uint32_t psn) {
             return;
         }
     }
+    // Past every WQE given PSNs (an ACK for what was sent before a go-back): continue with the
+    // first one not yet started.
+    r.next = std::max(r.started, qp.sq_.head());
+    r.next_pkt = 0;
+    r.next_psn = psn;
 }
 
 void Requester::push(SimQp &qp) {
@@ -109,6 +111,7 @@ void Requester::push(SimQp &qp) {
             }
         }
         if (r.next_pkt == 0) {
+            r.started = std::max(r.started, r.next + 1);
             w.first_psn = r.next_psn;
             w.npackets = std::max<uint32_t>(1, (w.length + qp.mtu_bytes_ - 1) / qp.mtu_bytes_);
             w.read_next = 0;
