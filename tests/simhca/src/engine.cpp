@@ -165,7 +165,9 @@ void Engine::unbindQp(SimQp *qp) {
     }
 }
 
-void Engine::scheduleAck(SimQp *qp) { tl_acks.push_back(qp); }
+void Engine::scheduleAck(SimQp *qp) {
+    tl_acks.push_back(qp);
+}
 
 void Engine::flushAcks() {
     // ACK coalescing: one ACK per QP for everything this batch brought.
@@ -174,7 +176,6 @@ void Engine::flushAcks() {
     }
     tl_acks.clear();
 }
-
 
 void Engine::wakeFor(int64_t deadline) {
     if (std::this_thread::get_id() == thread_id_) {
@@ -353,7 +354,8 @@ void Engine::run() {
     // real-time priority lets it run as soon as a packet or timer wakes it; it blocks in
     // epoll_pwait2() when idle, so it cannot starve the host. Without CAP_SYS_NICE (or an
     // RLIMIT_RTPRIO) this fails and the engine runs at normal priority.
-    if (const char *rt = getenv("TENSORLANE_SIMHCA_RT"); rt == nullptr || std::strcmp(rt, "0") != 0) {
+    if (const char *rt = getenv("TENSORLANE_SIMHCA_RT");
+        rt == nullptr || std::strcmp(rt, "0") != 0) {
         sched_param param{};
         param.sched_priority = 1;
         if (pthread_setschedparam(pthread_self(), SCHED_FIFO, &param) != 0) {

@@ -45,7 +45,7 @@ constexpr uint32_t kAckReqInterval = 32;
 /// The requester's position in the send queue (rxe_req.c's qp->req).
 struct RequesterState {
     uint64_t next = 0;      ///< the WQE being (re)transmitted
-    uint64_t started = 0;  ///< one past the last WQE ever given PSNs
+    uint64_t started = 0;   ///< one past the last WQE ever given PSNs
     uint32_t next_pkt = 0;  ///< its packets already sent
     uint32_t next_psn = 0;  ///< PSN of the next request packet
     uint32_t una = 0;       ///< oldest PSN not yet acknowledged

@@ -106,9 +106,9 @@ TEST(Rc, RdmaReadMultiPacket) {
     auto remote = pair.buffer(pair.b, n);
     auto local = pair.buffer(pair.a, n);
     fillPattern(remote->data(), n, 1);
-    ASSERT_EQ(postSend(pair.a.qp, IBV_WR_RDMA_READ, *local, 0, n, remote->addr(), remote->mr->rkey,
-                       9),
-              0);
+    ASSERT_EQ(
+        postSend(pair.a.qp, IBV_WR_RDMA_READ, *local, 0, n, remote->addr(), remote->mr->rkey, 9),
+        0);
     ibv_wc wc{};
     ASSERT_TRUE(pollOne(pair.a.cq, &wc));
     EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
@@ -130,9 +130,9 @@ TEST(Rc, PsnsFromAnyStartWrapAround) {
     auto dst = pair.buffer(pair.b, n);
     for (int round = 0; round < 3; ++round) {
         fillPattern(src->data(), n, static_cast<uint8_t>(round));
-        ASSERT_EQ(postSend(pair.a.qp, IBV_WR_RDMA_WRITE, *src, 0, n, dst->addr(), dst->mr->rkey,
-                           round),
-                  0);
+        ASSERT_EQ(
+            postSend(pair.a.qp, IBV_WR_RDMA_WRITE, *src, 0, n, dst->addr(), dst->mr->rkey, round),
+            0);
         ibv_wc wc{};
         ASSERT_TRUE(pollOne(pair.a.cq, &wc));
         ASSERT_EQ(wc.status, IBV_WC_SUCCESS);

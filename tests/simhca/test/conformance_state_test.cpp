@@ -74,9 +74,9 @@ Expected expected(ibv_qp_state cur, ibv_qp_state next) {
             if (next == IBV_QPS_SQD) {
                 return {true, 0,
                         IBV_QP_PORT | IBV_QP_AV | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                            IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC |
-                            IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS |
-                            IBV_QP_PKEY_INDEX | IBV_QP_MIN_RNR_TIMER | IBV_QP_PATH_MIG_STATE};
+                            IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC |
+                            IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX |
+                            IBV_QP_MIN_RNR_TIMER | IBV_QP_PATH_MIG_STATE};
             }
             break;
         default:
@@ -85,13 +85,26 @@ Expected expected(ibv_qp_state cur, ibv_qp_state next) {
     return {};
 }
 
-const int kAllBits[] = {IBV_QP_CUR_STATE,     IBV_QP_EN_SQD_ASYNC_NOTIFY, IBV_QP_ACCESS_FLAGS,
-                        IBV_QP_PKEY_INDEX,    IBV_QP_PORT,                IBV_QP_QKEY,
-                        IBV_QP_AV,            IBV_QP_PATH_MTU,            IBV_QP_TIMEOUT,
-                        IBV_QP_RETRY_CNT,     IBV_QP_RNR_RETRY,           IBV_QP_RQ_PSN,
-                        IBV_QP_MAX_QP_RD_ATOMIC, IBV_QP_ALT_PATH,         IBV_QP_MIN_RNR_TIMER,
-                        IBV_QP_SQ_PSN,        IBV_QP_MAX_DEST_RD_ATOMIC,  IBV_QP_PATH_MIG_STATE,
-                        IBV_QP_CAP,           IBV_QP_DEST_QPN};
+const int kAllBits[] = {IBV_QP_CUR_STATE,
+                        IBV_QP_EN_SQD_ASYNC_NOTIFY,
+                        IBV_QP_ACCESS_FLAGS,
+                        IBV_QP_PKEY_INDEX,
+                        IBV_QP_PORT,
+                        IBV_QP_QKEY,
+                        IBV_QP_AV,
+                        IBV_QP_PATH_MTU,
+                        IBV_QP_TIMEOUT,
+                        IBV_QP_RETRY_CNT,
+                        IBV_QP_RNR_RETRY,
+                        IBV_QP_RQ_PSN,
+                        IBV_QP_MAX_QP_RD_ATOMIC,
+                        IBV_QP_ALT_PATH,
+                        IBV_QP_MIN_RNR_TIMER,
+                        IBV_QP_SQ_PSN,
+                        IBV_QP_MAX_DEST_RD_ATOMIC,
+                        IBV_QP_PATH_MIG_STATE,
+                        IBV_QP_CAP,
+                        IBV_QP_DEST_QPN};
 
 // Valid values for every attribute, so only the mask decides.
 ibv_qp_attr fullAttr(const QpPair &pair, ibv_qp_state cur, ibv_qp_state next) {
@@ -169,8 +182,8 @@ TEST_P(StateMachine, MasksAsTheKernelTable) {
         driveTo(pair, cur);
         ibv_qp_attr a = fullAttr(pair, cur, next);
         if (!e.valid) {
-            EXPECT_EQ(ibv_modify_qp(pair.a.qp, &a, IBV_QP_STATE | expected(IBV_QPS_RESET,
-                                                                           IBV_QPS_INIT).req),
+            EXPECT_EQ(ibv_modify_qp(pair.a.qp, &a,
+                                    IBV_QP_STATE | expected(IBV_QPS_RESET, IBV_QPS_INIT).req),
                       EINVAL);
             EXPECT_EQ(ibv_modify_qp(pair.a.qp, &a, IBV_QP_STATE), EINVAL);
             continue;

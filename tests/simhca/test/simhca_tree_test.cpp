@@ -23,8 +23,8 @@
 namespace tensorlane::simhca::test {
 namespace {
 
-#define SKIP_UNLESS_SIMULATOR()                                              \
-    if (!config().simulator) {                                               \
+#define SKIP_UNLESS_SIMULATOR()                                                \
+    if (!config().simulator) {                                                 \
         GTEST_SKIP() << "simulator-only test (SIMHCA_CONFORMANCE_DEVICE set)"; \
     }
 
@@ -243,8 +243,8 @@ TEST(SimGarbage, MalformedPacketsAreDroppedAndCounted) {
     // An unknown QPN.
     inj.sendRaw(inj.packet(Opcode::kSendOnly, 0xabcdef, 0, nullptr, 8));
     // A PSN far ahead of the window.
-    inj.sendRaw(inj.packet(Opcode::kSendOnly, pair.a.qp->qp_num, (pair.opt.psn_b + 0x1000) & 0xffffff,
-                           nullptr, 8));
+    inj.sendRaw(inj.packet(Opcode::kSendOnly, pair.a.qp->qp_num,
+                           (pair.opt.psn_b + 0x1000) & 0xffffff, nullptr, 8));
     EXPECT_GE(waitCounter(dev, "sim_rx_malformed", malformed + 3), malformed + 3);
     EXPECT_GE(waitCounter(dev, "rx_icrc_encapsulated", icrc + 1), icrc + 1);
     EXPECT_GE(waitCounter(dev, "sim_rx_unknown_qp", unknown + 1), unknown + 1);

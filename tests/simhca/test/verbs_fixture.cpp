@@ -28,14 +28,14 @@ Config makeConfig() {
         c.dev_a = hw;
         c.dev_b = envOr("SIMHCA_CONFORMANCE_DEVICE_B", hw);
         c.gid_index_a = std::atoi(envOr("SIMHCA_CONFORMANCE_GID_INDEX", "3").c_str());
-        c.gid_index_b = std::atoi(envOr("SIMHCA_CONFORMANCE_GID_INDEX_B",
-                                        std::to_string(c.gid_index_a)).c_str());
+        c.gid_index_b = std::atoi(
+            envOr("SIMHCA_CONFORMANCE_GID_INDEX_B", std::to_string(c.gid_index_a)).c_str());
         return c;
     }
     // Addresses unique to this process within 127.0.0.0/8 (all loopback on Linux).
     const unsigned pid = static_cast<unsigned>(getpid());
-    const std::string net = "127." + std::to_string(10 + (pid >> 8) % 200) + "." +
-                            std::to_string(pid & 0xff) + ".";
+    const std::string net =
+        "127." + std::to_string(10 + (pid >> 8) % 200) + "." + std::to_string(pid & 0xff) + ".";
     c.ip_a = net + "2";
     c.ip_b = net + "3";
     char tmpl[] = "/tmp/simhca-tree-XXXXXX";
@@ -149,11 +149,16 @@ QpPair::QpPair(const ConnectOptions &o) : opt(o) {
 
 QpPair::~QpPair() {
     for (Side *s : {&a, &b}) {
-        if (s->qp) ibv_destroy_qp(s->qp);
-        if (s->cq) ibv_destroy_cq(s->cq);
-        if (s->channel) ibv_destroy_comp_channel(s->channel);
-        if (s->pd) ibv_dealloc_pd(s->pd);
-        if (s->ctx) ibv_close_device(s->ctx);
+        if (s->qp)
+            ibv_destroy_qp(s->qp);
+        if (s->cq)
+            ibv_destroy_cq(s->cq);
+        if (s->channel)
+            ibv_destroy_comp_channel(s->channel);
+        if (s->pd)
+            ibv_dealloc_pd(s->pd);
+        if (s->ctx)
+            ibv_close_device(s->ctx);
     }
 }
 
@@ -163,8 +168,8 @@ int QpPair::connect(Side &self, const Side &peer, uint32_t my_psn, uint32_t peer
     attr.pkey_index = 0;
     attr.port_num = 1;
     attr.qp_access_flags = opt.access;
-    if (int rc = ibv_modify_qp(self.qp, &attr,
-                               IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {
+    if (int rc = ibv_modify_qp(
+            self.qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {
         return rc;
     }
     attr = ibv_qp_attr{};
@@ -180,10 +185,10 @@ int QpPair::connect(Side &self, const Side &peer, uint32_t my_psn, uint32_t peer
     attr.ah_attr.grh.sgid_index = static_cast<uint8_t>(self.gid_index);
     attr.ah_attr.grh.hop_limit = 64;
     attr.ah_attr.grh.traffic_class = opt.traffic_class;
-    if (int rc = ibv_modify_qp(self.qp, &attr,
-                               IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                   IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-                                   IBV_QP_MIN_RNR_TIMER)) {
+    if (int rc =
+            ibv_modify_qp(self.qp, &attr,
+                          IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                              IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER)) {
         return rc;
     }
     attr = ibv_qp_attr{};

@@ -90,9 +90,10 @@ public:
     /// Moves a QP to INIT, RTR and RTS towards its peer (0 or the failing errno).
     int connect(Side &self, const Side &peer, uint32_t my_psn, uint32_t peer_psn);
     /// Registers a buffer on a side.
-    std::unique_ptr<Buffer> buffer(Side &s, size_t n, unsigned access = IBV_ACCESS_LOCAL_WRITE |
-                                                                       IBV_ACCESS_REMOTE_WRITE |
-                                                                       IBV_ACCESS_REMOTE_READ);
+    std::unique_ptr<Buffer> buffer(Side &s, size_t n,
+                                   unsigned access = IBV_ACCESS_LOCAL_WRITE |
+                                                     IBV_ACCESS_REMOTE_WRITE |
+                                                     IBV_ACCESS_REMOTE_READ);
     /// The QP's state as ibv_query_qp reports it.
     static ibv_qp_state state(ibv_qp *qp);
 };
@@ -107,8 +108,8 @@ std::vector<ibv_wc> pollN(ibv_cq *cq, int n, int timeout_ms = 5000);
 bool getAsyncEvent(ibv_context *ctx, ibv_async_event *ev, int timeout_ms = 5000);
 /// Posts one WR with one SGE.
 int postSend(ibv_qp *qp, ibv_wr_opcode op, Buffer &local, size_t off, uint32_t len,
-             uint64_t remote_addr, uint32_t rkey, uint64_t wr_id, unsigned flags = IBV_SEND_SIGNALED,
-             uint32_t imm_host = 0);
+             uint64_t remote_addr, uint32_t rkey, uint64_t wr_id,
+             unsigned flags = IBV_SEND_SIGNALED, uint32_t imm_host = 0);
 /// Posts one receive WQE with one SGE.
 int postRecv(ibv_qp *qp, Buffer &buf, size_t off, uint32_t len, uint64_t wr_id);
 

@@ -33,13 +33,13 @@ std::vector<uint8_t> hex(const char *s) {
 // test/contrib/roce.uts): Ethernet, IPv4 (TOS 0xc2, id 0x718c, DF), UDP, BTH, 16 bytes of
 // padding and the ICRC the NIC computed, 82 fd 00 2a.
 TEST(Icrc, MatchesAConnectX4Capture) {
-    const auto frame = hex(
-        "e41d2dab2bc27cfe90643b320800"
-        "45c2003c718c400040119161 0a001101 0a001201"
-        "000012b700280000"
-        "8100ffff4000011800000000"
-        "00000000000000000000000000000000"
-        "82fd002a");
+    const auto frame =
+        hex("e41d2dab2bc27cfe90643b320800"
+            "45c2003c718c400040119161 0a001101 0a001201"
+            "000012b700280000"
+            "8100ffff4000011800000000"
+            "00000000000000000000000000000000"
+            "82fd002a");
     const uint8_t *ip_udp = frame.data() + 14;
     const uint8_t *bth = ip_udp + kIpv4UdpBytes;
     const size_t len = frame.size() - 14 - kIpv4UdpBytes - kIcrcBytes;
@@ -134,8 +134,7 @@ TEST(Parser, RejectsWhatIsMalformed) {
               ParseResult::kTruncated);
     bad = p;
     bad[0] = 0x13;
-    EXPECT_EQ(parsePacket(bad.data(), bad.size(), flow, false, pkt),
-              ParseResult::kUnknownOpcode);
+    EXPECT_EQ(parsePacket(bad.data(), bad.size(), flow, false, pkt), ParseResult::kUnknownOpcode);
 }
 
 TEST(Psn, TwentyFourBitArithmetic) {
@@ -146,8 +145,8 @@ TEST(Psn, TwentyFourBitArithmetic) {
 }
 
 TEST(MaskTable, KernelSpotChecks) {
-    const int rtr = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                    IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+    const int rtr = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                    IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
     EXPECT_TRUE(modifyQpIsOk(IBV_QPS_INIT, IBV_QPS_RTR, rtr));
     EXPECT_FALSE(modifyQpIsOk(IBV_QPS_INIT, IBV_QPS_RTR, rtr & ~IBV_QP_MIN_RNR_TIMER));
     EXPECT_FALSE(modifyQpIsOk(IBV_QPS_INIT, IBV_QPS_RTR, rtr | IBV_QP_SQ_PSN));

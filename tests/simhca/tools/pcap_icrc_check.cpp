@@ -58,7 +58,8 @@ int main(int argc, char **argv) {
     }
     const bool verbose = argc > 2 && std::string(argv[2]) == "--verbose";
     std::ifstream in(argv[1], std::ios::binary);
-    std::vector<uint8_t> file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::vector<uint8_t> file((std::istreambuf_iterator<char>(in)),
+                              std::istreambuf_iterator<char>());
     if (file.size() < 24) {
         std::cerr << "pcap_icrc_check: " << argv[1] << ": not a pcap file\n";
         return 2;

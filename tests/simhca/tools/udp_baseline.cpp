@@ -152,7 +152,8 @@ int main(int argc, char **argv) {
         std::vector<double> us;
         for (long i = 0; i < iters + 100; ++i) {
             const auto t0 = Clock::now();
-            sendto(fa, buf.data(), size, 0, reinterpret_cast<const sockaddr *>(&to_b), sizeof(to_b));
+            sendto(fa, buf.data(), size, 0, reinterpret_cast<const sockaddr *>(&to_b),
+                   sizeof(to_b));
             recvOne(fa, buf.data(), buf.size(), busy);
             if (i >= 100) {  // warm-up
                 us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() /
@@ -164,10 +165,10 @@ int main(int argc, char **argv) {
         for (double v : us) {
             sum += v;
         }
-        std::printf("udp pingpong: %zu bytes, %ld iterations, one-way (RTT/2) usec: min %.2f "
-                    "typical %.2f avg %.2f p99 %.2f\n",
-                    size, iters, us.front(), us[us.size() / 2], sum / us.size(),
-                    us[us.size() * 99 / 100]);
+        std::printf(
+            "udp pingpong: %zu bytes, %ld iterations, one-way (RTT/2) usec: min %.2f "
+            "typical %.2f avg %.2f p99 %.2f\n",
+            size, iters, us.front(), us[us.size() / 2], sum / us.size(), us[us.size() * 99 / 100]);
     } else {
         constexpr int kBatch = 32;
         mmsghdr msgs[kBatch];
