@@ -65,6 +65,26 @@ void Simulator::closeContext(SimContext *ctx) {
     }
 }
 
+void Simulator::flushAtExit() {
+    std::unique_lock lock(mutex_, std::try_to_lock);
+    if (!lock.owns_lock()) {
+        return;
+    }
+    for (auto &d : devices_) {
+        d->flushCounters();
+    }
+}
+
+namespace {
+
+// A process that exits without closing its contexts (perftest on an error path does) still
+// leaves its counters in the tree, as a real device keeps counting after the process is gone.
+__attribute__((destructor)) void flushCountersAtExit() {
+    Simulator::instance().flushAtExit();
+}
+
+}  // namespace
+
 Engine *Simulator::engine() {
     std::lock_guard lock(mutex_);
     return engine_.get();

@@ -24,6 +24,8 @@ public:
     [[nodiscard]] SimContext *openContext(SimDevice *dev);
     /// Closes a context (stops the engine after the last).
     void closeContext(SimContext *ctx);
+    /// Writes every device's counters to the tree (at process exit).
+    void flushAtExit();
     /// The engine; valid while a context is open.
     [[nodiscard]] Engine *engine();
 
