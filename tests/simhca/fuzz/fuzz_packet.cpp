@@ -32,9 +32,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (parsePacket(p, n, flow, verify, pkt) != ParseResult::kOk) {
             continue;
         }
-        if (pkt.info == nullptr || pkt.info != opcodeInfo(pkt.bth.opcode) ||
-            pkt.payload < p || pkt.payload + pkt.payload_len > p + n ||
-            pkt.payload != p + pkt.info->header_bytes) {
+        if (pkt.info == nullptr || pkt.info != opcodeInfo(pkt.bth.opcode) || pkt.payload < p ||
+            pkt.payload + pkt.payload_len > p + n || pkt.payload != p + pkt.info->header_bytes) {
             std::abort();
         }
         // Touch every payload byte, as placement would.

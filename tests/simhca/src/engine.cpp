@@ -33,6 +33,12 @@ uint64_t routeKey(uint32_t ip, uint32_t qpn) {
     return (uint64_t{ip} << 24) | qpn;
 }
 
+// epoll tags: endpoints are named by their address, never by pointer, so an event that races
+// with the endpoint's removal finds nothing instead of freed memory.
+constexpr uint64_t kWakeTag = 0;
+constexpr uint64_t kInotifyTag = 1ull << 63;
+constexpr uint64_t kEndpointTag = 1ull << 62;
+
 struct RxBuffers {
     std::unique_ptr<uint8_t[]> data{new uint8_t[kRxBatch * kRxBufferBytes]};
     mmsghdr msgs[kRxBatch]{};
@@ -56,9 +62,9 @@ Engine::Engine() : next_qpn_(0x11 + ((static_cast<uint32_t>(getpid()) & 0xfff) <
     inotify_fd_ = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
     epoll_event ev{};
     ev.events = EPOLLIN;
-    ev.data.ptr = nullptr;
+    ev.data.u64 = kWakeTag;
     epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
-    ev.data.ptr = this;
+    ev.data.u64 = kInotifyTag;
     epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, inotify_fd_, &ev);
     thread_ = std::thread([this] { run(); });
     thread_id_ = thread_.get_id();
@@ -113,7 +119,7 @@ int Engine::addQp(SimQp *qp, SimDevice *dev) {
                 }
                 epoll_event ev{};
                 ev.events = EPOLLIN;
-                ev.data.ptr = ep.get();
+                ev.data.u64 = kEndpointTag | *ip;
                 epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, ep->fd(), &ev);
                 opened.push_back(*ip);
                 endpoints_[*ip] = std::move(ep);
@@ -383,14 +389,26 @@ void Engine::run() {
         next_wake_.store(0, std::memory_order_relaxed);
         std::shared_lock life(lifetime_);
         for (int i = 0; i < n; ++i) {
-            void *tag = events[i].data.ptr;
-            if (tag == nullptr) {
+            const uint64_t tag = events[i].data.u64;
+            if (tag == kWakeTag) {
                 uint64_t v;
                 [[maybe_unused]] ssize_t r = read(wake_fd_, &v, sizeof(v));
-            } else if (tag == this) {
+            } else if (tag == kInotifyTag) {
                 handleInotify();
             } else {
-                receiveBatch(*static_cast<Endpoint *>(tag));
+                Endpoint *ep = nullptr;
+                {
+                    // SYNC POINT: found under map_mutex_, used under lifetime_ (shared), so it
+                    // was fully built before and cannot be freed during the batch.
+                    std::lock_guard lock(map_mutex_);
+                    auto it = endpoints_.find(static_cast<uint32_t>(tag & 0xffffffffu));
+                    if (it != endpoints_.end()) {
+                        ep = it->second.get();
+                    }
+                }
+                if (ep != nullptr) {
+                    receiveBatch(*ep);
+                }
             }
         }
         flushAcks();
