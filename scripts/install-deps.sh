@@ -9,7 +9,9 @@ usage: scripts/install-deps.sh [--dry-run]
 
 Installs (with apt-get) the build and test dependencies that are missing:
 compilers, CMake/Ninja, rdma-core, Boost, toml++, spdlog, CLI11, nlohmann-json, libsodium,
-GoogleTest, Google Benchmark, clang (fuzzing), clang-format, shellcheck, iproute2.
+GoogleTest, Google Benchmark, clang (fuzzing), clang-format, shellcheck, iproute2;
+for the simulated HCA's tests: zlib, perftest, tcpdump, tshark, nftables, iptables,
+libnetfilter-queue.
   --dry-run   print what would be installed, change nothing
 USAGE
 }
@@ -30,6 +32,7 @@ packages=(
     libgtest-dev libgmock-dev libbenchmark-dev
     clang libclang-rt-14-dev clang-format shellcheck
     iproute2 procps python3
+    zlib1g-dev perftest tcpdump tshark nftables iptables libnetfilter-queue-dev
 )
 
 missing=()
