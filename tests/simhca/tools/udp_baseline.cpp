@@ -5,10 +5,16 @@
 //   stream:   --bytes in datagrams of --size bytes (the RoCE path MTU) with sendmmsg(2) batches,
 //             received with recvmmsg(2); prints what arrived per second, in MiB/s.
 //
+//   --cross-cpu pins the two processes to CPUs 0 and 1. Two applications that both spin (as
+//             perftest's do) end up on different CPUs, so every hand-off between them is a
+//             cross-CPU wake-up; this measures that floor. Without it the scheduler may run
+//             both ends of a blocking ping-pong on one CPU.
+//
 //   usage: udp_baseline pingpong|stream [--size N] [--iters N] [--bytes N]
-//                       [--a 127.0.0.2] [--b 127.0.0.3] [--busy]
+//                       [--a 127.0.0.2] [--b 127.0.0.3] [--busy] [--cross-cpu]
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -76,10 +82,13 @@ int main(int argc, char **argv) {
     const char *ip_a = "127.0.0.2";
     const char *ip_b = "127.0.0.3";
     bool busy = false;
+    bool cross_cpu = false;
     for (int i = 2; i < argc; ++i) {
         const std::string k = argv[i];
         if (k == "--busy") {
             busy = true;
+        } else if (k == "--cross-cpu") {
+            cross_cpu = true;
         } else if (i + 1 < argc && k == "--size") {
             size = std::strtoull(argv[++i], nullptr, 0);
         } else if (i + 1 < argc && k == "--iters") {
@@ -102,8 +111,17 @@ int main(int argc, char **argv) {
     const sockaddr_in to_b = address(ip_b, kPort);
     std::vector<char> buf(std::max<size_t>(size, 65536));
     const pid_t child = fork();
+    auto pin = [cross_cpu](int cpu) {
+        if (cross_cpu) {
+            cpu_set_t set;
+            CPU_ZERO(&set);
+            CPU_SET(cpu, &set);
+            sched_setaffinity(0, sizeof(set), &set);
+        }
+    };
     if (child == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
+        pin(1);
         close(fa);
         if (mode == "pingpong") {
             for (long i = 0; i < iters + 100; ++i) {
@@ -148,6 +166,7 @@ int main(int argc, char **argv) {
         _exit(0);
     }
     close(fb);
+    pin(0);
     if (mode == "pingpong") {
         std::vector<double> us;
         for (long i = 0; i < iters + 100; ++i) {
@@ -166,9 +185,10 @@ int main(int argc, char **argv) {
             sum += v;
         }
         std::printf(
-            "udp pingpong: %zu bytes, %ld iterations, one-way (RTT/2) usec: min %.2f "
+            "udp pingpong%s%s: %zu bytes, %ld iterations, one-way (RTT/2) usec: min %.2f "
             "typical %.2f avg %.2f p99 %.2f\n",
-            size, iters, us.front(), us[us.size() / 2], sum / us.size(), us[us.size() * 99 / 100]);
+            busy ? " busy" : "", cross_cpu ? " cross-cpu" : "", size, iters, us.front(),
+            us[us.size() / 2], sum / us.size(), us[us.size() * 99 / 100]);
     } else {
         constexpr int kBatch = 32;
         mmsghdr msgs[kBatch];
