@@ -156,6 +156,13 @@ std::optional<DeviceInfo> loadDeviceInfo(const std::string &root, const std::str
                     .value_or(1500));
         }
         port.active_mtu = roceActiveMtu(port.netdev_mtu);
+        if (const auto tc = readTrimmed(dev.dir + "/tc/" + std::to_string(p) + "/traffic_class")) {
+            const size_t eq = tc->find('=');
+            const auto v = parseLeadingInt(eq == std::string::npos ? *tc : tc->substr(eq + 1));
+            if (v && *v <= 255) {
+                port.tclass_override = static_cast<int>(*v);
+            }
+        }
         dev.ports.push_back(std::move(port));
     }
     if (dev.ports.empty()) {

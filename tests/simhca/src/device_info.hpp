@@ -31,6 +31,10 @@ struct PortInfo {
     std::string netdev;
     int netdev_mtu = 1500;
     ibv_mtu active_mtu = IBV_MTU_1024;
+    /// The host-wide traffic class of tc/<port>/traffic_class ("Global tclass=N" as
+    /// MLNX_OFED shows it, or "N"); -1 when not set. It replaces the GRH traffic class of every
+    /// QP on the port, as on mlx5.
+    int tclass_override = -1;
     std::vector<GidEntry> gids;
 };
 

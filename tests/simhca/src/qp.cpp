@@ -162,8 +162,10 @@ int SimQp::openPathLocked() {
     dgid.valid = true;
     src_ip_ = *p.gids[ah.grh.sgid_index].ipv4();
     dst_ip_ = *dgid.ipv4();
-    const int err =
-        tx_.open(src_ip_, roceSourcePort(qpn_), dst_ip_, ah.grh.traffic_class, ah.grh.hop_limit);
+    // A host-wide traffic class (tc/<port>/traffic_class) replaces the GRH's, as on mlx5.
+    const uint8_t tclass =
+        p.tclass_override >= 0 ? static_cast<uint8_t>(p.tclass_override) : ah.grh.traffic_class;
+    const int err = tx_.open(src_ip_, roceSourcePort(qpn_), dst_ip_, tclass, ah.grh.hop_limit);
     if (err != 0) {
         log(LogLevel::kError, "QP 0x%x: cannot open its UDP socket: %s", qpn_, strerror(err));
         return err;

@@ -227,14 +227,20 @@ TEST(RcErrors, CqOverrunRaisesCqErr) {
         ASSERT_EQ(postSend(pair.a.qp, IBV_WR_RDMA_WRITE, *src, 0, 8, dst->addr(), dst->mr->rkey, i),
                   0);
     }
+    // The CQ reports the overrun, and the QP that could not complete goes to ERR with a fatal
+    // event (IB spec 11.6.3: CQ error; 10.10.4: the affected QPs enter the error state).
     ibv_async_event ev{};
     bool cq_err = false;
-    for (int tries = 0; tries < 4 && !cq_err; ++tries) {
+    bool qp_fatal = false;
+    for (int tries = 0; tries < 6 && !(cq_err && qp_fatal); ++tries) {
         ASSERT_TRUE(getAsyncEvent(pair.a.ctx, &ev));
-        cq_err = ev.event_type == IBV_EVENT_CQ_ERR;
+        cq_err = cq_err || ev.event_type == IBV_EVENT_CQ_ERR;
+        qp_fatal = qp_fatal || (ev.event_type == IBV_EVENT_QP_FATAL && ev.element.qp == pair.a.qp);
         ibv_ack_async_event(&ev);
     }
     EXPECT_TRUE(cq_err);
+    EXPECT_TRUE(qp_fatal);
+    EXPECT_EQ(QpPair::state(pair.a.qp), IBV_QPS_ERR);
 }
 
 }  // namespace

@@ -137,20 +137,20 @@ TEST_F(Programs, CaptureDecodesAsRoceWithDscpEcnAndGoodIcrcs) {
     const std::string pcap = std::string(dir) + "/roce.pcap";
     const std::string port = tcpPort(5);
     const std::string port2 = tcpPort(6);
-    const Result cap =
-        sh("tcpdump -i lo -s 0 -U -w " + pcap + " \"udp port 4791 and host " + c.ip_a +
-           "\" & td=$!; sleep 1; "
-           "ib_write_bw -F --tclass 106 -d " +
-           c.dev_a + " -x 3 -n 20 -s 10000 -p " + port +
-           " & srv=$!; sleep 0.4; timeout 60 ib_write_bw -F --tclass 106 -d " + c.dev_b +
-           " -x 3 -n 20 -s 10000 -p " + port +
-           " 127.0.0.1 >/dev/null; wait $srv; "
-           "ibv_rc_pingpong -d " +
-           c.dev_a + " -g 3 -n 5 -p " + port2 +
-           " & srv=$!; sleep 0.3; timeout 30 ibv_rc_pingpong -d " + c.dev_b + " -g 3 -n 5 -p " +
-           port2 +
-           " 127.0.0.1; wait $srv; "
-           "sleep 0.5; kill -INT $td; wait $td");
+    const Result cap = sh("tcpdump -i lo -s 0 -U --immediate-mode -w " + pcap +
+                          " \"udp port 4791 and host " + c.ip_a +
+                          "\" & td=$!; sleep 1; "
+                          "ib_write_bw -F --tclass 106 -d " +
+                          c.dev_a + " -x 3 -n 20 -s 10000 -p " + port +
+                          " & srv=$!; sleep 0.4; timeout 60 ib_write_bw -F --tclass 106 -d " +
+                          c.dev_b + " -x 3 -n 20 -s 10000 -p " + port +
+                          " 127.0.0.1 >/dev/null; wait $srv; "
+                          "ibv_rc_pingpong -d " +
+                          c.dev_a + " -g 3 -n 5 -p " + port2 +
+                          " & srv=$!; sleep 0.3; timeout 30 ibv_rc_pingpong -d " + c.dev_b +
+                          " -g 3 -n 5 -p " + port2 +
+                          " 127.0.0.1; wait $srv; "
+                          "sleep 0.5; kill -INT $td; wait $td");
     ASSERT_EQ(cap.status, 0) << cap.out;
     const Result icrc = sh(std::string(SIMHCA_PCAP_ICRC_CHECK) + " " + pcap);
     EXPECT_EQ(icrc.status, 0) << icrc.out;
@@ -175,6 +175,35 @@ TEST_F(Programs, CaptureDecodesAsRoceWithDscpEcnAndGoodIcrcs) {
     const Result names = sh("tshark -r " + pcap + " -V | grep -m3 -E \"Opcode:|Invariant CRC\"");
     EXPECT_NE(names.out.find("Opcode"), std::string::npos) << names.out;
     std::cout << icrc.out << ts.out;
+    sh(std::string("rm -rf ") + dir);
+}
+
+// A host-wide traffic class in tc/1/traffic_class (as MLNX_OFED's sysfs knob) replaces the
+// GRH traffic class on the wire: ibv_rc_pingpong asks for 0 and DSCP 46 goes out.
+TEST_F(Programs, HostWideTrafficClassOverridesTheGrh) {
+    REQUIRE_PROGRAM("tcpdump");
+    REQUIRE_PROGRAM("tshark");
+    if (geteuid() != 0) {
+        GTEST_SKIP() << "capturing on lo needs root (CAP_NET_RAW)";
+    }
+    const Config &c = config();
+    const std::string tc = c.sysfs_root + "/class/infiniband/" + c.dev_b + "/tc/1";
+    sh("mkdir -p " + tc + " && echo \"Global tclass=184\" > " + tc + "/traffic_class");
+    char dir[] = "/tmp/simhca-tc-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    const std::string pcap = std::string(dir) + "/tc.pcap";
+    const std::string port = tcpPort(7);
+    const Result cap =
+        sh("tcpdump -i lo -s 0 -U --immediate-mode -w " + pcap + " \"udp port 4791 and src host " +
+           c.ip_b + "\" & td=$!; sleep 1; ibv_rc_pingpong -d " + c.dev_a + " -g 3 -n 5 -p " + port +
+           " >/dev/null & srv=$!; sleep 0.3; timeout 30 ibv_rc_pingpong -d " + c.dev_b +
+           " -g 3 -n 5 -p " + port +
+           " 127.0.0.1 >/dev/null; wait $srv; sleep 0.5; kill -INT $td; wait $td");
+    sh("rm -rf " + tc);
+    ASSERT_EQ(cap.status, 0) << cap.out;
+    const Result ts = sh("tshark -r " + pcap + " -T fields -e ip.dsfield.dscp | sort -u");
+    EXPECT_EQ(ts.out.find("0\n"), std::string::npos) << ts.out;
+    EXPECT_NE(ts.out.find("46\n"), std::string::npos) << ts.out;
     sh(std::string("rm -rf ") + dir);
 }
 
