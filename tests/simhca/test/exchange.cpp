@@ -189,6 +189,8 @@ int main(int argc, char **argv) {
     char go = 1;
     if (write(tcp, &go, 1) != 1 || read(tcp, &go, 1) != 1)
         return fail("sync");
+    std::printf("%s: sending\n", server ? "server" : "client");
+    std::fflush(stdout);
     const auto deadline = std::chrono::steady_clock::now() +
                           std::chrono::milliseconds(static_cast<long>(deadline_s * 1000));
     long errors = 0, received = 0;
@@ -202,7 +204,16 @@ int main(int argc, char **argv) {
         }
         uint64_t checked = 0;
         ibv_sge sge{reinterpret_cast<uint64_t>(&checked), sizeof(checked), 0};
+        long spins = 0;
         while (received < count && std::chrono::steady_clock::now() < deadline) {
+            if (++spins % 4096 == 0) {
+                char c;
+                if (recv(tcp, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0) {
+                    std::fprintf(stderr, "server: the client went away after %ld messages\n",
+                                 received);
+                    return 1;
+                }
+            }
             const int got = ibv_poll_cq(cq, 16, wc);
             for (int i = 0; i < got; ++i) {
                 if (wc[i].status != IBV_WC_SUCCESS) {

@@ -104,10 +104,16 @@ protected:
         return sh(netem_ + "ip netns exec " + ns_b_ + env + dir_ + "/b " + SIMHCA_EXCHANGE +
                   " --role server --dev simB --bind 192.0.2.2 --peer 192.0.2.1" + common +
                   " & srv=$!; ip netns exec " + ns_a_ + env + dir_ + "/a " + SIMHCA_EXCHANGE +
-                  " --role client --dev simA --bind 192.0.2.1 --peer 192.0.2.2" + common +
-                  " & cli=$!; " + extra + " wait $cli; c=$?; wait $srv; s=$?; " +
+                  " --role client --dev simA --bind 192.0.2.1 --peer 192.0.2.2" + common + " > " +
+                  dir_ + "/client.log & cli=$!; " + extra + " wait $cli; c=$?; cat " + dir_ +
+                  "/client.log; wait $srv; s=$?; " +
                   (netem_.empty() ? "" : "kill $nq; wait $nq; ") +
                   "echo \"client=$c server=$s\"; exit $((c | s))");
+    }
+    // Script: waits until the client has started sending (its QP is in RTS and posting).
+    std::string waitSending() {
+        return "for i in $(seq 500); do grep -q sending " + dir_ +
+               "/client.log 2>/dev/null && break; sleep 0.01; done; sleep 0.02; ";
     }
     long long a(const std::string &name) { return counter(dir_ + "/a", "simA", name); }
     long long b(const std::string &name) { return counter(dir_ + "/b", "simB", name); }
@@ -169,8 +175,8 @@ TEST_F(Netns, LinkDownThenUpIsRetried) {
     // timeout 14 (67 ms) x retry_cnt 7 outlasts a 250 ms outage.
     const Result r =
         exchange(4000, 8192,
-                 "sleep 0.05; ip -n " + ns_a_ + " link set " + ns_a_ + " down; sleep 0.25; ip -n " +
-                     ns_a_ + " link set " + ns_a_ + " up;",
+                 waitSending() + "ip -n " + ns_a_ + " link set " + ns_a_ +
+                     " down; sleep 0.25; ip -n " + ns_a_ + " link set " + ns_a_ + " up;",
                  14);
     ASSERT_EQ(r.status, 0) << r.out;
     EXPECT_NE(r.out.find("received 4000 of 4000 messages, 0 errors"), std::string::npos) << r.out;
@@ -179,8 +185,8 @@ TEST_F(Netns, LinkDownThenUpIsRetried) {
 }
 
 TEST_F(Netns, LinkDownForGoodExhaustsRetries) {
-    const Result r =
-        exchange(100000, 8192, "sleep 0.1; ip -n " + ns_a_ + " link set " + ns_a_ + " down;", 8);
+    const Result r = exchange(
+        100000, 8192, waitSending() + "ip -n " + ns_a_ + " link set " + ns_a_ + " down;", 8);
     EXPECT_NE(r.status, 0) << r.out;
     EXPECT_NE(r.out.find("transport retry counter exceeded"), std::string::npos) << r.out;
     // One expiry for the first try and one for each of the 7 retries.

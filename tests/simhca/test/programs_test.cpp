@@ -44,6 +44,14 @@ std::string tcpPort(int k) {
     return std::to_string(20000 + (getpid() * 7 + k * 131) % 20000);
 }
 
+// Starts tcpdump on lo in the background ($td) and waits until it is capturing.
+std::string startTcpdump(const std::string &dir, const std::string &pcap,
+                         const std::string &filter) {
+    return "tcpdump -i lo -s 0 -B 16384 -U --immediate-mode -w " + pcap + " \"" + filter +
+           "\" 2> " + dir + "/td.log & td=$!; for i in $(seq 100); do grep -q listening " + dir +
+           "/td.log && break; sleep 0.05; done; sleep 0.2; ";
+}
+
 #define REQUIRE_PROGRAM(p)                                                              \
     if (!have(p)) {                                                                     \
         GTEST_SKIP() << p << " is not installed (scripts/install-deps.sh installs it)"; \
@@ -137,20 +145,18 @@ TEST_F(Programs, CaptureDecodesAsRoceWithDscpEcnAndGoodIcrcs) {
     const std::string pcap = std::string(dir) + "/roce.pcap";
     const std::string port = tcpPort(5);
     const std::string port2 = tcpPort(6);
-    const Result cap = sh("tcpdump -i lo -s 0 -U --immediate-mode -w " + pcap +
-                          " \"udp port 4791 and host " + c.ip_a +
-                          "\" & td=$!; sleep 1; "
-                          "ib_write_bw -F --tclass 106 -d " +
-                          c.dev_a + " -x 3 -n 20 -s 10000 -p " + port +
-                          " & srv=$!; sleep 0.4; timeout 60 ib_write_bw -F --tclass 106 -d " +
-                          c.dev_b + " -x 3 -n 20 -s 10000 -p " + port +
-                          " 127.0.0.1 >/dev/null; wait $srv; "
-                          "ibv_rc_pingpong -d " +
-                          c.dev_a + " -g 3 -n 5 -p " + port2 +
-                          " & srv=$!; sleep 0.3; timeout 30 ibv_rc_pingpong -d " + c.dev_b +
-                          " -g 3 -n 5 -p " + port2 +
-                          " 127.0.0.1; wait $srv; "
-                          "sleep 0.5; kill -INT $td; wait $td");
+    const Result cap =
+        sh(startTcpdump(dir, pcap, "udp port 4791 and host " + c.ip_a) +
+           "ib_write_bw -F --tclass 106 -d " + c.dev_a + " -x 3 -n 20 -s 10000 -p " + port +
+           " & srv=$!; sleep 0.4; timeout 60 ib_write_bw -F --tclass 106 -d " + c.dev_b +
+           " -x 3 -n 20 -s 10000 -p " + port +
+           " 127.0.0.1 >/dev/null; wait $srv; "
+           "ibv_rc_pingpong -d " +
+           c.dev_a + " -g 3 -n 5 -p " + port2 +
+           " & srv=$!; sleep 0.3; timeout 30 ibv_rc_pingpong -d " + c.dev_b + " -g 3 -n 5 -p " +
+           port2 +
+           " 127.0.0.1; wait $srv; "
+           "sleep 0.5; kill -INT $td; wait $td");
     ASSERT_EQ(cap.status, 0) << cap.out;
     const Result icrc = sh(std::string(SIMHCA_PCAP_ICRC_CHECK) + " " + pcap);
     EXPECT_EQ(icrc.status, 0) << icrc.out;
@@ -193,12 +199,11 @@ TEST_F(Programs, HostWideTrafficClassOverridesTheGrh) {
     ASSERT_NE(mkdtemp(dir), nullptr);
     const std::string pcap = std::string(dir) + "/tc.pcap";
     const std::string port = tcpPort(7);
-    const Result cap =
-        sh("tcpdump -i lo -s 0 -U --immediate-mode -w " + pcap + " \"udp port 4791 and src host " +
-           c.ip_b + "\" & td=$!; sleep 1; ibv_rc_pingpong -d " + c.dev_a + " -g 3 -n 5 -p " + port +
-           " >/dev/null & srv=$!; sleep 0.3; timeout 30 ibv_rc_pingpong -d " + c.dev_b +
-           " -g 3 -n 5 -p " + port +
-           " 127.0.0.1 >/dev/null; wait $srv; sleep 0.5; kill -INT $td; wait $td");
+    const Result cap = sh(startTcpdump(dir, pcap, "udp port 4791 and src host " + c.ip_b) +
+                          "ibv_rc_pingpong -d " + c.dev_a + " -g 3 -n 5 -p " + port +
+                          " >/dev/null & srv=$!; sleep 0.3; timeout 30 ibv_rc_pingpong -d " +
+                          c.dev_b + " -g 3 -n 5 -p " + port +
+                          " 127.0.0.1 >/dev/null; wait $srv; sleep 0.5; kill -INT $td; wait $td");
     sh("rm -rf " + tc);
     ASSERT_EQ(cap.status, 0) << cap.out;
     const Result ts = sh("tshark -r " + pcap + " -T fields -e ip.dsfield.dscp | sort -u");
