@@ -8,7 +8,8 @@
 
 namespace tensorlane::simhca {
 
-SimDevice::SimDevice(DeviceInfo info, int index) : name_(info.name), info_(std::move(info)) {
+SimDevice::SimDevice(DeviceInfo info, int index)
+    : name_(info.name), dir_(info.dir), info_(std::move(info)) {
     handle_.self = this;
     ibv_device &d = handle_.ibv;
     d.node_type = IBV_NODE_CA;
@@ -51,7 +52,7 @@ HwCounters *SimDevice::counters(uint8_t port) {
 
 void SimDevice::flushCounters(bool force) {
     for (size_t p = 0; p < counters_.size(); ++p) {
-        counters_[p]->flush(info_.dir + "/ports/" + std::to_string(p + 1) + "/hw_counters", force);
+        counters_[p]->flush(dir_ + "/ports/" + std::to_string(p + 1) + "/hw_counters", force);
     }
 }
 

@@ -53,6 +53,7 @@ public:
 
 private:
     std::string name_;
+    std::string dir_;  ///< class/infiniband/<name>, fixed: read without the lock
     mutable std::mutex mutex_;
     DeviceInfo info_;
     std::vector<std::unique_ptr<HwCounters>> counters_;

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
@@ -68,6 +69,15 @@ Engine::Engine() : next_qpn_(0x11 + ((static_cast<uint32_t>(getpid()) & 0xfff) <
     epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, inotify_fd_, &ev);
     thread_ = std::thread([this] { run(); });
     thread_id_ = thread_.get_id();
+    // Writing the counters back is file I/O; it runs on its own thread at normal priority so
+    // the engine never stalls a packet on it.
+    housekeeper_ = std::thread([this] {
+        std::unique_lock lock(housekeeping_mutex_);
+        while (!housekeeping_cv_.wait_for(lock, std::chrono::nanoseconds(kCounterFlushNs),
+                                          [this] { return stop_.load(); })) {
+            flushCounters();
+        }
+    });
 }
 
 Engine::~Engine() {
@@ -75,6 +85,11 @@ Engine::~Engine() {
     const uint64_t one = 1;
     [[maybe_unused]] ssize_t n = write(wake_fd_, &one, sizeof(one));
     thread_.join();
+    {
+        std::lock_guard lock(housekeeping_mutex_);
+        housekeeping_cv_.notify_all();
+    }
+    housekeeper_.join();
     flushCounters();
     endpoints_.clear();
     close(inotify_fd_);
@@ -368,10 +383,9 @@ void Engine::run() {
             log(LogLevel::kInfo, "engine runs without real-time priority (no CAP_SYS_NICE)");
         }
     }
-    int64_t next_flush = nowNs() + kCounterFlushNs;
     epoll_event events[16];
     while (!stop_.load()) {
-        int64_t wake = next_flush;
+        int64_t wake = nowNs() + 1'000'000'000;
         {
             std::lock_guard lock(map_mutex_);
             for (SimQp *qp : qps_) {
@@ -414,10 +428,6 @@ void Engine::run() {
         flushAcks();
         const int64_t now = nowNs();
         runTimers(now);
-        if (now >= next_flush) {
-            flushCounters();
-            next_flush = now + kCounterFlushNs;
-        }
     }
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -87,6 +88,9 @@ private:
     std::vector<SimQp *> timer_snapshot_;
     std::thread thread_;
     std::thread::id thread_id_;
+    std::mutex housekeeping_mutex_;
+    std::condition_variable housekeeping_cv_;
+    std::thread housekeeper_;  ///< writes hw_counters back every 100 ms
 };
 
 }  // namespace tensorlane::simhca
