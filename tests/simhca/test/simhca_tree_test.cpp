@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <thread>
@@ -124,6 +125,52 @@ TEST(SimTree, CountersAreWrittenToTheTree) {
     ibv_wc wc{};
     ASSERT_TRUE(pollOne(pair.a.cq, &wc));
     EXPECT_GE(waitCounter(pair.b.dev, "rx_write_requests", before + 1), before + 1);
+}
+
+// ACK coalescing (IB spec 9.7.5.1.2: one ACK may acknowledge many requests): a 64-packet
+// WRITE asks for an ACK every 32 packets and at its end, and the responder answers once per
+// receive batch, so far fewer ACKs than packets come back.
+TEST(SimTree, AcksAreCoalesced) {
+    SKIP_UNLESS_SIMULATOR();
+    QpPair pair;
+    const size_t n = 64 * 4096;
+    auto src = pair.buffer(pair.a, n);
+    auto dst = pair.buffer(pair.b, n);
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    const long long a_tx = hwCounter(pair.a.dev, "sim_tx_packets");
+    const long long b_tx = hwCounter(pair.b.dev, "sim_tx_packets");
+    ASSERT_EQ(postSend(pair.a.qp, IBV_WR_RDMA_WRITE, *src, 0, n, dst->addr(), dst->mr->rkey, 1), 0);
+    ibv_wc wc{};
+    ASSERT_TRUE(pollOne(pair.a.cq, &wc));
+    ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    EXPECT_EQ(hwCounter(pair.a.dev, "sim_tx_packets") - a_tx, 64);
+    const long long acks = hwCounter(pair.b.dev, "sim_tx_packets") - b_tx;
+    EXPECT_GE(acks, 1);
+    EXPECT_LE(acks, 2) << "one ACK per AckReq at most";
+}
+
+// The transport timer is 4.096 us * 2^timeout: timeout 10 (4.2 ms), retry_cnt 3 gives four
+// expiries, about 17 ms, before IBV_WC_RETRY_EXC_ERR.
+TEST(SimTree, TransportTimerFollowsTheTimeoutExponent) {
+    SKIP_UNLESS_SIMULATOR();
+    ConnectOptions opt;
+    opt.timeout = 10;
+    opt.retry_cnt = 3;
+    QpPair pair(opt);
+    auto src = pair.buffer(pair.a, 64);
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_RESET;
+    ASSERT_EQ(ibv_modify_qp(pair.b.qp, &a, IBV_QP_STATE), 0);
+    const auto start = std::chrono::steady_clock::now();
+    ASSERT_EQ(postSend(pair.a.qp, IBV_WR_RDMA_WRITE, *src, 0, 64, 0x1000, 0x1234, 1), 0);
+    ibv_wc wc{};
+    ASSERT_TRUE(pollOne(pair.a.cq, &wc));
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_EQ(wc.status, IBV_WC_RETRY_EXC_ERR);
+    EXPECT_GE(ms, 4 * 4.194 * 0.95);
+    EXPECT_LE(ms, 4 * 4.194 + 15) << "the timer is far slower than 4.096 us * 2^10";
 }
 
 TEST(SimTree, TakenUdpPortIsEaddrinuse) {
