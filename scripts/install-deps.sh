@@ -10,7 +10,9 @@ usage: scripts/install-deps.sh [--dry-run]
 Installs (with apt-get) the build and test dependencies that are missing:
 compilers, CMake/Ninja, rdma-core, Boost, toml++, spdlog, CLI11, nlohmann-json, libsodium,
 GoogleTest, Google Benchmark, clang (fuzzing), clang-format, shellcheck, iproute2; for the
-Python package's tests: pytest, numpy, PyTorch (CPU), pip and mypy (Debian's python3-*).
+Python package's tests: pytest, numpy, PyTorch (CPU), pip and mypy (Debian's python3-*);
+for the simulated HCA's tests: zlib, perftest, tcpdump, tshark, nftables, iptables,
+libnetfilter-queue.
   --dry-run   print what would be installed, change nothing
 USAGE
 }
@@ -32,6 +34,7 @@ packages=(
     clang libclang-rt-14-dev clang-format shellcheck
     iproute2 procps python3
     python3-pytest python3-numpy python3-torch python3-pip mypy
+    zlib1g-dev perftest tcpdump tshark nftables iptables libnetfilter-queue-dev
 )
 
 missing=()
