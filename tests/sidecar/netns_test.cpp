@@ -66,6 +66,8 @@ public:
     std::string addressB() const { return subnet_ + "2"; }
     const std::string &nsA() const { return ns_a_; }
     const std::string &nsB() const { return ns_b_; }
+    const std::string &vethA() const { return va_; }
+    const std::string &vethB() const { return vb_; }
 
 private:
     std::string tag_, subnet_, ns_a_, ns_b_, va_, vb_, why_;
@@ -75,9 +77,15 @@ private:
 
 constexpr int kPeerTimeoutMs = 1500;
 
+/// Over tcp, and over the verbs transport on the simulated HCA (RoCEv2 packets on the veth).
+class LinkCut : public ::testing::TestWithParam<std::string> {};
+
 }  // namespace
 
-TEST(LinkCut, InFlightWritesFailWithEpeerThenRecover) {
+INSTANTIATE_TEST_SUITE_P(Transports, LinkCut, ::testing::Values("tcp", "verbs"),
+                         [](const auto &param_info) { return param_info.param; });
+
+TEST_P(LinkCut, InFlightWritesFailWithEpeerThenRecover) {
     VethPair net;
     if (!net.ok()) {
         GTEST_SKIP() << net.why();
@@ -93,13 +101,23 @@ TEST(LinkCut, InFlightWritesFailWithEpeerThenRecover) {
                      .peers = {{"node-b", net.addressB() + ":18515"}},
                      .key_file = key,
                      .netns = net.nsA(),
-                     .tcp = tcp};
+                     .tcp = tcp,
+                     .transport = GetParam(),
+                     .rdma_ip = net.addressA(),
+                     .rdma_netdev = net.vethA(),
+                     .rdma_mtu = 1500,
+                     .fabric = "timeout = 14\nretry_cnt = 3\n"};
     SidecarOptions b{.name = "node-b",
                      .listen = net.addressB() + ":18515",
                      .peers = {{"node-a", net.addressA() + ":18515"}},
                      .key_file = key,
                      .netns = net.nsB(),
-                     .tcp = tcp};
+                     .tcp = tcp,
+                     .transport = GetParam(),
+                     .rdma_ip = net.addressB(),
+                     .rdma_netdev = net.vethB(),
+                     .rdma_mtu = 1500,
+                     .fabric = "timeout = 14\nretry_cnt = 3\n"};
     Sidecar sa(a), sb(b);
     ASSERT_TRUE(sa.ready()) << sa.log();
     ASSERT_TRUE(sb.ready()) << sb.log();
@@ -121,7 +139,7 @@ TEST(LinkCut, InFlightWritesFailWithEpeerThenRecover) {
     ASSERT_EQ(s, TL_OK) << tl_last_error() << sa.log();
     tl_ticket t = 0;
     ASSERT_EQ(tl_write(ca->get(), src->id(), 0, r, 0, kBytes, 1, &t), TL_OK);
-    ASSERT_EQ(tl_wait(ca->get(), t, 20000), TL_OK) << tl_last_error();
+    ASSERT_EQ(tl_wait(ca->get(), t, 20000), TL_OK) << tl_last_error() << sa.log() << sb.log();
     EXPECT_EQ(std::memcmp(src->data(), inbox->data(), kBytes), 0);
 
     // Cut the link, then write: node-a does not know yet (nothing has timed out), so the writes
