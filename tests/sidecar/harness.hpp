@@ -171,7 +171,10 @@ public:
                 opts_.rdma_netdev = "tlsim0";
             }
             sysfs_ = dir_.file("sys");
-            tree_ok_ = makeSimTree(sysfs_, opts_.rdma_netdev, opts_.rdma_ip, opts_.rdma_mtu);
+            // No address: a host with no RDMA device at all (an empty tree).
+            tree_ok_ = opts_.rdma_ip.empty()
+                           ? ::mkdir(sysfs_.c_str(), 0755) == 0
+                           : makeSimTree(sysfs_, opts_.rdma_netdev, opts_.rdma_ip, opts_.rdma_mtu);
         }
         config_ = dir_.file("sidecar.toml");
         writeFile(config_, toml());

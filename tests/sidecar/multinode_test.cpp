@@ -433,7 +433,7 @@ TEST(MultiNodeTcp, VerbsByNameWithoutADeviceIsRefusedNotSilentlyReplaced) {
     SidecarOptions o{.name = "node-a",
                      .listen = "127.0.0.1:" + std::to_string(freePort()),
                      .peers = {{"node-b", "127.0.0.1:" + std::to_string(freePort())}},
-                     .extra = "[fabric]\ntransport = \"verbs\"\n"};
+                     .transport = "verbs"};
     Sidecar sc(o);
     EXPECT_FALSE(sc.ready());
     EXPECT_FALSE(sc.alive());

@@ -192,7 +192,7 @@ void RecvSession::credit(bool force) {
     }
 }
 
-bool RecvSession::poll(EventSink &sink, std::string *error) {
+bool RecvSession::poll(EventSink &sink, std::string *error, bool closing) {
     ibv_wc batch[32];
     const int got = ibv_poll_cq(cq_.get(), 32, batch);
     if (got < 0) {
@@ -203,6 +203,9 @@ bool RecvSession::poll(EventSink &sink, std::string *error) {
     wcs.insert(wcs.end(), batch, batch + got);
     std::vector<uint32_t> reposts(qps_.size(), 0);
     for (const ibv_wc &wc : wcs) {
+        if (wc.status != IBV_WC_SUCCESS && closing) {
+            continue;  // the receive queue flushed as the QP went to ERR
+        }
         if (wc.status != IBV_WC_SUCCESS) {
             const WcMeaning m = meaningOf(wc.status);
             char buf[96];
@@ -223,10 +226,18 @@ bool RecvSession::poll(EventSink &sink, std::string *error) {
         }
     }
     // Replenish at once: in steady state a receive queue never runs dry (no RNR NAKs).
-    for (size_t qp = 0; qp < reposts.size(); ++qp) {
+    for (size_t qp = 0; qp < reposts.size() && !closing; ++qp) {
         if (reposts[qp] != 0) {
             postRecvs(qp, reposts[qp]);
         }
+    }
+    if (closing && got == 32) {
+        // More may be waiting: keep draining (bounded by the CQ's size).
+        std::string more;
+        if (!deliver(sink, error)) {
+            return false;
+        }
+        return poll(sink, error, true);
     }
     return deliver(sink, error);
 }

@@ -137,14 +137,24 @@ Status SendSession::post(const WriteOp &op) {
     if (next_seq_ - 1 - credited_ >= remote_.ring_slots) {
         return {Code::kAgain, "waiting for descriptor credits"};
     }
-    auto key = keys_.find(op.remote_region);
-    if (key == keys_.end()) {
-        return {Code::kAgain, "waiting for the region's key"};
-    }
-    if (std::find(keys_revoking_.begin(), keys_revoking_.end(), op.remote_region) !=
-        keys_revoking_.end()) {
+    if (keys_revoked_.count(op.remote_region) != 0 ||
+        std::find(keys_revoking_.begin(), keys_revoking_.end(), op.remote_region) !=
+            keys_revoking_.end()) {
         return {Code::kNotFound, "the peer revoked the region"};
     }
+    auto key = keys_.find(op.remote_region);
+    if (key == keys_.end()) {
+        // The KEY_ADD follows the region's REGION_ADD on the same connection; a peer that never
+        // sends it must not hold the write (and its ticket) forever.
+        const int64_t now = monotonicMs();
+        auto [w, first] = key_waits_.try_emplace(op.remote_region, now);
+        if (!first && now - w->second > kKeyWaitMs) {
+            return {Code::kNotFound, "the peer never made the region writable for us (no key "
+                                     "within " + std::to_string(kKeyWaitMs) + " ms)"};
+        }
+        return {Code::kAgain, "waiting for the region's key"};
+    }
+    key_waits_.erase(op.remote_region);
     if (op.dst_offset > key->second.bytes || op.bytes > key->second.bytes - op.dst_offset) {
         return {Code::kInvalid, "the write is out of the remote region's bounds"};
     }
@@ -369,6 +379,7 @@ bool SendSession::poll(std::vector<Completion> *done, std::string *error) {
             (void)t_.link().sendControl(peer_, SessionSide::kOut, FrameType::kTransport,
                                         verbsMsgArg(VerbsMsg::kKeyDelDone), encodeU64(*it));
             keys_.erase(*it);
+            keys_revoked_.insert(*it);
             it = keys_revoking_.erase(it);
         } else {
             ++it;
@@ -385,10 +396,12 @@ bool SendSession::onMessage(VerbsMsg m, std::span<const uint8_t> payload, std::s
                 *error = "malformed KEY_ADD";
                 return false;
             }
+            // A peer never reuses a region id within one run: a key for a revoked one is a lie.
+            if (keys_revoked_.count(k.region) != 0) {
+                *error = "KEY_ADD for a region revoked before";
+                return false;
+            }
             keys_[k.region] = k;
-            keys_revoking_.erase(
-                std::remove(keys_revoking_.begin(), keys_revoking_.end(), k.region),
-                keys_revoking_.end());
             return true;
         }
         case VerbsMsg::kKeyDel: {

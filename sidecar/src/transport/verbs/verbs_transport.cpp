@@ -26,6 +26,7 @@ VerbsTransport::~VerbsTransport() {
     peers_.clear();
     dead_out_.clear();
     dead_in_.clear();
+    closing_in_.clear();
 }
 
 Status VerbsTransport::init() {
@@ -149,7 +150,9 @@ void VerbsTransport::closeSession(PeerId peer, SessionSide side, Code code,
         dead_out_.push_back(std::move(p.out));
         p.out_connected = false;
     } else if (side == SessionSide::kIn && p.in) {
-        dead_in_.push_back(std::move(p.in));
+        // Writes whose every stripe has come were acknowledged to their writer by our HCA:
+        // their owners are still told (the next progress() drains it once).
+        closing_in_.push_back(std::move(p.in));
     }
 }
 
@@ -301,6 +304,9 @@ size_t VerbsTransport::progress(EventSink &sink) {
             for (auto &s : dead_in_) {
                 taken = taken || s->mrs().complete(r);
             }
+            for (auto &s : closing_in_) {
+                taken = taken || s->mrs().complete(r);
+            }
             if (!taken && r.mr != nullptr) {
                 (void)ibv_dereg_mr(r.mr);
             }
@@ -341,6 +347,12 @@ size_t VerbsTransport::progress(EventSink &sink) {
     for (size_t i = 0; i < failed.size(); ++i) {
         fail(failed[i].first, failed[i].second, reasons[i]);
     }
+    for (auto &in : closing_in_) {
+        std::string ignored;
+        (void)in->poll(sink, &ignored, true);
+        dead_in_.push_back(std::move(in));
+    }
+    closing_in_.clear();
     auto done = std::exchange(completions_, {});
     for (const Completion &c : done) {
         sink.completed(c.op_id, c.code, c.reason);

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -108,6 +109,9 @@ private:
     std::unordered_map<uint64_t, RegionKey> keys_;
     std::unordered_map<uint64_t, uint32_t> key_users_;  ///< writes in flight per region
     std::vector<uint64_t> keys_revoking_;               ///< KEY_DEL waiting for those writes
+    std::set<uint64_t> keys_revoked_;                   ///< no write may use these any more
+    /// Regions whose key we are waiting for, and since when (a peer that never sends one).
+    std::unordered_map<uint64_t, int64_t> key_waits_;
     std::deque<Write> writes_;
     uint64_t next_seq_ = 1;
     uint64_t credited_ = 0;  ///< descriptors the receiver consumed (its last CREDIT)
@@ -127,8 +131,10 @@ public:
     Status create(const VerbsBlob &sender);
     VerbsBlob blob() const;
     /// Polls the CQ (a batch) and delivers what is complete, in order. False with `*error` on
-    /// a failed completion or a descriptor that breaks the protocol.
-    bool poll(EventSink &sink, std::string *error);
+    /// a failed completion or a descriptor that breaks the protocol. `closing`: the session is
+    /// being torn down; every write whose stripes all came is still delivered (its writer was
+    /// told it completed), flush errors are expected.
+    bool poll(EventSink &sink, std::string *error, bool closing = false);
     /// Registers `r` for remote writes by this peer and sends its key when registered.
     void expose(const std::shared_ptr<Region> &r);
     /// Tells the sender to stop using `id`'s key; its MR goes once the sender says it has.
@@ -253,6 +259,8 @@ private:
     std::vector<Completion> completions_;
     std::vector<std::unique_ptr<SendSession>> dead_out_;
     std::vector<std::unique_ptr<RecvSession>> dead_in_;
+    /// Receiving sides torn down since the last progress(): drained once, then destroyed.
+    std::vector<std::unique_ptr<RecvSession>> closing_in_;
     uint64_t async_events_ = 0;
     std::string last_event_;
 };
