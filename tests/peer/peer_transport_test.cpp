@@ -12,7 +12,7 @@
 namespace tensorlane::peertest {
 namespace {
 
-constexpr const char *kSecret = "peer-test-secret-0123456789abcdef\n";
+const std::string kSecret = keyText('7');
 
 class PeerTcp : public ::testing::Test {
 protected:
