@@ -19,7 +19,7 @@ and verify tensors, then `tensorlane status` shows node-a while they are connect
   --build-dir DIR  the build directory (default build/release, the release preset's)
   --dry-run        show what would be installed and run; change nothing
   --bytes N        shard size per worker: bytes, a multiple of 8, or with KiB, MiB or GiB
-                   (default 64MiB); both workers together use 6 x N of shared memory
+                   (default 64MiB); the two workers' buffers take 6 x N of memory
   --iterations N   exchanges per worker, 1-1000000 (default 5)
 USAGE
 }
@@ -87,11 +87,12 @@ fi
 iterations=$((10#$iterations))
 
 # Each worker allocates its receive buffer (2 shards) and its send buffer (1 shard) from the
-# sidecar's shared memory: /dev/shm must hold 6 shards, or a worker fails half-way.
-shm_free=$(df --output=avail -B1 /dev/shm 2>/dev/null | tail -n 1 | tr -d ' ') || shm_free=
-if [ -n "$shm_free" ] && [ $((6 * bytes)) -gt "$shm_free" ]; then
-    bad_usage "--bytes $bytes_arg needs $((6 * bytes >> 20)) MiB of shared memory (/dev/shm)," \
-        "$((shm_free >> 20)) MiB are free"
+# sidecar, which backs them with memory up front: 6 shards must fit, or a worker fails half-way.
+mem_kib=$(awk '/^MemAvailable:/ { print $2 }' /proc/meminfo 2>/dev/null) || mem_kib=
+if [[ $mem_kib =~ ^[0-9]+$ ]] && [ $((6 * bytes)) -gt $((mem_kib * 1024)) ]; then
+    mem_free=$((mem_kib * 1024))
+    bad_usage "--bytes $bytes_arg needs $((6 * bytes >> 20)) MiB of memory for the workers'" \
+        "buffers, $((mem_free >> 20)) MiB are available"
 fi
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

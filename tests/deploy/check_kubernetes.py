@@ -7,8 +7,8 @@ Parses every YAML document (python3-yaml; exits 77, skipped, without it), reject
 Kubernetes API does not have in the objects used here (what `kubectl apply` would refuse), and
 checks what the deployment depends on:
   - the DaemonSet: hostNetwork, /dev/infiniband from the host, privileged or IPC_LOCK, the
-    host-path socket directory, the key Secret mounted 0600, a memory-backed /dev/shm, and each
-    node's config chosen by $(NODE_NAME);
+    host-path socket directory, the key Secret mounted 0600, a memory limit (the workers' host
+    buffers are the sidecar's memfds), and each node's config chosen by $(NODE_NAME);
   - every config in the ConfigMap passes the built `tensorlane-sidecar --check-config` with a key
     made by the built `tensorlane keygen`, is named after its [node] name, puts the socket in the
     mounted directory, and the nodes list each other;
@@ -207,8 +207,8 @@ def main():
     secret = m[key_mount[0]][1]["secret"] if key_mount else {}
     check(secret.get("defaultMode") == 0o600, f"DaemonSet: the key is mounted mode 0600 (defaultMode {secret.get('defaultMode')})")
     check("fsGroup" not in spec.get("securityContext", {}), "DaemonSet: no fsGroup (it would make the key group-readable)")
-    shm = m.get("/dev/shm", ({}, {}))[1]
-    check(shm.get("emptyDir", {}).get("medium") == "Memory", "DaemonSet: /dev/shm is memory-backed and sized (shared segments)")
+    check(bool(c.get("resources", {}).get("limits", {}).get("memory")),
+          "DaemonSet: a memory limit (sized for the workers' host buffers)")
     cfg_mount = [p for p, (_mm, v) in m.items() if v.get("configMap", {}).get("name") == cm["metadata"]["name"]]
     check(len(cfg_mount) == 1, "DaemonSet: the ConfigMap is mounted")
     env = {e["name"]: e for e in c.get("env", [])}
@@ -238,9 +238,11 @@ def main():
     check(sc.get("allowPrivilegeEscalation") is False, "worker: no privilege escalation")
     check(all(not p.startswith("/dev/infiniband") for p in mounts(c, vols)), "worker: no /dev/infiniband")
     check(not c.get("volumeDevices"), "worker: no devices")
-    gid = spec.get("securityContext", {}).get("runAsGroup")
-    check(gid is not None and all(gid in cfg["security"]["allowed_gids"] for cfg in resolved.values()),
-          f"worker: runAsGroup {gid} is in every node's allowed_gids")
+    psc = spec.get("securityContext", {})
+    gids = {psc["runAsGroup"]} if "runAsGroup" in psc else set()
+    gids |= set(psc.get("supplementalGroups", []))
+    check(all(gids & set(cfg["security"]["allowed_gids"]) for cfg in resolved.values()) and gids,
+          f"worker: one of its gids {sorted(gids)} is in every node's allowed_gids")
     check(spec.get("securityContext", {}).get("runAsNonRoot") is True, "worker: runs as non-root")
     env = {e["name"]: e.get("value") for e in c.get("env", [])}
     sockets = {cfg["node"]["socket"] for cfg in resolved.values()}
