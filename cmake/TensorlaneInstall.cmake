@@ -8,6 +8,7 @@
 #   lib/systemd/system/               tensorlane-sidecar.service
 #   lib/sysusers.d/                   tensorlane.conf (the tensorlane group)
 #   share/doc/tensorlane/             deploy.md, peers.md, examples/*.toml, kubernetes/*.yaml
+#   lib/python3.X/dist-packages/      the Python package (lib/python3/dist-packages for /usr)
 #
 # Nothing is written to etc/: /etc/tensorlane/sidecar.toml and peer.key are the operator's
 # (copy an example, run `tensorlane keygen`). The unit and tensorlane.pc are generated at install
@@ -23,9 +24,16 @@ set(TENSORLANE_INSTALL_SYSTEMDUNITDIR "lib/systemd/system" CACHE STRING
     "Where tensorlane-sidecar.service goes (relative: under the prefix)")
 set(TENSORLANE_INSTALL_SYSUSERSDIR "lib/sysusers.d" CACHE STRING
     "Where the tensorlane group's sysusers.d file goes (relative: under the prefix)")
-# The Python package (shim/python, DESIGN.md) is installed here once it exists; Debian's
-# interpreter reads lib/python3/dist-packages.
-set(TENSORLANE_INSTALL_PYTHONDIR "lib/python3/dist-packages" CACHE STRING
+# The Python package (shim/python): Debian's python3 reads /usr/lib/python3/dist-packages (a
+# package's place) and /usr/local/lib/python3.X/dist-packages (an administrator's).
+# `pip install ./shim/python` is the other way (docs/python.md).
+find_package(Python3 COMPONENTS Interpreter QUIET)
+if(CMAKE_INSTALL_PREFIX STREQUAL "/usr" OR NOT Python3_FOUND)
+  set(_tl_python_dir "lib/python3/dist-packages")
+else()
+  set(_tl_python_dir "lib/python${Python3_VERSION_MAJOR}.${Python3_VERSION_MINOR}/dist-packages")
+endif()
+set(TENSORLANE_INSTALL_PYTHONDIR "${_tl_python_dir}" CACHE STRING
     "Where the tensorlane Python package goes (relative: under the prefix)")
 
 # Binaries. The CLI and the example link the shim: find it relative to themselves.
@@ -92,7 +100,8 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/scripts/deploy/kubernetes/
         DESTINATION ${CMAKE_INSTALL_DOCDIR}/kubernetes COMPONENT runtime
         FILES_MATCHING PATTERN "*.yaml")
 
-# The Python package: a clear place for it (nothing to install until shim/python exists).
+# The Python package: pure Python; it finds the installed libtensorlane.so.0 through the
+# dynamic loader (ldconfig) or $TENSORLANE_LIBRARY.
 if(EXISTS ${PROJECT_SOURCE_DIR}/shim/python/tensorlane/__init__.py)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/shim/python/tensorlane
           DESTINATION ${TENSORLANE_INSTALL_PYTHONDIR} COMPONENT python

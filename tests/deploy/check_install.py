@@ -132,6 +132,17 @@ def check_tree(args):
               "installed example roce-pair-a.toml passes --check-config (traffic class 106)"
               + ("" if r.returncode == 0 else ": " + r.stderr.strip()))
 
+        # The Python package, importable from where it went, loading the installed library.
+        pkgs = [root for root, dirs, _f in os.walk(p("lib")) if "dist-packages" in os.path.basename(root)]
+        check(len(pkgs) == 1 and os.path.isfile(os.path.join(pkgs[0], "tensorlane", "__init__.py")),
+              f"the Python package is under lib/.../dist-packages ({[os.path.relpath(x, prefix) for x in pkgs]})")
+        if len(pkgs) == 1:
+            r = run([sys.executable, "-c", "import tensorlane; tensorlane._lib.library(); print(tensorlane.library_path())"],
+                    env={"PYTHONPATH": pkgs[0], "TENSORLANE_LIBRARY": os.path.join(lib, "libtensorlane.so.0")})
+            check(r.returncode == 0 and os.path.realpath(r.stdout.strip()) == os.path.realpath(real),
+                  "the installed package imports and loads the installed library"
+                  + ("" if r.returncode == 0 else ": " + r.stderr.strip()[-300:]))
+
         # Build against the installed files only.
         pc_env = {"PKG_CONFIG_PATH": os.path.join(lib, "pkgconfig")}
         flags = run(["pkg-config", "--cflags", "--libs", "tensorlane"], env=pc_env)
