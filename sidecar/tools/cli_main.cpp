@@ -7,6 +7,7 @@
 
 #include "bench.hpp"
 #include "diag_cmd.hpp"
+#include "keygen_cmd.hpp"
 #include "tensorlane/config/config.hpp"
 #include "tensorlane/tensorlane.h"
 
@@ -98,6 +99,7 @@ int main(int argc, char **argv) {
     tensorlane::tools::addBenchCommand(app, &run_bench);
     std::function<int()> run_diag;
     tensorlane::tools::addDiagCommand(app, &run_diag);
+    tensorlane::tools::addKeygenCommand(app);
 
     try {
         app.parse(argc, argv);

@@ -50,6 +50,12 @@ private:
     std::string path_;
 };
 
+/// A peer key file's content (tensorlane-key-v1): the prefix and 64 copies of `digit` (a hex
+/// digit), so each digit names a different key.
+inline std::string keyText(char digit) {
+    return "tensorlane-key-v1:" + std::string(64, digit) + "\n";
+}
+
 /// One event seen by a sink; `order` is global across all sinks of the process.
 struct Event {
     enum class Kind { kCompleted, kArrived, kState };

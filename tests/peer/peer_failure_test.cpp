@@ -17,7 +17,7 @@ namespace tensorlane::peertest {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr const char *kSecret = "peer-test-secret-0123456789abcdef";
+const std::string kSecret = keyText('7');
 
 int64_t msSince(Clock::time_point t0) {
     return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();

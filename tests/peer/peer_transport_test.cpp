@@ -13,7 +13,7 @@
 namespace tensorlane::peertest {
 namespace {
 
-constexpr const char *kSecret = "peer-test-secret-0123456789abcdef\n";
+const std::string kSecret = keyText('7');
 
 /// Nodes over the transport under test: tcp, or verbs on the simulated HCA.
 class PeerFixture {

@@ -197,7 +197,7 @@ namespace {
 
 PeerKey keyFrom(const std::string &secret) {
     PeerKey k;
-    (void)PeerKey::fromSecret(secret, &k);
+    (void)PeerKey::fromText(secret, &k);
     return k;
 }
 

@@ -47,6 +47,12 @@ private:
     std::string path_;
 };
 
+/// A peer key file's content (tensorlane-key-v1, what `tensorlane keygen` writes): the prefix
+/// and 64 copies of `digit` (a hex digit), so each digit names a different key.
+inline std::string keyText(char digit) {
+    return "tensorlane-key-v1:" + std::string(64, digit) + "\n";
+}
+
 inline void writeFile(const std::string &path, const std::string &text, mode_t mode = 0644) {
     std::ofstream(path) << text;
     ::chmod(path.c_str(), mode);
@@ -164,7 +170,7 @@ public:
         key_ = opts_.key_file;
         if (key_.empty()) {
             key_ = dir_.file("peer.key");
-            writeFile(key_, "0123456789abcdef0123456789abcdef\n", 0600);
+            writeFile(key_, keyText('0'), 0600);
         }
         if (opts_.transport == "verbs") {
             if (opts_.rdma_netdev.empty()) {

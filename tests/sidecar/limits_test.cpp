@@ -163,7 +163,7 @@ TEST_P(PeerQueues, AFullPeerDoesNotHoldBackWritesToOthers) {
     const uint16_t pa = freePort(), pb = freePort();
     TempDir keys;
     const std::string key = keys.file("peer.key");
-    writeFile(key, "0123456789abcdef0123456789abcdef\n", 0600);
+    writeFile(key, keyText('0'), 0600);
     Sidecar a(SidecarOptions{.name = "node-a",
                              .listen = "127.0.0.1:" + std::to_string(pa),
                              .peers = {{"node-b", "127.0.0.1:" + std::to_string(pb)}},

@@ -27,10 +27,10 @@ const std::string kTcp =
 class Cluster {
 public:
     explicit Cluster(int n, const std::string &transport = "tcp",
-                     const std::string &key_text = "cluster-key-0123456789abcdef")
+                     const std::string &key_text = keyText('c'))
         : transport_(transport) {
         key_ = dir_.file("peer.key");
-        writeFile(key_, key_text + "\n", 0600);
+        writeFile(key_, key_text, 0600);
         for (int i = 0; i < n; ++i) {
             names_.push_back(std::string("node-") + static_cast<char>('a' + i));
             ports_.push_back(freePort());
@@ -209,8 +209,8 @@ TEST_P(MultiNode, ThreeNodesAllToAllExactlyOnce) {
 TEST(MultiNodeTcp, WrongKeyIsRefused) {
     TempDir dir;
     std::string key_a = dir.file("a.key"), key_b = dir.file("b.key");
-    writeFile(key_a, "the-key-of-node-a-0123456789\n", 0600);
-    writeFile(key_b, "a-different-key-for-node-b-99\n", 0600);
+    writeFile(key_a, keyText('a'), 0600);
+    writeFile(key_b, keyText('b'), 0600);
     uint16_t pa = freePort(), pb = freePort();
     SidecarOptions a{.name = "node-a",
                      .listen = "127.0.0.1:" + std::to_string(pa),

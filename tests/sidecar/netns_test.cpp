@@ -92,7 +92,7 @@ TEST_P(LinkCut, InFlightWritesFailWithEpeerThenRecover) {
     }
     TempDir dir;
     std::string key = dir.file("peer.key");
-    writeFile(key, "link-cut-test-key-0123456789\n", 0600);
+    writeFile(key, keyText('d'), 0600);
     const std::string tcp =
         "keepalive_ms = 200\npeer_timeout_ms = 1500\nconnect_timeout_ms = 1000\n"
         "reconnect_min_ms = 50\nreconnect_max_ms = 400\n";
