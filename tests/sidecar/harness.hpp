@@ -142,7 +142,7 @@ struct SidecarOptions {
     /// verbs: the netdev MTU the tree says (the port's active MTU follows it); it must not
     /// exceed the real interface's (loopback: 65536; a veth: 1500).
     int rdma_mtu = 4200;
-    std::string fabric;       ///< extra lines for [fabric]
+    std::string fabric;  ///< extra lines for [fabric]
 };
 
 /// A loopback address no other test process uses at the same time, for simulated RDMA ports:

@@ -149,8 +149,10 @@ Status SendSession::post(const WriteOp &op) {
         const int64_t now = monotonicMs();
         auto [w, first] = key_waits_.try_emplace(op.remote_region, now);
         if (!first && now - w->second > kKeyWaitMs) {
-            return {Code::kNotFound, "the peer never made the region writable for us (no key "
-                                     "within " + std::to_string(kKeyWaitMs) + " ms)"};
+            return {Code::kNotFound,
+                    "the peer never made the region writable for us (no key "
+                    "within " +
+                        std::to_string(kKeyWaitMs) + " ms)"};
         }
         return {Code::kAgain, "waiting for the region's key"};
     }
