@@ -95,10 +95,12 @@ protected:
                  " --seconds 50 & nq=$!; sleep 0.3; ";
     }
     // Runs server in B, client in A; returns both outputs. extra runs while they exchange.
-    Result exchange(int count, int size, const std::string &extra = "", int timeout = 10) {
+    Result exchange(int count, int size, const std::string &extra = "", int timeout = 12,
+                    int deadline_s = 45) {
         const std::string common = " --count " + std::to_string(count) + " --size " +
                                    std::to_string(size) + " --window 16 --timeout " +
-                                   std::to_string(timeout) + " --tcp-port 18777 --deadline-s 45";
+                                   std::to_string(timeout) + " --tcp-port 18777 --deadline-s " +
+                                   std::to_string(deadline_s);
         const std::string env =
             " env LD_LIBRARY_PATH=" + std::string(SIMHCA_DIR) + " TENSORLANE_SYSFS_ROOT=";
         return sh(netem_ + "ip netns exec " + ns_b_ + env + dir_ + "/b " + SIMHCA_EXCHANGE +
@@ -188,7 +190,7 @@ TEST_F(Netns, LinkDownThenUpIsRetried) {
 
 TEST_F(Netns, LinkDownForGoodExhaustsRetries) {
     const Result r = exchange(
-        100000, 8192, waitSending() + "ip -n " + ns_a_ + " link set " + ns_a_ + " down;", 8);
+        100000, 8192, waitSending() + "ip -n " + ns_a_ + " link set " + ns_a_ + " down;", 8, 5);
     EXPECT_NE(r.status, 0) << r.out;
     EXPECT_NE(r.out.find("transport retry counter exceeded"), std::string::npos) << r.out;
     // One expiry for the first try and one for each of the 7 retries.
