@@ -178,12 +178,12 @@ TEST_F(Netns, DelayAndDuplicationAreHarmless) {
 TEST_F(Netns, LinkDownThenUpIsRetried) {
     // timeout 14 (67 ms) x retry_cnt 7 outlasts a 250 ms outage.
     const Result r =
-        exchange(4000, 8192,
+        exchange(8000, 8192,
                  waitSending() + "ip -n " + ns_a_ + " link set " + ns_a_ +
                      " down; sleep 0.25; ip -n " + ns_a_ + " link set " + ns_a_ + " up;",
                  14);
     ASSERT_EQ(r.status, 0) << r.out;
-    EXPECT_NE(r.out.find("received 4000 of 4000 messages, 0 errors"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("received 8000 of 8000 messages, 0 errors"), std::string::npos) << r.out;
     EXPECT_GT(a("local_ack_timeout_err"), 0) << "the outage did not overlap the transfer";
     std::cout << r.out << "timeouts " << a("local_ack_timeout_err") << "\n";
 }
