@@ -13,7 +13,7 @@ namespace tensorlane::simhca {
 
 /// One GID table entry (ports/<p>/gids/<i> and gid_attrs/{types,ndevs}/<i>).
 struct GidEntry {
-    ibv_gid gid{};
+    ibv_gid gid{};         ///< the GID as gids/<i> shows it
     bool valid = false;    ///< non-zero GID with a type
     bool roce_v2 = false;  ///< "RoCE v2" (else "IB/RoCE v1")
     std::string ndev;
@@ -23,31 +23,31 @@ struct GidEntry {
 
 /// One port (ports/<p>/...).
 struct PortInfo {
-    ibv_port_state state = IBV_PORT_DOWN;
-    uint8_t phys_state = 3;  ///< 5: LinkUp, 3: Disabled
+    ibv_port_state state = IBV_PORT_DOWN;  ///< ports/<p>/state
+    uint8_t phys_state = 3;                ///< 5: LinkUp, 3: Disabled
     bool ethernet = true;
     uint8_t active_width = 2;   ///< IB_WIDTH_4X
     uint8_t active_speed = 32;  ///< EDR
     std::string netdev;
-    int netdev_mtu = 1500;
-    ibv_mtu active_mtu = IBV_MTU_1024;
+    int netdev_mtu = 1500;              ///< class/net/<netdev>/mtu
+    ibv_mtu active_mtu = IBV_MTU_1024;  ///< roceActiveMtu(netdev_mtu)
     /// The host-wide traffic class of tc/<port>/traffic_class ("Global tclass=N" as
     /// MLNX_OFED shows it, or "N"); -1 when not set. It replaces the GRH traffic class of every
     /// QP on the port, as on mlx5.
     int tclass_override = -1;
-    std::vector<GidEntry> gids;
+    std::vector<GidEntry> gids;  ///< the GID table, empty entries included
 };
 
 /// A device (class/infiniband/<name>).
 struct DeviceInfo {
-    std::string name;
+    std::string name;             ///< class/infiniband/<name>
     std::string dir;              ///< class/infiniband/<name> under the root
     uint64_t node_guid = 0;       ///< host order
     uint64_t sys_image_guid = 0;  ///< host order
     std::string fw_ver = "0.0.0";
-    uint32_t vendor_id = 0;
-    uint32_t vendor_part_id = 0;
-    uint32_t hw_ver = 0;
+    uint32_t vendor_id = 0;       ///< device/vendor
+    uint32_t vendor_part_id = 0;  ///< device/device
+    uint32_t hw_ver = 0;          ///< hw_rev
     std::vector<PortInfo> ports;  ///< ports[0] is port 1
 };
 

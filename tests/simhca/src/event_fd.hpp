@@ -8,6 +8,7 @@ namespace tensorlane::simhca {
 /// Owns one semaphore eventfd.
 class EventFd {
 public:
+    /// A new semaphore eventfd (close-on-exec, blocking until the application says otherwise).
     EventFd();
     ~EventFd();
     EventFd(const EventFd &) = delete;

@@ -20,39 +20,39 @@ class CompChannel;
 
 /// Wraps ibv_device.
 struct DeviceHandle {
-    ibv_device ibv;
-    SimDevice *self;
+    ibv_device ibv;   ///< what the application holds (first member)
+    SimDevice *self;  ///< the simulator's object
 };
 /// Wraps verbs_context; applications see &vctx.context.
 struct ContextHandle {
-    verbs_context vctx;
-    SimContext *self;
+    verbs_context vctx;  ///< what the application holds (first member)
+    SimContext *self;    ///< the simulator's object
 };
 /// Wraps ibv_pd.
 struct PdHandle {
-    ibv_pd ibv;
-    SimPd *self;
+    ibv_pd ibv;   ///< what the application holds (first member)
+    SimPd *self;  ///< the simulator's object
 };
 /// Wraps ibv_cq_ex, whose leading fields are those of ibv_cq (verbs.h: "ibv_cq_ex ... must
 /// be binary compatible with ibv_cq").
 struct CqHandle {
-    ibv_cq_ex ibv;
-    SimCq *self;
+    ibv_cq_ex ibv;  ///< what the application holds (first member)
+    SimCq *self;    ///< the simulator's object
 };
 /// Wraps ibv_qp_ex; ibv_qp is its first member.
 struct QpHandle {
-    ibv_qp_ex ibv;
-    SimQp *self;
+    ibv_qp_ex ibv;  ///< what the application holds (first member)
+    SimQp *self;    ///< the simulator's object
 };
 /// Wraps ibv_mr.
 struct MrHandle {
-    ibv_mr ibv;
-    MemoryRegion *self;
+    ibv_mr ibv;          ///< what the application holds (first member)
+    MemoryRegion *self;  ///< the simulator's object
 };
 /// Wraps ibv_comp_channel.
 struct ChannelHandle {
-    ibv_comp_channel ibv;
-    CompChannel *self;
+    ibv_comp_channel ibv;  ///< what the application holds (first member)
+    CompChannel *self;     ///< the simulator's object
 };
 
 static_assert(std::is_standard_layout_v<DeviceHandle> && std::is_standard_layout_v<QpHandle> &&

@@ -151,6 +151,9 @@ int main(int argc, char **argv) {
     const int tcp = tcpExchange(server, bind_ip, peer, port, mine, theirs);
     if (tcp < 0)
         return fail("tcp bootstrap");
+    // The peer may die with the link down (no FIN gets through): never wait for it forever.
+    const timeval tcp_timeout{3, 0};
+    setsockopt(tcp, SOL_SOCKET, SO_RCVTIMEO, &tcp_timeout, sizeof(tcp_timeout));
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_INIT;
     a.port_num = 1;
@@ -202,10 +205,16 @@ int main(int argc, char **argv) {
             rw.wr_id = static_cast<uint64_t>(i);
             ibv_post_recv(qp, &rw, &bad);
         }
-        uint64_t checked = 0;
-        ibv_sge sge{reinterpret_cast<uint64_t>(&checked), sizeof(checked), 0};
+        // Credits go back by RDMA WRITE of the count checked so far. Only one credit write is
+        // in flight at a time (each signalled), so the send queue never fills and the last
+        // count is always the one that lands.
+        static uint64_t word = 0;
+        ibv_mr *word_mr = ibv_reg_mr(pd, &word, sizeof(word), IBV_ACCESS_LOCAL_WRITE);
+        bool credit_in_flight = false;
+        uint64_t credited = 0;
         long spins = 0;
-        while (received < count && std::chrono::steady_clock::now() < deadline) {
+        while ((received < count || credited < static_cast<uint64_t>(count) || credit_in_flight) &&
+               std::chrono::steady_clock::now() < deadline) {
             if (++spins % 4096 == 0) {
                 char c;
                 if (recv(tcp, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0) {
@@ -214,12 +223,33 @@ int main(int argc, char **argv) {
                     return 1;
                 }
             }
+            if (!credit_in_flight && credited < static_cast<uint64_t>(received)) {
+                word = static_cast<uint64_t>(received);
+                ibv_sge sge{reinterpret_cast<uint64_t>(&word), sizeof(word), word_mr->lkey};
+                ibv_send_wr sw{};
+                ibv_send_wr *sbad;
+                sw.wr_id = word;
+                sw.sg_list = &sge;
+                sw.num_sge = 1;
+                sw.opcode = IBV_WR_RDMA_WRITE;
+                sw.send_flags = IBV_SEND_SIGNALED;
+                sw.wr.rdma.remote_addr = theirs.addr;
+                sw.wr.rdma.rkey = theirs.rkey;
+                if (ibv_post_send(qp, &sw, &sbad) != 0)
+                    return fail("post credit");
+                credit_in_flight = true;
+            }
             const int got = ibv_poll_cq(cq, 16, wc);
             for (int i = 0; i < got; ++i) {
                 if (wc[i].status != IBV_WC_SUCCESS) {
                     std::fprintf(stderr, "server: completion %s\n",
                                  ibv_wc_status_str(wc[i].status));
                     return 1;
+                }
+                if (wc[i].opcode == IBV_WC_RDMA_WRITE) {
+                    credit_in_flight = false;
+                    credited = wc[i].wr_id;
+                    continue;
                 }
                 if (wc[i].opcode != IBV_WC_RECV_RDMA_WITH_IMM)
                     continue;
@@ -240,41 +270,9 @@ int main(int argc, char **argv) {
                 ibv_recv_wr rw{};
                 ibv_recv_wr *bad;
                 ibv_post_recv(qp, &rw, &bad);
-                // Return the credit: the client may now reuse this slot.
-                checked = static_cast<uint64_t>(received);
-                ibv_send_wr sw{};
-                ibv_send_wr *sbad;
-                sw.wr_id = received == count ? 1 : 0;
-                sw.sg_list = &sge;
-                sw.num_sge = 1;
-                sw.opcode = IBV_WR_RDMA_WRITE;
-                sw.send_flags = IBV_SEND_INLINE |
-                                ((received % 8 == 0 || received == count) ? IBV_SEND_SIGNALED : 0);
-                sw.wr.rdma.remote_addr = theirs.addr;
-                sw.wr.rdma.rkey = theirs.rkey;
-                if (ibv_post_send(qp, &sw, &sbad) != 0) {
-                    // inline not supported on this device: fall back to a registered word
-                    static uint64_t word;
-                    static ibv_mr *wmr =
-                        ibv_reg_mr(pd, &word, sizeof(word), IBV_ACCESS_LOCAL_WRITE);
-                    word = checked;
-                    sge = ibv_sge{reinterpret_cast<uint64_t>(&word), sizeof(word), wmr->lkey};
-                    sw.send_flags &= ~IBV_SEND_INLINE;
-                    ibv_post_send(qp, &sw, &sbad);
-                }
             }
         }
-        // The last credit must reach the client before this QP goes away.
-        for (bool last_done = false; !last_done && std::chrono::steady_clock::now() < deadline;) {
-            const int got = ibv_poll_cq(cq, 16, wc);
-            for (int i = 0; i < got; ++i) {
-                last_done = last_done || (wc[i].opcode == IBV_WC_RDMA_WRITE &&
-                                          wc[i].status == IBV_WC_SUCCESS && wc[i].wr_id == 1);
-                if (wc[i].status != IBV_WC_SUCCESS) {
-                    return fail("final credit");
-                }
-            }
-        }
+        ibv_dereg_mr(word_mr);
         std::printf("server: received %ld of %d messages, %ld errors\n", received, count, errors);
     } else {
         int posted = 0;

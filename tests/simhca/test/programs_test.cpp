@@ -178,6 +178,11 @@ TEST_F(Programs, CaptureDecodesAsRoceWithDscpEcnAndGoodIcrcs) {
     }
     // perftest sets hop limit 255.
     EXPECT_NE(ts.out.find("26\t2\t6\t255\n"), std::string::npos) << ts.out;
+    // UDP source ports come from the QP number: 0xc000 | hash (49152..65535), as rxe's.
+    const Result ports = sh("tshark -r " + pcap + " -T fields -e udp.srcport | sort -n | head -1");
+    EXPECT_GE(std::atoi(ports.out.substr(ports.out.rfind('\n', ports.out.size() - 2) + 1).c_str()),
+              49152)
+        << ports.out;
     const Result names = sh("tshark -r " + pcap + " -V | grep -m3 -E \"Opcode:|Invariant CRC\"");
     EXPECT_NE(names.out.find("Opcode"), std::string::npos) << names.out;
     std::cout << icrc.out << ts.out;
