@@ -163,6 +163,13 @@ TEST_P(PeerFailure, StoppedPeerFailsWritesAtOnceAndARestartedPeerIsUsedAgain) {
     fillRandom(src->base, kBytes, 41);
     auto [ls, remote] = a->lookup("node-b", "recv");
     ASSERT_TRUE(ls.isOk()) << ls.message();
+    // One small write first, so that everything the transport sets up with B's help (over verbs:
+    // B's rkey for "recv") is in place before B stops answering.
+    auto [ws, wop] = a->post("node-b", src, 0, remote.id, 0, 4096, 9);
+    ASSERT_TRUE(ws.isOk()) << ws.message();
+    auto wc = a->sink.completion(wop, 5s);
+    ASSERT_TRUE(wc.has_value());
+    ASSERT_EQ(wc->code, Code::kOk) << wc->reason;
 
     // Killed mid-transfer: the connections close, the write fails without waiting for a timeout.
     b->pause(true);
