@@ -279,6 +279,12 @@ bool simulatedHcaLoaded() {
 
 // ----- node
 
+int nextSimDevice() {
+    static std::atomic<int> next{0};
+    (void)simTree();
+    return next.fetch_add(1) % 8;
+}
+
 config::Config makeConfig(const NodeOptions &o) {
     config::Config cfg;
     cfg.source = "<peer test>";
@@ -301,9 +307,7 @@ config::Config makeConfig(const NodeOptions &o) {
     }
     if (o.transport == "verbs") {
         // A device of its own for every node, in turn (a test uses at most a few at once).
-        static std::atomic<int> next{0};
-        const int dev = next.fetch_add(1) % 8;
-        (void)simTree();
+        const int dev = nextSimDevice();
         cfg.fabric.transport = config::TransportKind::kVerbs;
         cfg.fabric.device = "sim" + std::to_string(dev);
         cfg.fabric.netdev = "tlp" + std::to_string(dev);

@@ -125,6 +125,8 @@ struct NodeOptions {
 /// A sysfs tree with 8 simulated RoCE devices sim0..sim7 (netdevs tlp0..tlp7) on loopback
 /// addresses of this process's own, made once; TENSORLANE_SYSFS_ROOT points at it.
 const std::string &simTree();
+/// The next of those devices in turn (a node, or a raw verbs peer, takes one of its own).
+int nextSimDevice();
 /// Whether this process runs on the simulated HCA (libibverbs lists its devices).
 bool simulatedHcaLoaded();
 
