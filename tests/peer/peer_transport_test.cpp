@@ -398,6 +398,15 @@ TEST_P(Peers, ThreeNodesWriteAllToAll) {
         EXPECT_EQ(c->code, Code::kOk) << c->reason;
     }
     for (size_t j = 0; j < 3; ++j) {
+        // A writer's completion means its data is placed; the owner's notification follows (over
+        // verbs, once the receiver polled the immediates), so wait for it.
+        EXPECT_TRUE(node(j).sink.waitFor(
+            [](const std::vector<Event> &ev) {
+                return std::count_if(ev.begin(), ev.end(), [](const Event &e) {
+                           return e.kind == Event::Kind::kArrived;
+                       }) >= 2;
+            },
+            5s));
         auto arrivals = node(j).sink.arrivals();
         EXPECT_EQ(arrivals.size(), 2u);
         for (size_t i = 0; i < 3; ++i) {

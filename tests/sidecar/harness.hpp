@@ -134,8 +134,8 @@ struct SidecarOptions {
     std::string tcp;             ///< body of a [tcp] table
     std::string extra_security;  ///< extra lines for [security]
     std::string extra;           ///< extra TOML appended at the end
-    /// "tcp" (the default) or "verbs": a verbs node runs on the simulated HCA, with a sysfs
-    /// tree of its own (one device, `rdma_ip` as its RoCE v2 GID) in its directory.
+    /// "tcp" (the default), "verbs" or "auto": a verbs or auto node runs on the simulated HCA, with
+    /// a sysfs tree of its own (one device, `rdma_ip` as its RoCE v2 GID) in its directory.
     std::string transport = "tcp";
     std::string rdma_ip;      ///< verbs: the IPv4 address of the simulated port
     std::string rdma_netdev;  ///< verbs: its netdev's name (default "tlsim0")
@@ -172,7 +172,7 @@ public:
             key_ = dir_.file("peer.key");
             writeFile(key_, keyText('0'), 0600);
         }
-        if (opts_.transport == "verbs") {
+        if (opts_.transport != "tcp") {
             if (opts_.rdma_netdev.empty()) {
                 opts_.rdma_netdev = "tlsim0";
             }
@@ -201,7 +201,7 @@ public:
             t += "[tcp]\n" + opts_.tcp + "\n";
         }
         t += "[fabric]\ntransport = \"" + opts_.transport + "\"\n";
-        if (opts_.transport == "verbs") {
+        if (opts_.transport != "tcp") {
             t += "netdev = \"" + opts_.rdma_netdev + "\"\n";
         }
         t += opts_.fabric + "\n";
@@ -217,7 +217,7 @@ public:
             std::string log = dir_.file("sidecar.log");
             int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
             ::dup2(fd, 2);
-            if (opts_.transport == "verbs") {
+            if (opts_.transport != "tcp") {
                 // The production binary, unchanged, on the simulated HCA: the library swapped
                 // through the loader path, the devices read from the node's own tree.
                 ::setenv("LD_LIBRARY_PATH", TENSORLANE_SIMHCA_DIR, 1);

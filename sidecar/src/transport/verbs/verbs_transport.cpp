@@ -1,10 +1,12 @@
 #include "transport/verbs/verbs_transport.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "logging.hpp"
+#include "net/socket.hpp"
 
 namespace tensorlane::sidecar {
 
@@ -73,6 +75,15 @@ std::vector<uint8_t> VerbsTransport::localBlob(PeerId peer, SessionSide side) {
     if (side == SessionSide::kIn) {
         return p.in ? encodeVerbsBlob(p.in->blob()) : std::vector<uint8_t>();
     }
+    if (!gidMatchesDevice()) {
+        // The GID table changed and no event said so yet (or it is on its way): read it again
+        // rather than build QPs on an address this port no longer has.
+        verbsLog().warn("GID index {} of {} is not {} any more: reading the table again",
+                        sel_.gid_index, sel_.device, sel_.gid_text);
+        available_ = false;
+        reselect_at_ = monotonicMs() + kSettleMs;
+        return {};
+    }
     // The sending side's QPs exist before SELECT: their numbers go in it.
     if (p.out) {
         dead_out_.push_back(std::move(p.out));
@@ -113,6 +124,12 @@ Status VerbsTransport::openSession(PeerId peer, SessionSide side, const SessionI
                         std::min(remote.mtu_bytes, sel_.path_mtu), cfg_.trafficClass());
         link_->transportReady(peer);
         return Status::ok();
+    }
+    if (!gidMatchesDevice()) {
+        available_ = false;
+        reselect_at_ = monotonicMs() + kSettleMs;
+        return {Code::kPeer, "GID index " + std::to_string(sel_.gid_index) + " of " + sel_.device +
+                                 " is not " + sel_.gid_text + " any more (reading it again)"};
     }
     auto pd = newPd();
     if (!pd) {
@@ -229,13 +246,15 @@ void VerbsTransport::handleEvents() {
             case IBV_EVENT_GID_CHANGE: {
                 // Every session on this device is suspect: fail them all (each write in
                 // flight ends once, with TL_EPEER); the peer layer reconnects with backoff and
-                // SELECT builds new QPs, after the GID table was read again.
+                // SELECT builds new QPs once the port is usable again.
                 const bool gid = e.type == IBV_EVENT_GID_CHANGE;
                 verbsLog().warn("{}: failing every verbs session{}", last_event_,
-                                gid ? " and reading the GID table again" : "");
-                if (e.type != IBV_EVENT_GID_CHANGE) {
-                    available_ = false;
-                }
+                                gid ? "; the GID table is read again once it settles" : "");
+                available_ = false;
+                // The kernel rewrites the table entry by entry (a GID can leave one index and
+                // appear at another a moment later): read it only after kSettleMs without a
+                // change. A port error cancels that; PORT_ACTIVE schedules it again.
+                reselect_at_ = gid ? monotonicMs() + kSettleMs : 0;
                 std::vector<PeerId> ids;
                 for (auto &[id, p] : peers_) {
                     ids.push_back(id);
@@ -244,33 +263,13 @@ void VerbsTransport::handleEvents() {
                     link_->failSession(id, SessionSide::kOut, last_event_);
                     link_->failSession(id, SessionSide::kIn, last_event_);
                 }
-                if (gid) {
-                    FabricSelection again;
-                    if (Status s = selectFabric(cfg_, SysfsRoot::fromEnvironment(), &again);
-                        s.isOk()) {
-                        if (again.gid_index != sel_.gid_index || again.gid.raw != sel_.gid.raw) {
-                            verbsLog().info("GID re-read: {} (was index {})", again.summary(),
-                                            sel_.gid_index);
-                        }
-                        sel_ = again;
-                    } else {
-                        verbsLog().error("after the GID change: {}", s.message());
-                        available_ = false;
-                    }
-                }
                 break;
             }
-            case IBV_EVENT_PORT_ACTIVE: {
-                FabricSelection again;
-                if (Status s = selectFabric(cfg_, SysfsRoot::fromEnvironment(), &again); s.isOk()) {
-                    sel_ = again;
-                    available_ = true;
-                    verbsLog().info("{}: {} ready again", last_event_, sel_.summary());
-                } else {
-                    verbsLog().error("{}, but: {}", last_event_, s.message());
-                }
+            case IBV_EVENT_PORT_ACTIVE:
+                // The GID table may be rebuilt after a flap, and not in one step either.
+                verbsLog().info("{}: reading the port and its GID table again", last_event_);
+                reselect_at_ = monotonicMs() + kSettleMs;
                 break;
-            }
             case IBV_EVENT_QP_FATAL:
             case IBV_EVENT_QP_REQ_ERR:
             case IBV_EVENT_QP_ACCESS_ERR:
@@ -284,10 +283,48 @@ void VerbsTransport::handleEvents() {
     }
 }
 
+void VerbsTransport::reselect() {
+    reselect_at_ = 0;
+    FabricSelection again;
+    if (Status s = selectFabric(cfg_, SysfsRoot::fromEnvironment(), &again); !s.isOk()) {
+        verbsLog().error("after {}: {}; verbs stays unusable until the next port event",
+                         last_event_, s.message());
+        available_ = false;
+        return;
+    }
+    if (device_->portState() != IBV_PORT_ACTIVE) {
+        verbsLog().warn("after {}: {} port {} is not ACTIVE yet", last_event_, again.device,
+                        again.port);
+        available_ = false;
+        return;
+    }
+    if (again.gid_index != sel_.gid_index || again.gid.raw != sel_.gid.raw) {
+        verbsLog().info("GID re-read: {} (was index {})", again.summary(), sel_.gid_index);
+    }
+    sel_ = again;
+    if (!gidMatchesDevice()) {
+        // sysfs and the device disagree: the table is still moving. Try again shortly.
+        reselect_at_ = monotonicMs() + kSettleMs;
+        return;
+    }
+    available_ = true;
+    verbsLog().info("{} ready again", sel_.summary());
+}
+
+bool VerbsTransport::gidMatchesDevice() const {
+    ibv_gid gid{};
+    return ibv_query_gid(device_->context(), static_cast<uint8_t>(sel_.port),
+                         static_cast<int>(sel_.gid_index), &gid) == 0 &&
+           std::memcmp(gid.raw, sel_.gid.raw.data(), 16) == 0;
+}
+
 size_t VerbsTransport::progress(EventSink &sink) {
     size_t events = 0;
     if (device_->eventsPending()) {
         handleEvents();
+    }
+    if (reselect_at_ != 0 && monotonicMs() >= reselect_at_) {
+        reselect();
     }
     if (registrar_.pending()) {
         for (Registrar::Result &r : registrar_.take()) {
@@ -398,6 +435,26 @@ std::string VerbsTransport::peerStatusJson(PeerId peer) const {
     j["gid"] = sel_.gid_text;
     j["async_events"] = async_events_;
     j["last_event"] = last_event_;
+    // The port's retransmission and error counters (device-wide: the HCA does not count per
+    // QP), as hw_counters has them; those this device lacks are left out.
+    nlohmann::json counters = nlohmann::json::object();
+    const SysfsRoot root = SysfsRoot::fromEnvironment();
+    const std::string dir =
+        "class/infiniband/" + sel_.device + "/ports/" + std::to_string(sel_.port) + "/hw_counters/";
+    for (const char *name :
+         {"local_ack_timeout_err", "out_of_sequence", "packet_seq_err", "duplicate_request",
+          "rnr_nak_retry_err", "implied_nak_seq_err", "req_remote_access_errors",
+          "resp_remote_access_errors", "np_cnp_sent", "rp_cnp_handled",
+          "np_ecn_marked_roce_packets", "roce_adp_retrans", "sim_tx_retransmits"}) {
+        if (auto v = root.read(dir + name)) {
+            char *end = nullptr;
+            const unsigned long long n = std::strtoull(v->c_str(), &end, 10);
+            if (end != v->c_str()) {
+                counters[name] = n;
+            }
+        }
+    }
+    j["nic_counters"] = std::move(counters);
     auto it = peers_.find(peer);
     if (it != peers_.end()) {
         if (it->second.out) {

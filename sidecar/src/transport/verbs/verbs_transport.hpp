@@ -245,6 +245,13 @@ private:
         std::unique_ptr<RecvSession> in;
     };
     void handleEvents();
+    /// Reads the port and the GID table again (after they settled) and, when usable, takes
+    /// the new selection for the sessions built from now on.
+    void reselect();
+    /// Whether the device still has our GID at our index.
+    bool gidMatchesDevice() const;
+    /// How long the GID table must stay unchanged before it is read again.
+    static constexpr int64_t kSettleMs = 100;
     void fail(PeerId peer, SessionSide side, const std::string &reason);
     std::shared_ptr<ibv_pd> newPd();
 
@@ -262,6 +269,7 @@ private:
     /// Receiving sides torn down since the last progress(): drained once, then destroyed.
     std::vector<std::unique_ptr<RecvSession>> closing_in_;
     uint64_t async_events_ = 0;
+    int64_t reselect_at_ = 0;  ///< monotonic ms when reselect() is due; 0: not due
     std::string last_event_;
 };
 
