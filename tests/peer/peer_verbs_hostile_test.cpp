@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "harness.hpp"
@@ -60,6 +61,8 @@ protected:
         ob.key_file = key_;
         ob.transport = "verbs";
         ob.peers = {{"node-a", port_a}, {"node-evil", freePort()}};
+        const config::GdrFlush flush = flushMode();
+        ob.tweak = [flush](config::Config &c) { c.fabric.gdr_flush = flush; };
         b_ = std::make_unique<Node>(ob);
         NodeOptions oa;
         oa.name = "node-a";
@@ -67,11 +70,25 @@ protected:
         oa.key_file = key_;
         oa.transport = "verbs";
         oa.peers = {{"node-b", port_b}};
+        oa.tweak = ob.tweak;
         a_ = std::make_unique<Node>(oa);
         ASSERT_TRUE(b_->ok() && a_->ok());
         dst_ = b_->addRegion(kRegion, "recv");
         src_ = a_->addRegion(kRegion);
         fillRandom(src_->base, kRegion, 3);
+    }
+
+    virtual config::GdrFlush flushMode() const { return config::GdrFlush::kAuto; }
+
+    /// node-b's GDR flush count for node-a's writes (its status).
+    uint64_t flushesAtB() {
+        auto j = nlohmann::json::parse(b_->statusJson());
+        for (auto &p : j["peers"]) {
+            if (p.value("name", "") == "node-a" && p.contains("receive")) {
+                return p["receive"].value("gdr_flushes", uint64_t{0});
+            }
+        }
+        return 0;
     }
 
     /// node-a's write of the whole region to node-b's, with `imm`: ends kOk and is notified.
@@ -190,6 +207,48 @@ TEST_F(HostileVerbsPeer, WriteOutsideTheKeyEndsOnlyThatSession) {
     EXPECT_EQ(arrivalsFrom(*b_, "node-evil", 7), 0u);
     fillRandom(src_->base, kRegion, 5);
     honestWriteWorks(22);
+}
+
+// [fabric] gdr_flush = "on": every notification waits for a flush READ on the receiver's
+// loopback QP pair (host memory here; GPU memory is what it is for). The READ needs remote read
+// on the region's MR, but the peer's own QPs still allow writes only: its READ is refused.
+class HostileVerbsPeerWithFlush : public HostileVerbsPeer {
+protected:
+    config::GdrFlush flushMode() const override { return config::GdrFlush::kOn; }
+};
+
+TEST_F(HostileVerbsPeerWithFlush, WritesAreFlushedBeforeNoticeAndThePeerCannotRead) {
+    for (uint32_t i = 0; i < 8; ++i) {
+        fillRandom(src_->base, kRegion, 40 + i);
+        honestWriteWorks(40 + i);
+    }
+    EXPECT_GE(flushesAtB(), 1u);
+    EXPECT_LE(flushesAtB(), 8u);  // one READ covers every write complete by then
+    RawVerbsEnd end;
+    std::unique_ptr<RawClientPeer> evil;
+    RegionKey key;
+    openEvil(&end, &evil, &key);
+    if (HasFatalFailure()) {
+        return;
+    }
+    ASSERT_TRUE(end.postRead(0, key.addr, key.rkey, 64));
+    const int st = end.nextCompletion(5000);
+    EXPECT_TRUE(st == IBV_WC_REM_ACCESS_ERR || st == IBV_WC_REM_INV_REQ_ERR)
+        << ibv_wc_status_str(static_cast<ibv_wc_status>(st));
+    EXPECT_TRUE(evil->control().closedWithin(5000));
+    fillRandom(src_->base, kRegion, 60);
+    honestWriteWorks(60);
+}
+
+class FlushOff : public HostileVerbsPeer {
+protected:
+    config::GdrFlush flushMode() const override { return config::GdrFlush::kOff; }
+};
+
+TEST_F(FlushOff, HostMemoryUnderAutoOrOffIsNeverFlushed) {
+    honestWriteWorks(70);
+    honestWriteWorks(71);
+    EXPECT_EQ(flushesAtB(), 0u);
 }
 
 }  // namespace

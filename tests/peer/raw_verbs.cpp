@@ -136,6 +136,20 @@ bool RawVerbsEnd::postData(uint32_t qp, uint64_t addr, uint32_t rkey, uint32_t l
     return len <= buf_.size() - 4096 && ibv_post_send(qps_.at(qp).get(), &wr, &bad) == 0;
 }
 
+bool RawVerbsEnd::postRead(uint32_t qp, uint64_t addr, uint32_t rkey, uint32_t len) {
+    ibv_sge sge{reinterpret_cast<uint64_t>(buf_.data()) + 4096, len, mr_->lkey};
+    ibv_send_wr wr{};
+    wr.wr_id = 3;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_READ;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = addr;
+    wr.wr.rdma.rkey = rkey;
+    ibv_send_wr *bad = nullptr;
+    return len <= buf_.size() - 4096 && ibv_post_send(qps_.at(qp).get(), &wr, &bad) == 0;
+}
+
 int RawVerbsEnd::nextCompletion(int timeout_ms) {
     const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     while (std::chrono::steady_clock::now() < end) {

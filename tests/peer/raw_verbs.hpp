@@ -30,6 +30,8 @@ public:
     bool postDescriptor(uint32_t qp, const sidecar::WriteDescriptor &d);
     /// WRITE_WITH_IMM of `len` bytes of our buffer to (addr, rkey) with the wire immediate.
     bool postData(uint32_t qp, uint64_t addr, uint32_t rkey, uint32_t len, uint32_t wire_imm);
+    /// RDMA READ of `len` bytes at (addr, rkey) into our buffer.
+    bool postRead(uint32_t qp, uint64_t addr, uint32_t rkey, uint32_t len);
     /// Waits for the next send completion; its status, or -1 on timeout.
     int nextCompletion(int timeout_ms);
 

@@ -2,6 +2,7 @@
 #include <arpa/inet.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -41,8 +42,9 @@ Status RecvSession::create(const VerbsBlob &sender) {
     params_.max_recv_wr = rq_depth_;
     params_.max_send_wr = 16;  // the receiving side sends nothing but ACKs (the HCA's own)
     const uint32_t n = static_cast<uint32_t>(sender.qps.size());
-    ibv_cq *cq = ibv_create_cq(t_.device().context(), static_cast<int>(n * (rq_depth_ + 16)), this,
-                               t_.device().channel(), 0);
+    // Room for the receive completions and for the GDR flush's READs (gdr_flush.hpp).
+    ibv_cq *cq = ibv_create_cq(t_.device().context(), static_cast<int>(n * (rq_depth_ + 16) + 16),
+                               this, t_.device().channel(), 0);
     if (cq == nullptr) {
         return {Code::kInternal, std::string("ibv_create_cq: ") + std::strerror(errno)};
     }
@@ -147,19 +149,102 @@ bool RecvSession::onImm(uint32_t imm, std::string *error) {
     return true;
 }
 
-bool RecvSession::deliver(EventSink &sink, std::string *error) {
+bool RecvSession::needsFlush(const Region &r) const {
+    switch (t_.config().fabric.gdr_flush) {
+        case config::GdrFlush::kOn:
+            return true;
+        case config::GdrFlush::kOff:
+            return false;
+        case config::GdrFlush::kAuto:
+            break;
+    }
+    return r.kind == MemoryKind::kCuda;
+}
+
+unsigned RecvSession::accessFor(const Region &r) const {
+    return IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+           (needsFlush(r) ? static_cast<unsigned>(IBV_ACCESS_REMOTE_READ) : 0u);
+}
+
+bool RecvSession::startFlush(const Region &r, uint64_t upto, std::string *error) {
+    if (!flusher_.ready()) {
+        const QpParams p = t_.qpParams(params_.traffic_class, params_.sl, 0);
+        if (Status s = flusher_.create(pd_.get(), cq_.get(), p, t_.selection().gid.raw);
+            !s.isOk()) {
+            *error = "cannot create the GDR flush queue pair: " + s.message();
+            return false;
+        }
+    }
+    std::string why;
+    const MrView v = mrs_.get(r, accessFor(r), &why);
+    if (v.mr == nullptr) {
+        *error = "GDR flush: region " + std::to_string(r.id) + " has no MR here" +
+                 (why.empty() ? "" : ": " + why);
+        return false;
+    }
+    if (!flusher_.post(v.addr, v.mr->rkey, static_cast<uint32_t>(std::min<uint64_t>(8, r.bytes)),
+                       upto)) {
+        *error = "GDR flush: ibv_post_send failed";
+        return false;
+    }
+    flush_in_flight_ = true;
+    return true;
+}
+
+bool RecvSession::deliver(EventSink &sink, std::string *error, bool closing) {
     for (;;) {
         Slot &s = slots_[next_deliver_ % slots_.size()];
         if (s.seq != next_deliver_ || !s.ready) {
             break;
         }
         const WriteDescriptor d = s.desc;
-        s = Slot{};
         auto r = t_.regions().find(d.region);
         auto e = exposed_.find(d.region);
-        if (!r || r->revoked.load(std::memory_order_acquire) ||
-            !r->exposed.load(std::memory_order_acquire) || e == exposed_.end() ||
-            e->second.revoking) {
+        const bool gone = !r || r->revoked.load(std::memory_order_acquire) ||
+                          !r->exposed.load(std::memory_order_acquire) || e == exposed_.end() ||
+                          e->second.revoking;
+        if (!gone && d.seq > flushed_upto_ && needsFlush(*r)) {
+            // The owner may read the data as soon as it is told: first make the NIC's writes
+            // visible (one READ for every write that is complete by now). Closing: the flush
+            // pair is our own and still works, so wait for it here.
+            if (!flush_in_flight_) {
+                uint64_t upto = d.seq;
+                while (true) {
+                    const Slot &n = slots_[(upto + 1) % slots_.size()];
+                    if (n.seq != upto + 1 || !n.ready) {
+                        break;
+                    }
+                    ++upto;
+                }
+                if (!startFlush(*r, upto, error)) {
+                    return false;
+                }
+            }
+            if (!closing) {
+                break;  // poll() resumes delivery when the READ completes
+            }
+            const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+            while (flush_in_flight_ && std::chrono::steady_clock::now() < deadline) {
+                ibv_wc wc{};
+                if (ibv_poll_cq(cq_.get(), 1, &wc) != 1) {
+                    continue;
+                }
+                if (!flusher_.owns(wc)) {
+                    stash_.push_back(wc);  // a receive: poll() takes it next
+                    continue;
+                }
+                flush_in_flight_ = false;
+                if (wc.status == IBV_WC_SUCCESS) {
+                    flushed_upto_ = std::max(flushed_upto_, wc.wr_id);
+                    ++flushes_;
+                }
+            }
+            if (d.seq > flushed_upto_) {
+                break;  // cannot make it visible: not notified (its writer was told it landed)
+            }
+        }
+        s = Slot{};
+        if (gone) {
             // Revoked while the write was on its way: its owner is gone, nobody is told.
             ++dropped_;
         } else if (!r->contains(d.offset, d.bytes)) {
@@ -203,6 +288,16 @@ bool RecvSession::poll(EventSink &sink, std::string *error, bool closing) {
     wcs.insert(wcs.end(), batch, batch + got);
     std::vector<uint32_t> reposts(qps_.size(), 0);
     for (const ibv_wc &wc : wcs) {
+        if (flusher_.owns(wc)) {
+            flush_in_flight_ = false;
+            if (wc.status != IBV_WC_SUCCESS) {
+                *error = std::string("GDR flush READ failed: ") + ibv_wc_status_str(wc.status);
+                return false;
+            }
+            flushed_upto_ = std::max(flushed_upto_, wc.wr_id);
+            ++flushes_;
+            continue;
+        }
         if (wc.status != IBV_WC_SUCCESS && closing) {
             continue;  // the receive queue flushed as the QP went to ERR
         }
@@ -231,15 +326,15 @@ bool RecvSession::poll(EventSink &sink, std::string *error, bool closing) {
             postRecvs(qp, reposts[qp]);
         }
     }
-    if (closing && got == 32) {
+    if (closing && (got == 32 || !stash_.empty())) {
         // More may be waiting: keep draining (bounded by the CQ's size).
         std::string more;
-        if (!deliver(sink, error)) {
+        if (!deliver(sink, error, true)) {
             return false;
         }
         return poll(sink, error, true);
     }
-    return deliver(sink, error);
+    return deliver(sink, error, closing);
 }
 
 void RecvSession::expose(const std::shared_ptr<Region> &r) {
@@ -256,7 +351,7 @@ void RecvSession::sendReadyKeys() {
             continue;
         }
         std::string error;
-        MrView v = mrs_.get(*e.region, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, &error);
+        MrView v = mrs_.get(*e.region, accessFor(*e.region), &error);
         if (v.mr == nullptr) {
             if (!error.empty()) {
                 // The region stays unusable for this peer: its writes wait for the key and
@@ -354,6 +449,7 @@ std::string RecvSession::statusJson() const {
     j["writes_received"] = writes_received_;
     j["bytes_received"] = bytes_received_;
     j["dropped"] = dropped_;
+    j["gdr_flushes"] = flushes_;
     j["exposed"] = exposed_.size();
     j["mrs"] = mrs_.size();
     return j.dump();

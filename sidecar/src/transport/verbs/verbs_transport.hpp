@@ -27,6 +27,7 @@
 #include "tensorlane/sidecar/fabric.hpp"
 #include "transport/remote.hpp"
 #include "transport/verbs/device.hpp"
+#include "transport/verbs/gdr_flush.hpp"
 #include "transport/verbs/mr_cache.hpp"
 #include "transport/verbs/qp.hpp"
 #include "transport/verbs/registrar.hpp"
@@ -160,7 +161,14 @@ private:
         bool revoking = false;
     };
     bool onImm(uint32_t imm, std::string *error);
-    bool deliver(EventSink &sink, std::string *error);
+    bool deliver(EventSink &sink, std::string *error, bool closing);
+    /// Whether writes into `r` are flushed before their owner hears of them ([fabric]
+    /// gdr_flush: on: always; auto: CUDA memory; off: never).
+    bool needsFlush(const Region &r) const;
+    /// The access of `r`'s MR in this domain: remote write, and remote read for the flush.
+    unsigned accessFor(const Region &r) const;
+    /// Posts a flush READ into `r` covering every write up to `upto`; false on failure.
+    bool startFlush(const Region &r, uint64_t upto, std::string *error);
     void postRecvs(size_t qp, uint32_t n);
     void credit(bool force);
 
@@ -184,7 +192,11 @@ private:
     std::map<RegionId, Exposed> exposed_;
     uint64_t writes_received_ = 0;
     uint64_t bytes_received_ = 0;
-    uint64_t dropped_ = 0;       ///< notifications for regions revoked meanwhile
+    uint64_t dropped_ = 0;  ///< notifications for regions revoked meanwhile
+    GdrFlusher flusher_;
+    uint64_t flushed_upto_ = 0;  ///< writes up to this sequence number are flushed
+    bool flush_in_flight_ = false;
+    uint64_t flushes_ = 0;
     std::vector<ibv_wc> stash_;  ///< completions arm() found after arming
 };
 
