@@ -358,7 +358,12 @@ size_t VerbsTransport::progress(EventSink &sink) {
         }
         ++events;
     }
-    (void)device_->drainCqEvents();
+    if (armed_) {
+        // Only a CQ that was armed can have an event to take (and to acknowledge before it is
+        // destroyed); a busy loop never arms, so it makes no read() here.
+        armed_ = false;
+        (void)device_->drainCqEvents();
+    }
     std::vector<std::pair<PeerId, SessionSide>> failed;
     std::vector<std::string> reasons;
     for (auto &[id, p] : peers_) {
@@ -410,6 +415,7 @@ bool VerbsTransport::arm() {
     if (!completions_.empty() || device_->eventsPending() || registrar_.pending()) {
         return false;
     }
+    armed_ = true;
     for (auto &[id, p] : peers_) {
         if ((p.out && p.out_connected && !p.out->arm()) || (p.in && !p.in->arm())) {
             return false;

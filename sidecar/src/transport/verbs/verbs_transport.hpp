@@ -281,6 +281,7 @@ private:
     /// Receiving sides torn down since the last progress(): drained once, then destroyed.
     std::vector<std::unique_ptr<RecvSession>> closing_in_;
     uint64_t async_events_ = 0;
+    bool armed_ = false;       ///< a CQ was armed since the last drain of the channel
     int64_t reselect_at_ = 0;  ///< monotonic ms when reselect() is due; 0: not due
     std::string last_event_;
 };
