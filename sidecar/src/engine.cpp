@@ -586,8 +586,10 @@ std::string EngineImpl::statusJson() const {
                            {"in_flight", s->in_flight}});
     }
     j["clients"] = clients;
-    j["regions"] = regions_.size();
-    j["registered_bytes"] = regions_.registeredBytes();
+    // The clients' regions: the sidecar's own probe region (4 KiB) is not counted.
+    const bool probe = probe_region_ != 0;
+    j["regions"] = regions_.size() - (probe ? 1 : 0);
+    j["registered_bytes"] = regions_.registeredBytes() - (probe ? 4096 : 0);
     j["limits"] = {{"regions", cfg_.limits.regions},
                    {"registered_bytes", cfg_.limits.registered_bytes},
                    {"in_flight", cfg_.limits.in_flight},
