@@ -618,15 +618,23 @@ void Bench::latency(uint64_t bytes, LatencySamples *into) {
         tl_ticket t = roundTrip();
         const int64_t t1 = nowNs();
         samples.push_back(static_cast<double>(t1 - t0) / 1e3);
+        waitTicket(t);  // normally done already: B was notified before it wrote back
         const uint32_t imm = kEchoBit | (seq_ & kSeqMask);
         const EchoStamp &slot = stamps_[imm & (kStampSlots - 1)];
-        // SYNC POINT: acquire; pairs with the responder's release store of imm.
+        // The responder stamps right after its tl_write returns, so its echo can reach us
+        // first: wait a moment (outside the timed part) rather than keep only the round trips
+        // in which it was not preempted there. SYNC POINT: acquire; pairs with the
+        // responder's release store of imm.
+        // (A responder on another host leaves no stamps.)
+        const int64_t give_up = remote_responder_ ? 0 : nowNs() + 2'000'000;
+        while (slot.imm.load(std::memory_order_acquire) != imm && nowNs() < give_up) {
+            std::this_thread::yield();
+        }
         if (slot.imm.load(std::memory_order_acquire) == imm) {
             into->a_to_b.push_back(static_cast<double>(slot.noted_ns - t0) / 1e3);
             into->b_turn.push_back(static_cast<double>(slot.posted_ns - slot.noted_ns) / 1e3);
             into->b_to_a.push_back(static_cast<double>(t1 - slot.posted_ns) / 1e3);
         }
-        waitTicket(t);  // normally done already: B was notified before it wrote back
     }
 }
 
