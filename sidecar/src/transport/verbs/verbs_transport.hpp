@@ -204,7 +204,7 @@ private:
     std::map<RegionId, Exposed> exposed_;
     uint64_t writes_received_ = 0;
     uint64_t bytes_received_ = 0;
-    uint64_t dropped_ = 0;                   ///< notifications for regions revoked meanwhile
+    uint64_t dropped_ = 0;  ///< notifications for regions revoked meanwhile
     GdrFlusher flusher_;
     uint64_t flushed_upto_ = 0;  ///< writes up to this sequence number are flushed
     bool flush_in_flight_ = false;
