@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "../cli/cli_run.hpp"
 #include "../sidecar/harness.hpp"
 #include "http_client.hpp"
 #include "tensorlane/tensorlane.hpp"
@@ -175,6 +176,34 @@ TEST(MetricsEndpoint, AddressInUseRefusesToStart) {
         << log;
     EXPECT_NE(log.find("[metrics] listen"), std::string::npos) << log;
     ::close(holder);
+}
+
+TEST(MetricsEndpoint, AnAddressItCannotServeIsRefusedByCheckConfigAndStart) {
+    // --check-config refuses (2) what the start refuses (1), with the same reason.
+    struct Case {
+        std::string listen;
+        std::string reason;
+    };
+    const std::vector<Case> cases = {
+        {"[::1]:9464", "has no IPv6; use an IPv4 address"},
+        {"no-such-host.invalid:9464", "cannot resolve 'no-such-host.invalid'"},
+        {"192.0.2.1:9464", "cannot bind to 192.0.2.1:9464"},  // TEST-NET-1: not this host's
+    };
+    for (const Case &c : cases) {
+        SCOPED_TRACE(c.listen);
+        Sidecar sc(SidecarOptions{.extra = "[metrics]\nlisten = \"" + c.listen + "\"\n"});
+        EXPECT_FALSE(sc.ready());
+        EXPECT_NE(sc.log().find(c.reason), std::string::npos) << sc.log();
+        const std::string cfg = sc.dir() + "/sidecar.toml";
+        const CmdResult check =
+            runCmd(std::string(TENSORLANE_SIDECAR_BIN) + " --check-config " + cfg);
+        if (c.listen.rfind("192.0.2.1", 0) == 0) {
+            EXPECT_EQ(check.rc, 0) << check.out;  // only binding tells; the start refuses it
+        } else {
+            EXPECT_EQ(check.rc, 2) << check.out;
+            EXPECT_NE(check.out.find(c.reason), std::string::npos) << check.out;
+        }
+    }
 }
 
 TEST(MetricsEndpoint, LocalWritesAndPromtool) {

@@ -9,6 +9,7 @@
 #include <sys/types.h>
 
 #include <CivetServer.h>
+#include <civetweb.h>
 #include <prometheus/collectable.h>
 #include <prometheus/exposer.h>
 
@@ -22,6 +23,7 @@
 
 #include "../logging.hpp"
 #include "families.hpp"
+#include "tensorlane/sidecar/metrics.hpp"
 
 namespace tensorlane::sidecar {
 
@@ -60,8 +62,16 @@ int onCivetLog(const struct mg_connection *, const char *message) {
 /// resolve to their first address, so what is bound is exactly one address.
 Status numericListen(const config::Endpoint &ep, std::string *out, sockaddr_storage *addr,
                      socklen_t *addr_len) {
+    // Debian's libcivetweb1 is built without IPv6 (mg_check_feature(8) is 0): say so rather
+    // than pass on civetweb's "invalid port spec".
+    const bool civet_v6 = mg_check_feature(8) != 0;
+    if (!civet_v6 && ep.host.find(':') != std::string::npos) {
+        return {Code::kInvalid, "[metrics] listen = \"" + ep.text() +
+                                    "\": this build's HTTP server (civetweb) has no IPv6; use an "
+                                    "IPv4 address such as 127.0.0.1 or 0.0.0.0"};
+    }
     addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
+    hints.ai_family = civet_v6 ? AF_UNSPEC : AF_INET;
     hints.ai_socktype = SOCK_STREAM;
     hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
     addrinfo *res = nullptr;
@@ -97,6 +107,16 @@ Status numericListen(const config::Endpoint &ep, std::string *out, sockaddr_stor
 }
 
 }  // namespace
+
+Status checkMetricsListen(const config::Config &cfg) {
+    if (!cfg.metrics.listen) {
+        return Status::ok();
+    }
+    std::string address;
+    sockaddr_storage addr{};
+    socklen_t len = 0;
+    return numericListen(*cfg.metrics.listen, &address, &addr, &len);
+}
 
 /// What the exposer calls for each GET /metrics, on one of civetweb's threads.
 class MetricsCollector final : public prometheus::Collectable {
