@@ -415,6 +415,9 @@ void EngineImpl::run() {
 }
 
 size_t EngineImpl::progressTransports() {
+    if (stats_.timing()) {
+        stats_.invalidateClock();  // the completions reported below share one clock read
+    }
     size_t work = 0;
     for (Transport *t : transports_) {
         work += t->progress(*this);
@@ -558,9 +561,10 @@ void EngineImpl::completed(uint64_t op_id, Code status, std::string_view reason)
     PendingOp op = std::move(it->second);
     ops_.erase(it);
     // Counted whether or not the writer is still there: the peer saw the write either way.
-    stats_.writeEnded(
-        op.peer, status, op.bytes,
-        op.accepted_ns != 0 ? static_cast<uint64_t>(monotonicNs() - op.accepted_ns) : 0);
+    stats_.writeEnded(op.peer, status, op.bytes,
+                      op.accepted_ns != 0 ? static_cast<uint64_t>(
+                                                std::max<int64_t>(0, stats_.now() - op.accepted_ns))
+                                          : 0);
     dropUser(op.src);
     dropUser(op.dst);
     Session *s = findSession(op.session);

@@ -63,6 +63,15 @@ TEST(EngineStats, NoTimingNoHistogram) {
     EXPECT_EQ(s.peers()[0].timed(), 0u);
 }
 
+TEST(EngineStats, OneClockReadPerBatch) {
+    EngineStats s({"a"});
+    const int64_t first = s.now();
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    EXPECT_EQ(s.now(), first);  // the same batch: the cached reading
+    s.invalidateClock();
+    EXPECT_GE(s.now() - first, 2'000'000);  // a new batch reads the clock again
+}
+
 TEST(EngineStats, ReceivedByPeerName) {
     EngineStats s({"node-a", "node-b"});
     s.received("node-b", 100);

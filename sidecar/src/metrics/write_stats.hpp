@@ -81,6 +81,17 @@ public:
     bool timing() const { return timing_; }
     void setTiming(bool on) { timing_ = on; }
 
+    /// The clock for timing writes: read at most once between two invalidateClock() calls, so
+    /// a batch of requests taken off a ring (or of completions reported by a transport) costs
+    /// one clock read, not one per write. The engine invalidates it where a batch starts.
+    int64_t now() {
+        if (now_ns_ == 0) {
+            now_ns_ = monotonicNs();
+        }
+        return now_ns_;
+    }
+    void invalidateClock() { now_ns_ = 0; }
+
     /// A write to `peer` ended with `status`; `latency_ns` is from its acceptance (ignored
     /// when timing is off or the write failed).
     void writeEnded(uint32_t peer, ipc::Code status, uint64_t bytes, uint64_t latency_ns) {
@@ -135,6 +146,7 @@ private:
     std::vector<WriteStats> peers_;
     std::array<uint64_t, kStatusCodes> rejected_{};
     bool timing_ = false;
+    int64_t now_ns_ = 0;  ///< 0: read the clock on the next now()
 };
 
 }  // namespace tensorlane::sidecar
