@@ -139,6 +139,7 @@ struct SidecarOptions {
     std::string poll_mode = "adaptive";  ///< busy | adaptive | event
     uint32_t ring_depth = 1024;
     std::string log_level = "warn";
+    std::string extra;  ///< TOML appended to the generated config (e.g. a [metrics] table)
 };
 
 /// One tensorlane-sidecar process with a generated single-node config (no [[peers]]), started
@@ -161,7 +162,7 @@ public:
         return "[node]\nname = \"" + opts_.name + "\"\nlisten = \"127.0.0.1:18515\"\nsocket = \"" +
                socket_ + "\"\n[ipc]\nring_depth = " + std::to_string(opts_.ring_depth) +
                "\npoll_mode = \"" + opts_.poll_mode + "\"\n[security]\npeer_key_file = \"" + key_ +
-               "\"\n";
+               "\"\n" + opts_.extra;
     }
 
     void stop() {
