@@ -102,19 +102,14 @@ std::set<std::string> listeningSockets(pid_t pid) {
     return out;
 }
 
-/// One in-process worker: a source buffer and a remote region to write into.
-struct Writer {
-    tensorlane::Client client;
-    tensorlane::Region src;
-    tensorlane::Remote dst;
-};
-
-/// Writes `sizes` one after another (each waited for); the bytes written in all.
-uint64_t writeAll(Writer &w, const std::vector<uint64_t> &sizes) {
+/// Writes `sizes` from `src` into `dst` one after another (each waited for); the bytes
+/// written in all. (The client is borrowed: its regions must go before it.)
+uint64_t writeAll(tensorlane::Client &client, const tensorlane::Region &src,
+                  const tensorlane::Remote &dst, const std::vector<uint64_t> &sizes) {
     uint64_t total = 0;
     uint32_t imm = 0;
     for (uint64_t n : sizes) {
-        auto t = w.client.write(w.src, 0, w.dst, 0, n, imm++);
+        auto t = client.write(src, 0, dst, 0, n, imm++);
         EXPECT_TRUE(t.ok()) << t.error().detail;
         if (!t.ok()) {
             return total;
@@ -218,12 +213,11 @@ TEST(MetricsEndpoint, LocalWritesAndPromtool) {
     ASSERT_TRUE(src.ok());
     auto dst = c->lookup("node-a", "inbox");
     ASSERT_TRUE(dst.ok()) << dst.error().detail;
-    Writer w{std::move(*c), std::move(*src), *dst};
-    const uint64_t total = writeAll(w, kSizes);
+    const uint64_t total = writeAll(*c, *src, *dst, kSizes);
     // A write wrong on its face (past the end) is refused by the shim in tl_write itself, so
     // the sidecar never sees it: its rejected counter (requests it refused) stays at 0.
     tl_ticket t = 0;
-    EXPECT_EQ(tl_write(w.client.get(), w.src.id(), 0, w.dst.id, 1, 1 << 20, 0, &t), TL_EINVAL);
+    EXPECT_EQ(tl_write(c->get(), src->id(), 0, dst->id, 1, 1 << 20, 0, &t), TL_EINVAL);
 
     const HttpResponse r = scrape(port);
     ASSERT_EQ(r.status, 200) << r.headers;
@@ -526,8 +520,7 @@ TEST(MetricsPrometheus, ScrapesTwoVerbsNodesAndAnswersWithTheirNumbers) {
         },
         std::chrono::seconds(20)))
         << a.log().substr(0, 4000);
-    Writer w{std::move(*ca), std::move(*src), *dst};
-    const uint64_t total = writeAll(w, kSizes);
+    const uint64_t total = writeAll(*ca, *src, *dst, kSizes);
     ASSERT_TRUE(a.logHas(" over verbs (session")) << a.log().substr(0, 4000);
 
     PrometheusServer prom({{"node-a", "127.0.0.1:" + std::to_string(ma)},

@@ -192,6 +192,9 @@ std::unique_ptr<MetricsServer> MetricsServer::start(const config::Config &cfg, S
 }
 
 MetricsServer::~MetricsServer() {
+    if (!exposer_) {
+        return;  // never started (a failed start): nothing to stop, nobody to wake
+    }
     // civetweb's accept loop sees its stop flag only when poll() returns, which it does every
     // 2 s (SOCKET_TIMEOUT_QUANTUM in civetweb 1.15) or on a new connection: connect to our own
     // listener while the exposer stops, so a sidecar stops in milliseconds, not seconds.
