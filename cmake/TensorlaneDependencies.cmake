@@ -8,6 +8,8 @@ find_package(tomlplusplus REQUIRED)
 find_package(spdlog REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
+# The Prometheus endpoint: prometheus-cpp 1.0 (Debian's prometheus-cpp-dev; civetweb inside).
+find_package(prometheus-cpp CONFIG REQUIRED)  # the package ships no version file
 
 # CUDA: headers from the toolkit; the driver library is opened at run time (dlopen), so the
 # binaries run on machines with no GPU or driver and say so clearly.

@@ -7,7 +7,7 @@
 #   include/tensorlane/               tensorlane.h (C ABI), tensorlane.hpp (C++ wrapper)
 #   lib/systemd/system/               tensorlane-sidecar.service
 #   lib/sysusers.d/                   tensorlane.conf (the tensorlane group)
-#   share/doc/tensorlane/             deploy.md, peers.md, examples/*.toml, kubernetes/*.yaml
+#   share/doc/tensorlane/             deploy.md, peers.md, metrics.md, examples/*.toml, kubernetes/*.yaml
 #   lib/python3.X/dist-packages/      the Python package (lib/python3/dist-packages for /usr)
 #
 # Nothing is written to etc/: /etc/tensorlane/sidecar.toml and peer.key are the operator's
@@ -92,6 +92,7 @@ install(FILES ${PROJECT_SOURCE_DIR}/scripts/deploy/systemd/tensorlane.sysusers
 
 # Documentation and examples: what an operator copies to /etc/tensorlane and to a cluster.
 install(FILES ${PROJECT_SOURCE_DIR}/docs/deploy.md ${PROJECT_SOURCE_DIR}/docs/peers.md
+              ${PROJECT_SOURCE_DIR}/docs/metrics.md
         DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT runtime)
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/config/examples/
         DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples COMPONENT runtime

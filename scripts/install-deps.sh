@@ -10,10 +10,13 @@ usage: scripts/install-deps.sh [--dry-run]
 
 Installs (with apt-get, as root or through sudo) the build and test dependencies that are
 missing: compilers, CMake/Ninja, rdma-core, Boost, toml++, spdlog, CLI11, nlohmann-json,
-libsodium, GoogleTest, Google Benchmark, clang (fuzzing), clang-format, shellcheck, iproute2;
+libsodium, prometheus-cpp (the metrics endpoint), GoogleTest, Google Benchmark, clang
+(fuzzing), clang-format, shellcheck, iproute2, gnuplot (the bench's chart);
 for the Python package's tests: pytest, numpy, PyTorch (CPU), pip and mypy (Debian's
 python3-*); for the simulated HCA's tests: zlib, perftest, tcpdump, tshark, nftables,
-iptables, libnetfilter-queue; for the deployment tests: PyYAML and systemd-analyze.
+iptables, libnetfilter-queue; for the deployment tests: PyYAML and systemd-analyze; for the
+metrics tests: Prometheus (the server and promtool; on a host run by systemd, Debian's package
+also starts prometheus.service on port 9090, which the tests do not need: the script says so).
   --dry-run   print what would be installed, change nothing
 USAGE
 }
@@ -31,12 +34,14 @@ packages=(
     build-essential g++ cmake ninja-build pkg-config git
     libibverbs-dev rdma-core ibverbs-utils
     libboost-dev libtomlplusplus-dev libspdlog-dev libcli11-dev nlohmann-json3-dev libsodium-dev
+    prometheus-cpp-dev
     libgtest-dev libgmock-dev libbenchmark-dev
     clang libclang-rt-14-dev clang-format shellcheck
     iproute2 procps python3
     python3-pytest python3-numpy python3-torch python3-pip mypy
     zlib1g-dev perftest tcpdump tshark nftables iptables libnetfilter-queue-dev
     python3-yaml systemd
+    prometheus gnuplot-nox
 )
 
 is_installed() {
@@ -95,3 +100,11 @@ summary="${#missing[@]} package"
 [ "$extra" -le 0 ] || summary+=" and $extra they depend on"
 echo "install-deps: installed $summary in $((SECONDS - start)) s"
 rm -f "$log"
+for p in "${missing[@]}"; do
+    if [ "$p" = prometheus ] && command -v systemctl >/dev/null 2>&1 &&
+        systemctl is-active --quiet prometheus 2>/dev/null; then
+        echo "install-deps: note: Debian's prometheus package started prometheus.service" \
+            "(port 9090); the tests start their own server on loopback. To stop it:" \
+            "systemctl disable --now prometheus"
+    fi
+done

@@ -13,6 +13,7 @@
 
 #include "engine_impl.hpp"
 #include "logging.hpp"
+#include "metrics/metrics_server.hpp"
 #include "tensorlane/ipc/doorbell.hpp"
 #include "tensorlane/ipc/socket.hpp"
 
@@ -55,16 +56,33 @@ int addToEpoll(int epfd, int fd, uint32_t events, uint64_t tag) {
     return ::epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) == 0 ? 0 : errno;
 }
 
+/// The names of the peer ids, for the write counters: this node, then [[peers]] in order.
+std::vector<std::string> peerNames(const config::Config &cfg) {
+    std::vector<std::string> names{cfg.node.name};
+    for (const auto &p : cfg.peers) {
+        names.push_back(p.name);
+    }
+    return names;
+}
+
 /// How long the loop sleeps at most when idle: bounds the latency of timers and of noticing a
 /// stop request even without a wake-up.
 constexpr int kIdleTickMs = 200;
 
 }  // namespace
 
-EngineImpl::EngineImpl(const config::Config &cfg) : cfg_(cfg), log_(sidecarLogger()) {}
+EngineImpl::EngineImpl(const config::Config &cfg)
+    : cfg_(cfg), log_(sidecarLogger()), stats_(peerNames(cfg)) {
+    stats_.setTiming(cfg_.metrics.listen.has_value());
+}
 
 EngineImpl::~EngineImpl() {
-    // Sessions first (they reference regions), then transports, then the socket file.
+    // The metrics endpoint first: scrapes waiting for a snapshot give up at once, then its
+    // threads are joined. Then sessions (they reference regions), transports, the socket file.
+    if (metrics_channel_) {
+        metrics_channel_->close();
+    }
+    metrics_.reset();
     sessions_.clear();
     active_.clear();
     if (peers_) {
@@ -189,12 +207,60 @@ Status EngineImpl::start() {
             return {Code::kInternal, std::string("epoll_ctl: ") + std::strerror(rc)};
         }
     }
+    if (Status st = startMetrics(); !st.isOk()) {
+        return st;
+    }
     log_->info(
         "node {} serving workers on {} (mode {:04o}, poll mode {}, ring depth {}, in flight {}), "
         "{} peer(s)",
         cfg_.node.name, path, mode, config::toString(cfg_.ipc.poll_mode), cfg_.ipc.ring_depth,
         cfg_.limits.in_flight, cfg_.peers.size());
     return Status::ok();
+}
+
+Status EngineImpl::startMetrics() {
+    if (!cfg_.metrics.listen) {
+        return Status::ok();  // off by default
+    }
+    Status st;
+    metrics_channel_ = SnapshotChannel::create(&st);
+    if (!metrics_channel_) {
+        return st;
+    }
+    if (int rc = addToEpoll(epoll_.get(), metrics_channel_->fd(), EPOLLIN, kTagMetrics)) {
+        return {Code::kInternal, std::string("epoll_ctl: ") + std::strerror(rc)};
+    }
+    metrics_ = MetricsServer::start(cfg_, SysfsRoot::fromEnvironment(), metrics_channel_, &st);
+    if (!metrics_) {
+        return st;
+    }
+    log_->info("serving Prometheus metrics on http://{}/metrics", metrics_->address());
+    return Status::ok();
+}
+
+Snapshot EngineImpl::buildSnapshot() const {
+    Snapshot snap;
+    snap.status_json = statusJson();
+    snap.timing = stats_.timing();
+    snap.rejected = stats_.rejectedByStatus();
+    const auto &names = stats_.names();
+    snap.peers.resize(names.size());
+    for (size_t id = 0; id < names.size(); ++id) {
+        snap.peers[id].name = names[id];
+        snap.peers[id].local = id == kLocalPeer;
+        snap.peers[id].stats = stats_.peers()[id];
+    }
+    for (const auto &[op_id, op] : ops_) {
+        if (op.peer < snap.peers.size()) {
+            ++snap.peers[op.peer].in_flight;
+        }
+    }
+    for (const auto &[peer, q] : queues_) {
+        if (peer < snap.peers.size()) {
+            snap.peers[peer].queued += q.ops.size();
+        }
+    }
+    return snap;
 }
 
 void EngineImpl::stop() {
@@ -220,6 +286,9 @@ size_t EngineImpl::pollEvents(int timeout_ms) {
                 break;
             case kTagStop:
                 ipc::drain(stop_fd_.get());
+                break;
+            case kTagMetrics:
+                metrics_channel_->serve([this] { return buildSnapshot(); });
                 break;
             case kTagPeers:
             case kTagTransport:
@@ -368,6 +437,9 @@ void EngineImpl::run() {
 }
 
 size_t EngineImpl::progressTransports() {
+    if (stats_.timing()) {
+        stats_.invalidateClock();  // the completions reported below share one clock read
+    }
     size_t work = 0;
     for (Transport *t : transports_) {
         work += t->progress(*this);
@@ -510,6 +582,11 @@ void EngineImpl::completed(uint64_t op_id, Code status, std::string_view reason)
     }
     PendingOp op = std::move(it->second);
     ops_.erase(it);
+    // Counted whether or not the writer is still there: the peer saw the write either way.
+    stats_.writeEnded(op.peer, status, op.bytes,
+                      op.accepted_ns != 0 ? static_cast<uint64_t>(
+                                                std::max<int64_t>(0, stats_.now() - op.accepted_ns))
+                                          : 0);
     dropUser(op.src);
     dropUser(op.dst);
     Session *s = findSession(op.session);
@@ -535,6 +612,7 @@ void EngineImpl::arrived(RegionId region, uint32_t imm, uint64_t offset, uint64_
         ++counters_.probes_received;
         return;
     }
+    stats_.received(peer_name, bytes);
     auto r = regions_.find(region);
     Session *s = r ? findSession(r->owner) : nullptr;
     if (!s || s->closing) {

@@ -12,6 +12,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "metrics/snapshot.hpp"
+#include "metrics/write_stats.hpp"
 #include "session.hpp"
 #include "tensorlane/config/config.hpp"
 #include "tensorlane/ipc/control.hpp"
@@ -23,6 +25,8 @@
 #include "transport/local/local_transport.hpp"
 
 namespace tensorlane::sidecar {
+
+class MetricsServer;
 
 class EngineImpl final : public EventSink {
 public:
@@ -50,6 +54,7 @@ private:
         kTagSock = 5ull << 56,
         kTagBell = 6ull << 56,
         kTagTransport = 7ull << 56,  ///< a transport's fd (low bits: its index)
+        kTagMetrics = 8ull << 56,    ///< a scrape waits for a snapshot
     };
     static constexpr uint64_t kTagMask = 0xffull << 56;
 
@@ -71,6 +76,10 @@ private:
     void reapSessions();
     void closeSession(Session &s, std::string reason);
     void destroySession(SessionId id);
+    /// Starts the Prometheus endpoint when [metrics] listen is set.
+    Status startMetrics();
+    /// The engine's state for one scrape (metrics/snapshot.hpp), built on the engine thread.
+    Snapshot buildSnapshot() const;
 
     // control.cpp
     void acceptClients();
@@ -131,6 +140,8 @@ private:
         uint64_t bytes;
         std::shared_ptr<Region> src;  ///< counts as a user until the op ends
         std::shared_ptr<Region> dst;  ///< local writes: the target, also a user
+        PeerId peer = kLocalPeer;
+        int64_t accepted_ns = 0;  ///< steady clock at acceptance; 0 when writes are not timed
     };
     /// Accepted writes to one peer that its transport could not take yet, oldest first.
     struct PeerQueue {
@@ -181,6 +192,12 @@ private:
     SessionId next_session_ = 1;
     uint64_t next_op_ = 1;
     Counters counters_;
+    /// Per-peer write counters and latency histograms for the metrics endpoint.
+    EngineStats stats_;
+    // The metrics endpoint ([metrics] listen; null when off). The channel outlives the server:
+    // the server's threads wait on it.
+    std::shared_ptr<SnapshotChannel> metrics_channel_;
+    std::unique_ptr<MetricsServer> metrics_;
 };
 
 }  // namespace tensorlane::sidecar

@@ -26,6 +26,7 @@ void EngineImpl::completeOrClose(Session &s, uint64_t ticket, Code status, uint6
 }
 
 void EngineImpl::reject(Session &s, const ipc::Request &r, Code code, const char *why) {
+    stats_.rejected(code);
     ++s.counters.rejected;
     ++counters_.requests_rejected;
     // Rate-limited: a hostile client must not be able to flood the log.
@@ -102,7 +103,10 @@ void EngineImpl::handleRequest(Session &s, const ipc::Request &r) {
     if (op.dst) {
         ++op.dst->users;
     }
-    ops_.emplace(op.op_id, PendingOp{s.id, r.ticket, r.bytes, op.src, op.dst});
+    // Timed only with the metrics endpoint on: one clock read (vDSO, no syscall) per batch of
+    // requests drained (drainRequests invalidates it).
+    ops_.emplace(op.op_id, PendingOp{s.id, r.ticket, r.bytes, op.src, op.dst, op.peer,
+                                     stats_.timing() ? stats_.now() : 0});
     ++s.in_flight;
     PeerQueue &q = queues_[op.peer];
     if (q.ops.empty()) {
@@ -173,6 +177,9 @@ uint32_t EngineImpl::drainSession(Session &s, uint64_t cap) {
 }
 
 size_t EngineImpl::drainRequests() {
+    if (stats_.timing()) {
+        stats_.invalidateClock();  // the requests accepted below share one clock read
+    }
     size_t work = 0;
     const uint64_t cap = cfg_.limits.in_flight;
     // Index loop: handlers may close sessions, but only reapSessions() edits active_.

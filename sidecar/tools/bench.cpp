@@ -34,6 +34,7 @@
 #include <thread>
 #include <tuple>
 
+#include "bench_chart.hpp"
 #include "bench_env.hpp"
 #include "bench_report.hpp"
 #include "bench_responder.hpp"
@@ -74,6 +75,8 @@ struct Options {
     uint32_t qps = 0;        ///< verbs: [fabric] qps_per_peer (0: the default)
     bool respond = false;    ///< only the responder worker, against --socket, for --peer
     std::string tag;         ///< region names of a two-host run: TAG-a and TAG-b
+    std::string chart;       ///< the PNG; empty: beside the CSV (when there is one)
+    bool no_chart = false;
 };
 
 /// The region names of a two-host run when --tag is not given.
@@ -671,6 +674,14 @@ int Bench::run() {
         if (!o_.json.empty()) {
             writeOutput(o_.json, formatJson(info, results));
         }
+        // The chart is a by-product: without gnuplot, or when it fails, the bench says why and
+        // still succeeds (the table, CSV and JSON are the results).
+        if (const std::string chart = o_.no_chart ? "" : chartPath(o_.chart, o_.csv);
+            !chart.empty()) {
+            (table_to_stderr ? std::cerr : std::cout)
+                << "tensorlane bench: " << writeChart(chart, info, results).message << "\n"
+                << std::flush;
+        }
     } catch (const BenchError &e) {
         if (::isatty(2) == 1) {
             std::cerr << "\r\033[K";  // clear the progress bar
@@ -862,6 +873,10 @@ void addBenchCommand(CLI::App &app, std::function<int()> *run) {
     b->add_flag("--no-baseline", opts->no_baseline, "skip the plain-TCP baselines");
     b->add_option("--csv", opts->csv, "write the results as CSV to FILE (- for stdout)");
     b->add_option("--json", opts->json, "write the results as JSON to FILE (- for stdout)");
+    auto *chart = b->add_option("--chart", opts->chart,
+                                "write a PNG chart of bandwidth and latency against size to FILE "
+                                "(gnuplot; default: beside --csv FILE, as FILE.png)");
+    b->add_flag("--no-chart", opts->no_chart, "no chart beside the CSV")->excludes(chart);
     b->callback([run, opts] { *run = [opts] { return bench::runBench(*opts); }; });
 }
 

@@ -10,6 +10,7 @@
 
 #include "tensorlane/config/config.hpp"
 #include "tensorlane/sidecar/engine.hpp"
+#include "tensorlane/sidecar/metrics.hpp"
 #include "tensorlane/sidecar/startup.hpp"
 
 namespace {
@@ -64,8 +65,14 @@ int checkConfig(const std::string &path, bool json) {
     for (const auto &e : report.errors) {
         std::cerr << path << ": " << e << "\n";
     }
-    if (!report.ok()) {
-        std::cerr << path << ": " << report.errors.size()
+    // The endpoint's address, as the start checks it (only a port in use is left for then).
+    const tensorlane::sidecar::Status metrics =
+        tensorlane::sidecar::checkMetricsListen(*result.config);
+    if (!metrics.isOk()) {
+        std::cerr << path << ": " << metrics.message() << "\n";
+    }
+    if (!report.ok() || !metrics.isOk()) {
+        std::cerr << path << ": " << report.errors.size() + (metrics.isOk() ? 0 : 1)
                   << " error(s): the sidecar would refuse to start\n";
         return 2;
     }

@@ -94,8 +94,8 @@ def check_tree(args):
               "lib/sysusers.d/tensorlane.conf creates the group tensorlane")
 
         doc = p("share", "doc", "tensorlane")
-        for f in ("deploy.md", "peers.md", "examples/roce-pair-a.toml", "examples/roce-pair-b.toml",
-                  "examples/two-node.toml", "examples/single-node.toml",
+        for f in ("deploy.md", "peers.md", "metrics.md", "examples/roce-pair-a.toml",
+                  "examples/roce-pair-b.toml", "examples/two-node.toml", "examples/single-node.toml",
                   "kubernetes/tensorlane-sidecar.yaml", "kubernetes/vllm-worker.yaml"):
             check(os.path.isfile(os.path.join(doc, f)), f"share/doc/tensorlane/{f}")
         check(not os.path.exists(p("etc")), "nothing is installed under etc/ (the config is the operator's)")

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <thread>
 
+#include "../metrics/http_client.hpp"
 #include "harness.hpp"
 #include "tensorlane/ipc/control.hpp"
 #include "tensorlane/ipc/layout.hpp"
@@ -405,6 +406,42 @@ TEST(HostileClient, RandomRequestEntriesGetErrorCompletions) {
     EXPECT_TRUE(sc.alive());
     EXPECT_TRUE(sc.logHas("rejected"));
     EXPECT_TRUE(healthyRoundTrip(sc.socket(), 2));
+}
+
+TEST(HostileClient, RejectedEntriesAreCountedInTheMetricsByStatus) {
+    // The sidecar's own refusals (entries the shim would never send) show in
+    // tensorlane_requests_rejected_total, by tl_status name.
+    const uint16_t port = freePort();
+    Sidecar sc(SidecarOptions{.extra = "[metrics]\nlisten = \"127.0.0.1:" + std::to_string(port) +
+                                       "\"\n"});
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    RawClient raw;
+    ASSERT_TRUE(raw.connect(sc.socket()));
+    ipc::Request unknown_op{};
+    unknown_op.op = 77;
+    unknown_op.ticket = 1;
+    ipc::Request no_region{};
+    no_region.op = static_cast<uint32_t>(ipc::Op::kWrite);
+    no_region.ticket = 2;
+    no_region.src_region = 999999;
+    no_region.bytes = 64;
+    ipc::Request empty = no_region;
+    empty.ticket = 3;
+    empty.bytes = 0;
+    rawPublish(raw, 0, unknown_op);
+    rawPublish(raw, 1, no_region);
+    rawPublish(raw, 2, empty);
+    raw.doorbell();
+    for (uint64_t i = 0; i < 3; ++i) {
+        EXPECT_TRUE(rawCompleted(raw, i, i + 1, static_cast<int32_t>(TL_EINVAL)));
+    }
+    const HttpResponse r = httpGet("127.0.0.1", port, "/metrics");
+    ASSERT_EQ(r.status, 200);
+    EXPECT_NE(r.body.find("\ntensorlane_requests_rejected_total{status=\"TL_EINVAL\"} 3\n"),
+              std::string::npos)
+        << r.body;
+    EXPECT_NE(r.body.find("\ntensorlane_requests_rejected_total{status=\"TL_ENOENT\"} 0\n"),
+              std::string::npos);
 }
 
 TEST(HostileClient, ScribbledRequestTailIsIgnored) {
