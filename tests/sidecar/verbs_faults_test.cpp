@@ -359,6 +359,15 @@ TEST(VerbsGid, MovedToAnotherIndexIsReReadAndUsed) {
     const auto after = peerJson(x.a(), "node-b");
     EXPECT_EQ(after.value("transport", ""), "verbs") << after.dump();
     EXPECT_EQ(after.value("gid_index", -1), 5) << after.dump();
+    // What an operator reads: `tensorlane status` shows the verbs details of the peer.
+    const std::string text =
+        sh_out(std::string(TENSORLANE_CLI_BIN) + " status --socket " + p.a->socket());
+    EXPECT_NE(text.find("node-b"), std::string::npos) << text;
+    EXPECT_NE(text.find("GID index 5"), std::string::npos) << text;
+    EXPECT_NE(text.find("send: traffic class 106, path MTU 4096, QPs 0x"), std::string::npos)
+        << text;
+    EXPECT_NE(text.find(" RTS"), std::string::npos) << text;
+    EXPECT_NE(text.find("NIC counters:"), std::string::npos) << text;
     EXPECT_TRUE(p.a->alive() && p.b->alive());
 }
 
