@@ -148,8 +148,10 @@ std::string Gid::text() const {
     char buf[40];
     char *p = buf;
     for (size_t group = 0; group < 8; ++group) {
-        std::snprintf(p, 6, group < 7 ? "%02x%02x:" : "%02x%02x", raw[group * 2],
-                      raw[group * 2 + 1]);
+        // The room left, not a fixed 6: the last group has 5 bytes (4 digits and the NUL), and
+        // _FORTIFY_SOURCE aborts on a size larger than the buffer's rest.
+        std::snprintf(p, static_cast<size_t>(buf + sizeof buf - p),
+                      group < 7 ? "%02x%02x:" : "%02x%02x", raw[group * 2], raw[group * 2 + 1]);
         p += group < 7 ? 5 : 4;
     }
     return std::string(buf, 39);
