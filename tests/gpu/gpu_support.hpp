@@ -7,10 +7,12 @@
 #pragma once
 
 #include <dlfcn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -44,8 +46,14 @@ struct WorkerRegistration {
 inline pid_t spawnWorker(const std::string &name, const std::vector<std::string> &args) {
     std::vector<std::string> argv = {"gpu-worker", "--worker", name};
     argv.insert(argv.end(), args.begin(), args.end());
+    const pid_t parent = ::getpid();
     pid_t pid = ::fork();
     if (pid == 0) {
+        // A worker never outlives its test or benchmark, whatever ends it.
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (::getppid() != parent) {
+            ::_exit(1);
+        }
         std::vector<char *> p;
         for (auto &a : argv) {
             p.push_back(a.data());
