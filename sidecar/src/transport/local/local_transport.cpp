@@ -361,6 +361,7 @@ void LocalTransport::run() {
     using Clock = std::chrono::steady_clock;
     copier_ = std::make_unique<CopierHolder>();
     std::vector<Done> done;
+    std::vector<RegionId> retired;
     auto last_work = Clock::now();
     for (;;) {
         {
@@ -390,12 +391,14 @@ void LocalTransport::run() {
                 jobs_[sid].push_back(std::move(j));
             }
             incoming_.clear();
-            for (RegionId r : retired_) {
-                pins_.erase(r);  // copies still running hold their own reference
-            }
-            retired_.clear();
+            retired.swap(retired_);
             has_incoming_.store(false, std::memory_order_relaxed);
         }
+        // Outside the lock: unlocking host memory may take a while, and post() must not wait.
+        for (RegionId r : retired) {
+            pins_.erase(r);  // copies still running hold their own reference
+        }
+        retired.clear();
         if (turn(&done)) {
             last_work = Clock::now();
         }

@@ -122,7 +122,7 @@ void OutLink::staged(uint64_t cookie, int slot, const Status &st) {
             wants_pump_ = true;
             if (!st.isOk() && staging_error_.empty()) {
                 // The receiver expects every byte of the write: a chunk that cannot be read from
-                // the GPU ends the session (its writes fail and are retried by nobody silently).
+                // the GPU ends the session, and its writes fail with this reason.
                 staging_error_ = "copying a chunk out of GPU memory failed: " + st.message();
             }
             return;
@@ -133,6 +133,9 @@ void OutLink::staged(uint64_t cookie, int slot, const Status &st) {
 
 int OutLink::pump(int64_t now_ms) {
     wants_pump_ = false;
+    if (!staging_error_.empty()) {
+        return 0;  // nothing more leaves: the transport fails the session
+    }
     // Each connection holds at most two chunks of ours beyond what the socket took: enough to
     // keep it busy between two turns of the loop, and the cursor does the rest.
     const uint64_t watermark = 2 * (uint64_t{chunk_bytes_} + kChunkFrameOverhead + kFrameTagBytes);
