@@ -74,7 +74,28 @@ if [ "$quick" -eq 0 ]; then
     step "ThreadSanitizer: ring stress"
     cmake --preset tsan >/dev/null
     cmake --build build/tsan --target ipc_stress -j "$jobs"
-    ctest --test-dir build/tsan -L stress --output-on-failure
+    ctest --test-dir build/tsan -L stress -LE '^simhca$' --output-on-failure
+
+    step "libFuzzer: simulated HCA packet parser (${fuzz_seconds}s)"
+    cmake --build build/fuzz --target fuzz_simhca_packet -j "$jobs"
+    mkdir -p build/fuzz/corpus-simhca-packet
+    build/fuzz/tests/simhca/fuzz/fuzz_simhca_packet -max_total_time="$fuzz_seconds" \
+        -max_len=9000 -timeout=10 -print_final_stats=1 build/fuzz/corpus-simhca-packet \
+        tests/simhca/fuzz/corpus/packet 2>&1 | tail -n 12
+
+    # The simulated HCA and its tests, instrumented: the conformance suite and the netns fault
+    # tests (their traffic programs are built with the same sanitizer).
+    simhca_targets=(simhca_ibverbs simhca_conformance simhca_exchange simhca_fault_tests
+        simhca_unit_tests)
+    step "ASan+UBSan: simulated HCA"
+    cmake --preset asan >/dev/null
+    cmake --build build/asan --target "${simhca_targets[@]}" -j "$jobs"
+    ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build/asan -L '^simhca$' -E '^(Programs|SimEnv)\.|_NOT_BUILT$' \
+        -j "$jobs" --output-on-failure
+    step "ThreadSanitizer: simulated HCA"
+    cmake --build build/tsan --target "${simhca_targets[@]}" -j "$jobs"
+    TSAN_OPTIONS="halt_on_error=1 exitcode=66" ctest --test-dir build/tsan -L '^simhca$' \
+        -E '^(Programs|SimEnv)\.|_NOT_BUILT$' -j "$jobs" --output-on-failure
 fi
 
 step "build (release preset, -Wall -Wextra -Werror)"

@@ -19,6 +19,7 @@
 
 #include "internal.hpp"
 #include "tensorlane/config/config.hpp"
+#include "tensorlane/config/key_file.hpp"
 
 namespace tensorlane::config {
 namespace {
@@ -701,37 +702,16 @@ void checkPeers(Collector &c, const Config &cfg, bool node_name_ok,
 }
 
 void checkKeyFile(Collector &c, const std::string &path, const toml::key *key) {
+    // The same reader as the peer layer's (key_file.hpp): --check-config and the sidecar's start
+    // report a bad key file in the same words, before any peer is contacted.
     static const std::string kExpected =
-        "a readable key file that group and other cannot read or write (mode 0600)";
-    const toml::source_region where = key != nullptr ? key->source() : toml::source_region{};
-    const auto failure = [&](const std::string &what) {
-        c.add(where, kPeerKeyName, kExpected, quote(path) + ": " + what);
-    };
-    struct stat st {};
-    if (::stat(path.c_str(), &st) != 0) {
-        const int err = errno;
-        failure(err == ENOENT ? std::string("no such file")
-                              : std::error_code(err, std::generic_category()).message());
-        return;
+        "a key file made by `tensorlane keygen FILE` (tensorlane-key-v1, mode 0600)";
+    KeyBytes bytes;
+    const KeyFileResult r = readKeyFile(path, &bytes);
+    if (!r.ok()) {
+        c.add(key != nullptr ? key->source() : toml::source_region{}, kPeerKeyName, kExpected,
+              quote(path) + ": " + r.detail);
     }
-    if (!S_ISREG(st.st_mode)) {
-        failure("not a regular file");
-        return;
-    }
-    // The key authenticates peers; anyone else who can read it can impersonate this node, and
-    // anyone who can write it can lock the nodes out.
-    if ((st.st_mode & (S_IRGRP | S_IWGRP | S_IROTH | S_IWOTH)) != 0) {
-        char mode[16];
-        std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
-        failure(std::string("mode ") + mode + " (group or other can read or write it)");
-        return;
-    }
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-    if (fd < 0) {
-        failure("cannot be read: " + std::error_code(errno, std::generic_category()).message());
-        return;
-    }
-    ::close(fd);
 }
 
 /// The tree walk: every check after toml++ has accepted the syntax.

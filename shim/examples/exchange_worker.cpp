@@ -1,7 +1,12 @@
 // An example worker: exposes a receive buffer, writes its shard of random data into a peer
 // worker's buffer, waits for the peer's shard, verifies it, and prints sizes, times and GB/s.
-// scripts/demo.sh runs two of these against two sidecars.
+// scripts/demo.sh runs two of these against two sidecars; on a real pair, one on each node checks
+// the deployment (docs/deploy.md).
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -33,40 +38,116 @@ bool checkShard(const void *p, size_t n, uint64_t seed) {
     return true;
 }
 
-int usage() {
-    std::fprintf(stderr,
-                 "usage: tensorlane-example-exchange --socket PATH --peer NODE [--bytes N] "
-                 "[--iterations N] [--seed N] [--peer-seed N]\n");
+constexpr const char *kUsage =
+    "usage: tensorlane-example-exchange --peer NODE [--socket PATH] [--bytes N] [--iterations N]\n"
+    "                                   [--seed N] [--peer-seed N] [--hold FILE]\n"
+    "\n"
+    "Exposes a receive buffer (demo-recv), writes a shard of random data into NODE's worker's,\n"
+    "waits for NODE's shard, verifies it, and prints sizes, times and GB/s.\n"
+    "  --peer NODE       the node whose worker runs the other end (its [node] name)\n"
+    "  --socket PATH     the sidecar's socket (default: $TENSORLANE_SOCKET, else\n"
+    "                    /run/tensorlane/sidecar.sock)\n"
+    "  --bytes N         shard size in bytes, a multiple of 8 (default 67108864)\n"
+    "  --iterations N    exchanges (default 5)\n"
+    "  --seed N          seed of this worker's data (default 1)\n"
+    "  --peer-seed N     seed of the peer worker's data (default 2)\n"
+    "  --hold FILE       when done, create FILE and stay connected, buffers exposed, until FILE\n"
+    "                    is removed (at most 60 s), so `tensorlane status` can show this worker\n";
+
+int usageError(const std::string &what) {
+    std::fprintf(stderr, "tensorlane-example-exchange: %s (--help lists the options)\n",
+                 what.c_str());
     return 2;
+}
+
+/// A whole decimal number in [min, max], nothing else ("64MiB", "abc", "-1", "" are not).
+bool parseNumber(const char *text, uint64_t min, uint64_t max, uint64_t *out) {
+    if (*text == '\0') {
+        return false;
+    }
+    uint64_t v = 0;
+    for (const char *p = text; *p != '\0'; ++p) {
+        if (*p < '0' || *p > '9') {
+            return false;
+        }
+        const uint64_t digit = static_cast<uint64_t>(*p - '0');
+        if (v > (max - digit) / 10) {
+            return false;
+        }
+        v = v * 10 + digit;
+    }
+    if (v < min) {
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+/// Creates `path` and waits, connected, until someone removes it or 60 s pass.
+void hold(const std::string &me, const std::string &path) {
+    std::FILE *f = std::fopen(path.c_str(), "w");
+    if (f == nullptr) {
+        std::fprintf(stderr, "[%s] cannot create %s: %s\n", me.c_str(), path.c_str(),
+                     std::strerror(errno));
+        return;
+    }
+    std::fclose(f);
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (::access(path.c_str(), F_OK) == 0) {
+        if (std::chrono::steady_clock::now() > give_up) {
+            std::fprintf(stderr, "[%s] %s still there after 60 s; disconnecting\n", me.c_str(),
+                         path.c_str());
+            return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
 }
 
 }  // namespace
 
 int main(int argc, char **argv) {
-    std::string socket, peer;
-    size_t bytes = 64 << 20;
-    int iterations = 5;
+    std::string socket, peer, hold_file;
+    uint64_t bytes = 64 << 20;
+    uint64_t iterations = 5;
     uint64_t seed = 1, peer_seed = 2;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        std::string k = argv[i];
-        const char *v = argv[i + 1];
-        if (k == "--socket")
+    for (int i = 1; i < argc; ++i) {
+        const std::string k = argv[i];
+        if (k == "-h" || k == "--help") {
+            std::fputs(kUsage, stdout);
+            return 0;
+        }
+        if (k != "--socket" && k != "--peer" && k != "--bytes" && k != "--iterations" &&
+            k != "--seed" && k != "--peer-seed" && k != "--hold") {
+            return usageError("unknown argument '" + k + "'");
+        }
+        if (i + 1 >= argc) {
+            return usageError(k + " needs a value");
+        }
+        const char *v = argv[++i];
+        const auto bad = [&](const std::string &expected) {
+            return usageError(k + " '" + v + "': expected " + expected);
+        };
+        if (k == "--socket") {
             socket = v;
-        else if (k == "--peer")
+        } else if (k == "--peer") {
             peer = v;
-        else if (k == "--bytes")
-            bytes = std::strtoull(v, nullptr, 0);
-        else if (k == "--iterations")
-            iterations = std::atoi(v);
-        else if (k == "--seed")
-            seed = std::strtoull(v, nullptr, 0);
-        else if (k == "--peer-seed")
-            peer_seed = std::strtoull(v, nullptr, 0);
-        else
-            return usage();
+        } else if (k == "--hold") {
+            hold_file = v;
+        } else if (k == "--bytes") {
+            // Two shards of it are allocated for receiving; 1 TiB is far past any host here.
+            if (!parseNumber(v, 8, uint64_t{1} << 40, &bytes) || bytes % 8 != 0) {
+                return bad("a whole number of bytes, a multiple of 8, from 8 to 2^40");
+            }
+        } else if (k == "--iterations") {
+            if (!parseNumber(v, 1, 1000000, &iterations)) {
+                return bad("a whole number from 1 to 1000000");
+            }
+        } else if (!parseNumber(v, 0, UINT64_MAX, k == "--seed" ? &seed : &peer_seed)) {
+            return bad("a whole number");
+        }
     }
-    if (socket.empty() || peer.empty() || bytes < 8 || bytes % 8 != 0 || iterations < 1) {
-        return usage();
+    if (peer.empty()) {
+        return usageError("--peer NODE is required");
     }
     auto client = tensorlane::Client::connect(socket);
     if (!client.ok()) {
@@ -102,7 +183,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     double total_s = 0;
-    for (int it = 0; it < iterations; ++it) {
+    for (int it = 0; it < static_cast<int>(iterations); ++it) {
         fillShard(send->data(), bytes, seed * 1000003 + it);
         auto t0 = std::chrono::steady_clock::now();
         auto ticket =
@@ -138,7 +219,12 @@ int main(int argc, char **argv) {
             return 1;
         }
     }
-    std::printf("[%s] %d x %zu bytes: mean %.2f GB/s\n", me.c_str(), iterations, bytes,
+    std::printf("[%s] %d x %zu bytes: mean %.2f GB/s\n", me.c_str(), static_cast<int>(iterations),
+                static_cast<size_t>(bytes),
                 iterations * static_cast<double>(bytes) / total_s / 1e9);
+    std::fflush(stdout);
+    if (!hold_file.empty()) {
+        hold(me, hold_file);
+    }
     return 0;
 }

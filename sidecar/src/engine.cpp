@@ -107,22 +107,6 @@ Status EngineImpl::init() {
         return st;
     }
     transports_.push_back(local_.get());
-    // Remote peers go over tcp in this build: the verbs transport is not built yet. Asking for
-    // it by name is an error, never a silent fallback; `auto` falls back and says so.
-    if (!cfg_.peers.empty()) {
-        const config::TransportChoice choice = config::resolveTransport(cfg_);
-        if (choice.kind == config::TransportKind::kVerbs) {
-            if (cfg_.fabric.transport == config::TransportKind::kVerbs) {
-                return {Code::kInvalid,
-                        "[fabric] transport = \"verbs\": the verbs (RoCE) transport is not in this "
-                        "build yet; set transport = \"tcp\" or \"auto\""};
-            }
-            log_->warn(
-                "transport auto found an RDMA device ({}), but the verbs transport is not in "
-                "this build yet: peers use tcp",
-                choice.reason);
-        }
-    }
     if (!cfg_.peers.empty()) {
         Status st;
         peers_ = makePeerManager(cfg_, regions_, &st);

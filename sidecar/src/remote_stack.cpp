@@ -2,8 +2,11 @@
 // (transport/tcp). Neither folder includes the other; this file knows both.
 #include <sodium.h>
 
+#include "logging.hpp"
 #include "peer/manager.hpp"
+#include "tensorlane/sidecar/fabric.hpp"
 #include "transport/tcp/tcp_transport.hpp"
+#include "transport/verbs/verbs_transport.hpp"
 
 namespace tensorlane::sidecar {
 
@@ -30,12 +33,34 @@ std::unique_ptr<PeerManager> makePeerManager(const config::Config &cfg, RegionTa
     if (sodium_init() < 0) {
         return fail({Code::kInternal, "libsodium failed to initialise"});
     }
-    // The manager keeps its own copy of the config; the transport refers to it.
+    std::vector<std::unique_ptr<RemoteTransport>> transports;
     auto tcp = std::make_unique<TcpTransport>(cfg, regions);
     if (int rc = tcp->init(); rc != 0) {
         return fail({Code::kInternal, std::string("epoll_create1: ") + std::strerror(rc)});
     }
-    auto pm = std::make_unique<PeerManagerImpl>(cfg, regions, key, std::move(tcp));
+    transports.push_back(std::move(tcp));
+    // verbs where the file allows it and this host has a usable RoCE port; tcp stays for peers
+    // that have none (auto) — with transport = "verbs" such peers are refused (peer layer).
+    if (cfg.fabric.transport != config::TransportKind::kTcp) {
+        const config::TransportChoice choice = config::resolveTransport(cfg);
+        FabricSelection sel;
+        Status fs = choice.kind == config::TransportKind::kVerbs
+                        ? selectFabric(cfg, SysfsRoot::fromEnvironment(), &sel)
+                        : Status{Code::kNotFound, choice.reason};
+        std::unique_ptr<VerbsTransport> verbs;
+        if (fs.isOk()) {
+            verbs = std::make_unique<VerbsTransport>(cfg, regions, sel);
+            fs = verbs->init();
+        }
+        if (fs.isOk()) {
+            transports.push_back(std::move(verbs));
+        } else if (cfg.fabric.transport == config::TransportKind::kVerbs) {
+            return fail({fs.code(), "[fabric] transport = \"verbs\": " + fs.message()});
+        } else {
+            sidecarLogger("verbs")->warn("no verbs transport ({}): peers use tcp", fs.message());
+        }
+    }
+    auto pm = std::make_unique<PeerManagerImpl>(cfg, regions, key, std::move(transports));
     s = pm->init();
     if (!s.isOk()) {
         return fail(std::move(s));

@@ -770,9 +770,8 @@ int runBench(const Options &o) {
         if (attached && o.loopback) {
             throw BenchError("--loopback starts its own sidecars; leave out --socket/--peer");
         }
-        if (attached &&
-            (o.connections || !o.chunk.empty() || !o.sidecar.empty() || o.spin_us >= 0 ||
-             !o.integrity.empty())) {
+        if (attached && (o.connections || !o.chunk.empty() || !o.sidecar.empty() ||
+                         o.spin_us >= 0 || !o.integrity.empty())) {
             throw BenchError(
                 "--connections, --chunk, --integrity, --spin-us and --sidecar shape the "
                 "sidecars --loopback "

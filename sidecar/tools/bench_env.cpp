@@ -19,6 +19,7 @@
 #include <fstream>
 #include <thread>
 
+#include "tensorlane/config/key_file.hpp"
 #include "tensorlane/tensorlane.h"
 
 namespace tensorlane::tools::bench {
@@ -249,18 +250,9 @@ std::string readFile(const std::string &path) {
 }
 
 void writeKeyFile(const std::string &path) {
-    unsigned char raw[32];
-    std::ifstream rnd("/dev/urandom", std::ios::binary);
-    if (!rnd.read(reinterpret_cast<char *>(raw), sizeof(raw))) {
-        throw BenchError("cannot read /dev/urandom for a fresh peer key");
+    if (std::string error = config::writeNewKeyFile(path, false); !error.empty()) {
+        throw BenchError("cannot write a fresh peer key: " + error);
     }
-    static const char kHex[] = "0123456789abcdef";
-    std::string hex;
-    for (unsigned char b : raw) {
-        hex += kHex[b >> 4];
-        hex += kHex[b & 15];
-    }
-    writeNewFile(path, hex + "\n", 0600);
 }
 
 uint16_t freeLoopbackPort() {

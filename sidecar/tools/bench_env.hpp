@@ -78,7 +78,7 @@ private:
 void writeNewFile(const std::string &path, const std::string &text, unsigned mode);
 /// Reads a whole file ("" when it cannot).
 std::string readFile(const std::string &path);
-/// A fresh pre-shared key: 32 random bytes from the kernel, hex encoded, in a 0600 file.
+/// A fresh peer key file (tensorlane-key-v1, mode 0600; `tensorlane keygen` writes the same).
 void writeKeyFile(const std::string &path);
 /// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then closed).
 uint16_t freeLoopbackPort();

@@ -7,6 +7,7 @@
 
 #include "bench.hpp"
 #include "diag_cmd.hpp"
+#include "keygen_cmd.hpp"
 #include "tensorlane/config/config.hpp"
 #include "tensorlane/tensorlane.h"
 
@@ -24,6 +25,43 @@ std::string resolveSocket(const std::string &socket, const std::string &config_p
         }
     }
     return {};
+}
+
+/// The verbs details of one peer: device, GID, and per direction the QPs with their states,
+/// the traffic class and MTU, writes and errors; then the NIC's retransmission counters.
+void printVerbsPeer(const nlohmann::json &p) {
+    std::cout << "    " << p.value("device", "?") << " port " << p.value("port", 0)
+              << ", GID index " << p.value("gid_index", 0) << " (" << p.value("gid", "?") << ")\n";
+    for (const char *side : {"send", "receive"}) {
+        if (!p.contains(side) || !p[side].is_object()) {
+            continue;
+        }
+        const auto &s = p[side];
+        std::cout << "    " << side << ": traffic class " << s.value("traffic_class", 0)
+                  << ", path MTU " << s.value("path_mtu", 0) << ", QPs";
+        for (const auto &q : s.value("qps", nlohmann::json::array())) {
+            std::cout << " " << q.value("qpn", "?") << " " << q.value("state", "?");
+        }
+        if (std::string(side) == "send") {
+            std::cout << "; " << s.value("writes_completed", 0) << " writes, "
+                      << s.value("in_flight", 0) << " in flight, " << s.value("errors", 0)
+                      << " errors\n";
+        } else {
+            std::cout << "; " << s.value("writes_received", 0) << " writes received, "
+                      << s.value("dropped", 0) << " dropped\n";
+        }
+    }
+    if (p.contains("nic_counters") && !p["nic_counters"].empty()) {
+        std::cout << "    NIC counters:";
+        for (const auto &[k, v] : p["nic_counters"].items()) {
+            std::cout << " " << k << "=" << v;
+        }
+        std::cout << "\n";
+    }
+    if (!p.value("last_event", "").empty()) {
+        std::cout << "    last async event: " << p.value("last_event", "") << " ("
+                  << p.value("async_events", 0) << " in all)\n";
+    }
 }
 
 int status(const std::string &socket, bool json) {
@@ -70,6 +108,9 @@ int status(const std::string &socket, bool json) {
     for (const auto &p : j["peers"]) {
         std::cout << "  " << p.value("name", "?") << " " << p.value("address", "") << " "
                   << p.value("state", "?") << " via " << p.value("transport", "?") << "\n";
+        if (p.value("transport", "") == "verbs") {
+            printVerbsPeer(p);
+        }
     }
     std::cout << "counters:\n";
     for (const auto &[k, v] : j["counters"].items()) {
@@ -98,6 +139,7 @@ int main(int argc, char **argv) {
     tensorlane::tools::addBenchCommand(app, &run_bench);
     std::function<int()> run_diag;
     tensorlane::tools::addDiagCommand(app, &run_diag);
+    tensorlane::tools::addKeygenCommand(app);
 
     try {
         app.parse(argc, argv);

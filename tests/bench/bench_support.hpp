@@ -148,7 +148,7 @@ public:
     explicit Sidecar(SidecarOptions opts = {}) : opts_(std::move(opts)) {
         socket_ = dir_.file("sidecar.sock");
         key_ = dir_.file("peer.key");
-        writeFile(key_, "0123456789abcdef0123456789abcdef\n", 0600);
+        writeFile(key_, "tensorlane-key-v1:" + std::string(64, '0') + "\n", 0600);
         config_ = dir_.file("sidecar.toml");
         writeFile(config_, toml());
         start();

@@ -253,7 +253,7 @@ struct TcpRig {
 
     bool start() {
         const std::string key = dir.file("peer.key");
-        tltest::writeFile(key, "gpu-bench-key-0123456789abcdef012\n", 0600);
+        tltest::writeFile(key, tltest::keyText('7'), 0600);
         const uint16_t pa = tltest::freePort(), pb = tltest::freePort();
         auto opts = [&](const char *name, uint16_t port, const char *peer, uint16_t peer_port) {
             tltest::SidecarOptions o;

@@ -70,8 +70,72 @@ TEST(ConfigExamples, TwoNodeDescribesTrafficClass106) {
     EXPECT_NE(text.find("traffic_class = 106 (dscp 26 << 2 | ecn 2)"), std::string::npos) << text;
 }
 
+TEST(ConfigExamples, RocePairIsARealPairNotLoopback) {
+    for (const std::string name : {"roce-pair-a.toml", "roce-pair-b.toml"}) {
+        SCOPED_TRACE(name);
+        const ParseResult r = parseFile(example(name), kNoKeyCheck);
+        ASSERT_TRUE(r.ok()) << allErrors(r);
+        const Config &c = *r.config;
+        EXPECT_EQ(c.trafficClass(), 106);
+        // Where the installed unit and the shim look.
+        EXPECT_EQ(c.node.socket, "/run/tensorlane/sidecar.sock");
+        EXPECT_EQ(c.security.peer_key_file, "/etc/tensorlane/peer.key");
+        // A named device and netdev, an address on the fabric: not 127.x, not a wildcard.
+        EXPECT_EQ(c.fabric.device, "mlx5_0");
+        EXPECT_NE(c.fabric.netdev, "auto");
+        EXPECT_EQ(c.node.listen.host.rfind("127.", 0), std::string::npos) << c.node.listen.host;
+        EXPECT_NE(c.node.listen.host, "0.0.0.0");
+        ASSERT_EQ(c.peers.size(), 1u);
+        EXPECT_EQ(c.peers[0].address.host.rfind("127.", 0), std::string::npos);
+        EXPECT_FALSE(c.security.allowed_gids.empty());
+    }
+}
+
+TEST(ConfigExamples, RocePairFilesAgreeWhereThePeersMust) {
+    const ParseResult a = parseFile(example("roce-pair-a.toml"), kNoKeyCheck);
+    const ParseResult b = parseFile(example("roce-pair-b.toml"), kNoKeyCheck);
+    ASSERT_TRUE(a.ok()) << allErrors(a);
+    ASSERT_TRUE(b.ok()) << allErrors(b);
+    const Config &ca = *a.config, &cb = *b.config;
+    EXPECT_EQ(ca.peers[0].name, cb.node.name);
+    EXPECT_EQ(cb.peers[0].name, ca.node.name);
+    EXPECT_EQ(ca.peers[0].address.text(), cb.node.listen.text());
+    EXPECT_EQ(cb.peers[0].address.text(), ca.node.listen.text());
+    EXPECT_EQ(ca.security.peer_key_file, cb.security.peer_key_file);
+    EXPECT_EQ(ca.tcp.chunk_bytes, cb.tcp.chunk_bytes);
+    EXPECT_EQ(ca.tcp.connections_per_peer, cb.tcp.connections_per_peer);
+    EXPECT_EQ(ca.security.tcp_integrity, cb.security.tcp_integrity);
+    // What the switches see must be the same from both ends.
+    EXPECT_EQ(ca.fabric.dscp, cb.fabric.dscp);
+    EXPECT_EQ(ca.fabric.ecn, cb.fabric.ecn);
+    EXPECT_EQ(ca.fabric.pfc_priority, cb.fabric.pfc_priority);
+    EXPECT_EQ(ca.fabric.trust, cb.fabric.trust);
+    EXPECT_EQ(ca.fabric.mtu, cb.fabric.mtu);
+}
+
+TEST(ConfigExamples, RocePairIsCommentedLineByLine) {
+    // Every line that sets a key says what it does on the same line.
+    for (const std::string name : {"roce-pair-a.toml", "roce-pair-b.toml"}) {
+        std::istringstream in(readAll(example(name)));
+        std::string line;
+        int n = 0, keys = 0;
+        while (std::getline(in, line)) {
+            ++n;
+            const size_t first = line.find_first_not_of(' ');
+            if (first == std::string::npos || line[first] == '#' || line[first] == '[') {
+                continue;
+            }
+            ++keys;
+            EXPECT_NE(line.find(" # "), std::string::npos) << name << ":" << n << ": " << line;
+        }
+        // Every key of every table is in the file.
+        EXPECT_EQ(keys, 4 + 18 + 7 + 3 + 4 + 4 + 1 + 2) << name;
+    }
+}
+
 TEST(ConfigExamples, EveryPrefixParsesOrReportsErrors) {
-    for (const std::string name : {"single-node.toml", "two-node.toml", "two-node-b.toml"}) {
+    for (const std::string name : {"single-node.toml", "two-node.toml", "two-node-b.toml",
+                                   "roce-pair-a.toml", "roce-pair-b.toml"}) {
         const std::string text = readAll(example(name));
         ASSERT_FALSE(text.empty()) << name;
         size_t failures = 0;

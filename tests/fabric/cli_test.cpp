@@ -63,7 +63,8 @@ std::string env(const SysfsTree &t) {
     return "TENSORLANE_SYSFS_ROOT=" + t.rootString() + " ";
 }
 
-constexpr const char *kKey = "0123456789abcdef0123456789abcdef";
+// A tensorlane-key-v1 line (what `tensorlane keygen` writes; write() adds the newline).
+const std::string kKey = "tensorlane-key-v1:" + std::string(64, '0');
 
 TEST(DiagCli, JsonShapeAndExitZero) {
     SysfsTree t;
@@ -123,18 +124,21 @@ TEST(DiagCli, EveryVerbsHelpDescribesThatVerb) {
 }
 
 /// --check-config refuses (2) exactly what start refuses (1), with the same reason.
-void expectBothRefuse(const SysfsTree &t, const std::string &cfg, const std::string &reason) {
+void expectBothRefuse(const SysfsTree &t, const std::string &cfg, const std::string &reason,
+                      int start_rc = 1) {
     const CmdResult check = run(env(t) + kSidecar + " --check-config " + cfg);
     EXPECT_EQ(check.rc, 2) << check.out;
     EXPECT_NE(check.out.find(reason), std::string::npos) << check.out;
     const CmdResult start = run(env(t) + "timeout 10 " + kSidecar + " --config " + cfg);
-    EXPECT_EQ(start.rc, 1) << start.out;
+    EXPECT_EQ(start.rc, start_rc) << start.out;
     EXPECT_NE(start.out.find(reason), std::string::npos) << start.out;
 }
 
 TEST(CheckConfig, AgreesWithStartOnAShortKey) {
     SysfsTree t;
-    expectBothRefuse(t, writeConfig(t, "transport = \"tcp\"", "short"), "at least 16 are needed");
+    // The key file's format is checked with the rest of the file: a configuration error (2).
+    expectBothRefuse(t, writeConfig(t, "transport = \"tcp\"", "short"), "not a tensorlane key file",
+                     2);
 }
 
 TEST(CheckConfig, AgreesWithStartOnVerbsWithoutAPort) {

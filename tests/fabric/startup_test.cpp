@@ -31,14 +31,16 @@ bool anyContains(const std::vector<std::string> &v, const std::string &needle) {
     return false;
 }
 
-constexpr const char *kGoodKey = "0123456789abcdef0123456789abcdef";
+// A tensorlane-key-v1 line (what `tensorlane keygen` writes; write() adds the newline).
+const std::string kGoodKey = "tensorlane-key-v1:" + std::string(64, '0');
 
 TEST(Startup, ShortKeyIsRefused) {
     SysfsTree t;
     const StartupReport r =
         checkStartup(withPeer(t, "transport = \"tcp\"", "short"), SysfsRoot(t.rootString()), {});
     EXPECT_FALSE(r.ok());
-    EXPECT_TRUE(anyContains(r.errors, "at least 16 are needed")) << r.status().message();
+    // Not the key file format (tensorlane-key-v1): refused at start as by --check-config.
+    EXPECT_TRUE(anyContains(r.errors, "not a tensorlane key file")) << r.status().message();
     EXPECT_EQ(r.status().code(), Code::kInvalid);
     EXPECT_TRUE(
         checkStartup(withPeer(t, "transport = \"tcp\"", kGoodKey), SysfsRoot(t.rootString()), {})

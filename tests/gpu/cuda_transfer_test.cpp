@@ -25,7 +25,7 @@ struct TwoNodes {
     std::unique_ptr<tltest::Sidecar> a, b;
     TwoNodes() {
         const std::string key = dir.file("peer.key");
-        tltest::writeFile(key, "gpu-tests-key-0123456789abcdef01\n", 0600);
+        tltest::writeFile(key, tltest::keyText('7'), 0600);
         const uint16_t pa = tltest::freePort(), pb = tltest::freePort();
         auto opts = [&](const char *name, uint16_t port, const char *peer, uint16_t peer_port) {
             tltest::SidecarOptions o;

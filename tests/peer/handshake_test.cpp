@@ -15,9 +15,9 @@ namespace {
 
 using peertest::TempDir;
 
-PeerKey keyOf(const std::string &secret) {
+PeerKey keyOf(char digit) {
     PeerKey k;
-    EXPECT_TRUE(PeerKey::fromSecret(secret, &k).isOk());
+    EXPECT_TRUE(PeerKey::fromText(peertest::keyText(digit), &k).isOk());
     return k;
 }
 
@@ -33,37 +33,70 @@ ServerHandshake::AdmitFn admitAll() {
     return [](const HelloMsg &) { return Status::ok(); };
 }
 
-TEST(PeerKey, TrimsWhitespaceAndDerivesTheSameKey) {
+std::string hex(const uint8_t *p, size_t n) {
+    static const char kHex[] = "0123456789abcdef";
+    std::string out;
+    for (size_t i = 0; i < n; ++i) {
+        out += kHex[p[i] >> 4];
+        out += kHex[p[i] & 15];
+    }
+    return out;
+}
+
+TEST(PeerKey, DerivesTheMacKeyFromTheFilesBytes) {
+    // A known answer: BLAKE2b-256 of the bytes 00..1f keyed with "tensorlane peer key v1".
+    // Nodes of different versions must derive the same key from the same file.
+    PeerKey k;
+    ASSERT_TRUE(PeerKey::fromText("tensorlane-key-v1:000102030405060708090a0b0c0d0e0f101112131415"
+                                  "161718191a1b1c1d1e1f\n",
+                                  &k)
+                    .isOk());
+    EXPECT_EQ(hex(k.data(), PeerKey::kBytes),
+              "7da4700bd8d3e6a7e0e39923fefc0d4f402834feb6a5353dc06be612aa76ab1c");
+}
+
+TEST(PeerKey, AFileGivesTheKeyOfItsText) {
     TempDir dir;
     PeerKey a, b, c;
-    ASSERT_TRUE(PeerKey::fromFile(dir.writeFile("a", "  0123456789abcdef0123\n"), &a).isOk());
-    ASSERT_TRUE(PeerKey::fromFile(dir.writeFile("b", "0123456789abcdef0123"), &b).isOk());
-    ASSERT_TRUE(PeerKey::fromFile(dir.writeFile("c", "0123456789abcdef0124"), &c).isOk());
+    ASSERT_TRUE(PeerKey::fromFile(dir.writeFile("a", peertest::keyText('1')), &a).isOk());
+    ASSERT_TRUE(PeerKey::fromText(peertest::keyText('1'), &b).isOk());
+    ASSERT_TRUE(PeerKey::fromFile(dir.writeFile("c", peertest::keyText('2')), &c).isOk());
     EXPECT_EQ(0, std::memcmp(a.data(), b.data(), PeerKey::kBytes));
     EXPECT_NE(0, std::memcmp(a.data(), c.data(), PeerKey::kBytes));
 }
 
-TEST(PeerKey, RejectsShortMissingAndOpenFiles) {
+TEST(PeerKey, RefusesOldMissingAndOpenFilesSayingWhatToDo) {
     TempDir dir;
     PeerKey k;
-    Status s = PeerKey::fromFile(dir.writeFile("short", "too short \n"), &k);
+    // The format before tensorlane-key-v1: a raw secret, which was trimmed. Refused by name.
+    const std::string old = dir.writeFile("old", "  0123456789abcdef0123\n");
+    Status s = PeerKey::fromFile(old, &k);
     EXPECT_EQ(s.code(), Code::kInvalid);
-    EXPECT_NE(s.message().find("at least 16"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("peer key file " + old + ": not a tensorlane key file"),
+              std::string::npos)
+        << s.message();
+    EXPECT_NE(s.message().find("tensorlane keygen --force " + old), std::string::npos)
+        << s.message();
 
     s = PeerKey::fromFile(dir.path() + "/missing", &k);
-    EXPECT_FALSE(s.isOk());
-    EXPECT_NE(s.message().find("missing"), std::string::npos) << s.message();
+    EXPECT_EQ(s.code(), Code::kPermission);
+    EXPECT_NE(s.message().find("tensorlane keygen " + dir.path() + "/missing"), std::string::npos)
+        << s.message();
 
-    s = PeerKey::fromFile(dir.writeFile("open", "0123456789abcdef0123", 0644), &k);
+    s = PeerKey::fromFile(dir.writeFile("open", peertest::keyText('1'), 0644), &k);
     EXPECT_EQ(s.code(), Code::kPermission);
     EXPECT_NE(s.message().find("0644"), std::string::npos) << s.message();
 
     s = PeerKey::fromFile(dir.writeFile("big", std::string(5000, 'x')), &k);
     EXPECT_EQ(s.code(), Code::kInvalid);
+
+    s = PeerKey::fromText("tensorlane-key-v1:0123", &k);
+    EXPECT_EQ(s.code(), Code::kInvalid);
+    EXPECT_NE(s.message().find("4 hex digits"), std::string::npos) << s.message();
 }
 
 TEST(PeerHandshake, BothEndsAuthenticateAndLearnEachOther) {
-    const PeerKey key = keyOf("shared secret for the test");
+    const PeerKey key = keyOf('1');
     const auto a = ident("node-a");
     const auto b = ident("node-b");
     ClientHandshake client(key, a, "node-b", LinkRole::kControl, 0, 0);
@@ -84,8 +117,8 @@ TEST(PeerHandshake, BothEndsAuthenticateAndLearnEachOther) {
 }
 
 TEST(PeerHandshake, WrongKeyIsRefusedByBothEnds) {
-    const PeerKey k1 = keyOf("the first secret key here");
-    const PeerKey k2 = keyOf("the second secret key here");
+    const PeerKey k1 = keyOf('1');
+    const PeerKey k2 = keyOf('2');
     ClientHandshake client(k1, ident("node-a"), "node-b", LinkRole::kControl, 0, 0);
     ServerHandshake server(k2, ident("node-b"));
     std::vector<uint8_t> challenge, auth;
@@ -104,7 +137,7 @@ TEST(PeerHandshake, WrongKeyIsRefusedByBothEnds) {
 }
 
 TEST(PeerHandshake, ReplayedClientProofIsRefused) {
-    const PeerKey key = keyOf("shared secret for the test");
+    const PeerKey key = keyOf('1');
     const auto b = ident("node-b");
     ClientHandshake client(key, ident("node-a"), "node-b", LinkRole::kControl, 0, 0);
     ServerHandshake first(key, b);
@@ -124,7 +157,7 @@ TEST(PeerHandshake, ReplayedClientProofIsRefused) {
 }
 
 TEST(PeerHandshake, ReplayedServerProofIsRefused) {
-    const PeerKey key = keyOf("shared secret for the test");
+    const PeerKey key = keyOf('1');
     const auto a = ident("node-a");
     ClientHandshake first(key, a, "node-b", LinkRole::kControl, 0, 0);
     ServerHandshake server(key, ident("node-b"));
@@ -138,7 +171,7 @@ TEST(PeerHandshake, ReplayedServerProofIsRefused) {
 }
 
 TEST(PeerHandshake, TamperedHelloBreaksTheProof) {
-    const PeerKey key = keyOf("shared secret for the test");
+    const PeerKey key = keyOf('1');
     ClientHandshake client(key, ident("node-a"), "node-b", LinkRole::kControl, 0, 0);
     ServerHandshake server(key, ident("node-b"));
     std::vector<uint8_t> hello = client.hello();
@@ -150,7 +183,7 @@ TEST(PeerHandshake, TamperedHelloBreaksTheProof) {
 }
 
 TEST(PeerHandshake, VersionMismatchNamesBothVersions) {
-    const PeerKey key = keyOf("shared secret for the test");
+    const PeerKey key = keyOf('1');
     ClientHandshake client(key, ident("node-a"), "node-b", LinkRole::kControl, 0, 0);
     ServerHandshake server(key, ident("node-b"));
     std::vector<uint8_t> hello = client.hello();
@@ -166,7 +199,7 @@ TEST(PeerHandshake, VersionMismatchNamesBothVersions) {
 }
 
 TEST(PeerHandshake, SharedSettingMismatchNamesBothValues) {
-    const PeerKey key = keyOf("shared secret for the test");
+    const PeerKey key = keyOf('1');
     ClientHandshake client(key, ident("node-a", 1u << 20), "node-b", LinkRole::kControl, 0, 0);
     ServerHandshake server(key, ident("node-b", 2u << 20));
     std::vector<uint8_t> challenge, auth;
@@ -184,7 +217,7 @@ TEST(PeerHandshake, SharedSettingMismatchNamesBothValues) {
 }
 
 TEST(PeerHandshake, AdmitRefusalIsPassedOn) {
-    const PeerKey key = keyOf("shared secret for the test");
+    const PeerKey key = keyOf('1');
     ClientHandshake client(key, ident("intruder"), "node-b", LinkRole::kControl, 0, 0);
     ServerHandshake server(key, ident("node-b"));
     std::vector<uint8_t> challenge;

@@ -50,6 +50,12 @@ private:
     std::string path_;
 };
 
+/// A peer key file's content (tensorlane-key-v1): the prefix and 64 copies of `digit` (a hex
+/// digit), so each digit names a different key.
+inline std::string keyText(char digit) {
+    return "tensorlane-key-v1:" + std::string(64, digit) + "\n";
+}
+
 /// One event seen by a sink; `order` is global across all sinks of the process.
 struct Event {
     enum class Kind { kCompleted, kArrived, kState };
@@ -110,7 +116,19 @@ struct NodeOptions {
     int netns_fd = -1;                                    ///< run the node in this netns
     std::string listen_host = "127.0.0.1";
     std::vector<std::string> peer_hosts;  ///< per peer; default 127.0.0.1
+    /// "tcp", or "verbs" on the simulated HCA: the node gets a simulated device of its own
+    /// (simTree()); the test process must run with LD_LIBRARY_PATH at the simulator (CTest
+    /// sets it for peer_tests).
+    std::string transport = "tcp";
 };
+
+/// A sysfs tree with 8 simulated RoCE devices sim0..sim7 (netdevs tlp0..tlp7) on loopback
+/// addresses of this process's own, made once; TENSORLANE_SYSFS_ROOT points at it.
+const std::string &simTree();
+/// The next of those devices in turn (a node, or a raw verbs peer, takes one of its own).
+int nextSimDevice();
+/// Whether this process runs on the simulated HCA (libibverbs lists its devices).
+bool simulatedHcaLoaded();
 
 /// The default test tuning: short timeouts so failure tests finish quickly.
 config::Config makeConfig(const NodeOptions &o);

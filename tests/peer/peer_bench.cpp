@@ -189,7 +189,7 @@ struct Setup {
     bool ok = false;
 
     explicit Setup(size_t bytes, uint32_t connections) {
-        const std::string key = dir.writeFile("k", "bench-secret-0123456789abcdef");
+        const std::string key = dir.writeFile("k", keyText('b'));
         const uint16_t pa = freePort(), pb = freePort();
         NodeOptions oa{"node-a", pa, key, {{"node-b", pb}}};
         NodeOptions ob{"node-b", pb, key, {{"node-a", pa}}};

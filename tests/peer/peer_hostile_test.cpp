@@ -29,7 +29,7 @@ using sidecar::ChunkHeader;
 using sidecar::FrameHeader;
 using sidecar::FrameType;
 
-constexpr const char *kSecret = "peer-test-secret-0123456789abcdef";
+const std::string kSecret = keyText('7');
 
 /// A node that lists a raw peer "node-evil" (at `evil_port`, which it dials only on use).
 std::unique_ptr<Node> victim(const std::string &key, uint16_t evil_port,

@@ -24,8 +24,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr const char *kSecret = "peer-test-secret-0123456789abcdef";
-constexpr const char *kOtherSecret = "a-different-secret-0123456789abcd";
+const std::string kSecret = keyText('7');
+const std::string kOtherSecret = keyText('8');
 
 /// A blocking client socket to 127.0.0.1:port, or -1.
 int rawConnect(uint16_t port) {
@@ -222,7 +222,7 @@ TEST_F(PeerSecurity, GarbageSlowAndHalfOpenConnectionsAreDroppedWhileAGoodPeerWo
     std::atomic<bool> stop_slow{false};
     std::thread dribbler([&] {
         sidecar::PeerKey key;
-        (void)sidecar::PeerKey::fromSecret(kSecret, &key);
+        (void)sidecar::PeerKey::fromText(kSecret, &key);
         sidecar::HandshakeIdentity id{"node-a", 1, {1u << 20, 2, 1500, 250}};
         sidecar::ClientHandshake hs(key, id, "node-b", sidecar::LinkRole::kControl, 0, 0);
         auto bytes = frame(sidecar::FrameType::kHello, hs.hello());
@@ -306,7 +306,7 @@ TEST_F(PeerSecurity, ReplayedHandshakeIsRefused) {
     b->addRegion(4096, "r");
 
     sidecar::PeerKey key;
-    ASSERT_TRUE(sidecar::PeerKey::fromSecret(kSecret, &key).isOk());
+    ASSERT_TRUE(sidecar::PeerKey::fromText(kSecret, &key).isOk());
     sidecar::HandshakeIdentity id{"node-a", 42, {1u << 20, 2, 1500, 250}};
 
     // A genuine handshake, recorded by an eavesdropper.

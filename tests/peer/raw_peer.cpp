@@ -189,7 +189,7 @@ HandshakeIdentity rawIdentity(const std::string &name, const RawCaps &caps) {
     id.caps.peer_timeout_ms = caps.peer_timeout_ms;
     id.caps.keepalive_ms = caps.keepalive_ms;
     id.caps.integrity = caps.integrity ? 1 : 0;
-    id.caps.transports = kTransportTcp;
+    id.caps.transports = caps.transports;
     return id;
 }
 
@@ -197,7 +197,7 @@ namespace {
 
 PeerKey keyFrom(const std::string &secret) {
     PeerKey k;
-    (void)PeerKey::fromSecret(secret, &k);
+    (void)PeerKey::fromText(secret, &k);
     return k;
 }
 
@@ -216,6 +216,12 @@ RawClientPeer::RawClientPeer(const std::string &secret, std::string name, std::s
 }
 
 bool RawClientPeer::openSession(std::string *why) {
+    std::vector<uint8_t> selected;
+    return openSession(kTransportTcp, {}, &selected, why);
+}
+
+bool RawClientPeer::openSession(uint32_t transport, std::span<const uint8_t> blob,
+                                std::vector<uint8_t> *selected, std::string *why) {
     control_ = RawConn::connect(port_);
     if (!control_.ok()) {
         *why = "connect failed";
@@ -256,8 +262,8 @@ bool RawClientPeer::openSession(std::string *why) {
             break;
         }
     }
-    if (!control_.send(FrameType::kSelect, kTransportTcp) ||
-        !control_.recvType(FrameType::kSelected, &h, &p)) {
+    if (!control_.send(FrameType::kSelect, transport, blob) ||
+        !control_.recvType(FrameType::kSelected, &h, selected)) {
         *why = "no SELECTED";
         return false;
     }

@@ -69,6 +69,8 @@ struct RawCaps {
     uint32_t peer_timeout_ms = 1500;
     uint32_t keepalive_ms = 250;
     bool integrity = true;
+    /// Transport bits announced in the handshake (kTransportTcp, kTransportVerbs).
+    uint32_t transports = 1;
 };
 
 /// The identity a raw peer presents.
@@ -82,6 +84,9 @@ public:
                   uint16_t port, RawCaps caps = {});
     /// Handshake, snapshot until READY, SELECT tcp, SELECTED. False with `*why`.
     bool openSession(std::string *why);
+    /// The same with SELECT of `transport` carrying `blob`; SELECTED's payload in `*selected`.
+    bool openSession(uint32_t transport, std::span<const uint8_t> blob,
+                     std::vector<uint8_t> *selected, std::string *why);
     /// Opens and authenticates data connection `index` of the session.
     bool openData(uint32_t index, std::string *why);
     /// The exposed regions the snapshot listed: name → (id, bytes).

@@ -47,6 +47,12 @@ private:
     std::string path_;
 };
 
+/// A peer key file's content (tensorlane-key-v1, what `tensorlane keygen` writes): the prefix
+/// and 64 copies of `digit` (a hex digit), so each digit names a different key.
+inline std::string keyText(char digit) {
+    return "tensorlane-key-v1:" + std::string(64, digit) + "\n";
+}
+
 inline void writeFile(const std::string &path, const std::string &text, mode_t mode = 0644) {
     std::ofstream(path) << text;
     ::chmod(path.c_str(), mode);
@@ -128,7 +134,33 @@ struct SidecarOptions {
     std::string tcp;             ///< body of a [tcp] table
     std::string extra_security;  ///< extra lines for [security]
     std::string extra;           ///< extra TOML appended at the end
+    /// "tcp" (the default), "verbs" or "auto": a verbs or auto node runs on the simulated HCA, with
+    /// a sysfs tree of its own (one device, `rdma_ip` as its RoCE v2 GID) in its directory.
+    std::string transport = "tcp";
+    std::string rdma_ip;      ///< verbs: the IPv4 address of the simulated port
+    std::string rdma_netdev;  ///< verbs: its netdev's name (default "tlsim0")
+    /// verbs: the netdev MTU the tree says (the port's active MTU follows it); it must not
+    /// exceed the real interface's (loopback: 65536; a veth: 1500).
+    int rdma_mtu = 4200;
+    std::string fabric;  ///< extra lines for [fabric]
 };
+
+/// A loopback address no other test process uses at the same time, for simulated RDMA ports:
+/// 127.<pid-derived>.<pid-derived>.<n>.
+inline std::string uniqueLoopback(int n) {
+    const unsigned pid = static_cast<unsigned>(::getpid());
+    return "127." + std::to_string(1 + (pid >> 8) % 250) + "." + std::to_string(pid % 250) + "." +
+           std::to_string(n);
+}
+
+/// Writes a sysfs tree for one simulated RoCE device (tests/simhca/tools/mksysfs.sh).
+inline bool makeSimTree(const std::string &root, const std::string &netdev, const std::string &ip,
+                        int mtu = 4200, const std::string &more = "") {
+    const std::string cmd = std::string("bash '") + TENSORLANE_MKSYSFS + "' '" + root +
+                            "' --dev sim0 --netdev " + netdev + " --ip " + ip + " --mtu " +
+                            std::to_string(mtu) + " " + more + " >/dev/null";
+    return std::system(cmd.c_str()) == 0;
+}
 
 /// One tensorlane-sidecar process, started in the constructor and stopped in the destructor.
 class Sidecar {
@@ -138,7 +170,17 @@ public:
         key_ = opts_.key_file;
         if (key_.empty()) {
             key_ = dir_.file("peer.key");
-            writeFile(key_, "0123456789abcdef0123456789abcdef\n", 0600);
+            writeFile(key_, keyText('0'), 0600);
+        }
+        if (opts_.transport != "tcp") {
+            if (opts_.rdma_netdev.empty()) {
+                opts_.rdma_netdev = "tlsim0";
+            }
+            sysfs_ = dir_.file("sys");
+            // No address: a host with no RDMA device at all (an empty tree).
+            tree_ok_ = opts_.rdma_ip.empty()
+                           ? ::mkdir(sysfs_.c_str(), 0755) == 0
+                           : makeSimTree(sysfs_, opts_.rdma_netdev, opts_.rdma_ip, opts_.rdma_mtu);
         }
         config_ = dir_.file("sidecar.toml");
         writeFile(config_, toml());
@@ -158,6 +200,11 @@ public:
         if (!opts_.tcp.empty()) {
             t += "[tcp]\n" + opts_.tcp + "\n";
         }
+        t += "[fabric]\ntransport = \"" + opts_.transport + "\"\n";
+        if (opts_.transport != "tcp") {
+            t += "netdev = \"" + opts_.rdma_netdev + "\"\n";
+        }
+        t += opts_.fabric + "\n";
         for (const auto &p : opts_.peers) {
             t += "[[peers]]\nname = \"" + p.name + "\"\naddress = \"" + p.address + "\"\n";
         }
@@ -170,6 +217,12 @@ public:
             std::string log = dir_.file("sidecar.log");
             int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
             ::dup2(fd, 2);
+            if (opts_.transport != "tcp") {
+                // The production binary, unchanged, on the simulated HCA: the library swapped
+                // through the loader path, the devices read from the node's own tree.
+                ::setenv("LD_LIBRARY_PATH", TENSORLANE_SIMHCA_DIR, 1);
+                ::setenv("TENSORLANE_SYSFS_ROOT", sysfs_.c_str(), 1);
+            }
             if (!opts_.netns.empty()) {
                 ::execlp("ip", "ip", "netns", "exec", opts_.netns.c_str(), TENSORLANE_SIDECAR_BIN,
                          "--config", config_.c_str(), "--log-level", "debug",
@@ -207,6 +260,9 @@ public:
         }
     }
     bool alive() const { return pid_ > 0 && ::kill(pid_, 0) == 0; }
+    /// verbs nodes: the simulated device's sysfs tree (empty for tcp nodes).
+    const std::string &sysfsRoot() const { return sysfs_; }
+    bool treeOk() const { return opts_.transport != "verbs" || tree_ok_; }
     bool ready() const { return ready_; }
     pid_t pid() const { return pid_; }
     const std::string &socket() const { return socket_; }
@@ -230,6 +286,8 @@ private:
     std::string socket_;
     std::string key_;
     std::string config_;
+    std::string sysfs_;
+    bool tree_ok_ = false;
     pid_t pid_ = -1;
     bool ready_ = false;
 };

@@ -152,24 +152,33 @@ TEST(InFlight, PendingTicketOvertakenBySeventyNopsStillEnds) {
     EXPECT_EQ(tl_wait(c->get(), big, 0), TL_ENOENT) << "a ticket ends exactly once";
 }
 
-TEST(PeerQueues, AFullPeerDoesNotHoldBackWritesToOthers) {
+/// Over tcp, and over the verbs transport on the simulated HCA.
+class PeerQueues : public ::testing::TestWithParam<std::string> {};
+INSTANTIATE_TEST_SUITE_P(Transports, PeerQueues, ::testing::Values("tcp", "verbs"),
+                         [](const auto &param_info) { return param_info.param; });
+
+TEST_P(PeerQueues, AFullPeerDoesNotHoldBackWritesToOthers) {
     // node-b is frozen: its window fills (8 writes) and the rest of what we write to it waits
     // in its queue. A write of the same client to this node itself must still go through.
     const uint16_t pa = freePort(), pb = freePort();
     TempDir keys;
     const std::string key = keys.file("peer.key");
-    writeFile(key, "0123456789abcdef0123456789abcdef\n", 0600);
+    writeFile(key, keyText('0'), 0600);
     Sidecar a(SidecarOptions{.name = "node-a",
                              .listen = "127.0.0.1:" + std::to_string(pa),
                              .peers = {{"node-b", "127.0.0.1:" + std::to_string(pb)}},
                              .key_file = key,
                              .tcp = "window = 8\npeer_timeout_ms = 60000\nkeepalive_ms = 1000",
-                             .extra = "[limits]\nin_flight = 64\n"});
+                             .extra = "[limits]\nin_flight = 64\n",
+                             .transport = GetParam(),
+                             .rdma_ip = uniqueLoopback(30)});
     Sidecar b(SidecarOptions{.name = "node-b",
                              .listen = "127.0.0.1:" + std::to_string(pb),
                              .peers = {{"node-a", "127.0.0.1:" + std::to_string(pa)}},
                              .key_file = key,
-                             .tcp = "peer_timeout_ms = 60000\nkeepalive_ms = 1000"});
+                             .tcp = "peer_timeout_ms = 60000\nkeepalive_ms = 1000",
+                             .transport = GetParam(),
+                             .rdma_ip = uniqueLoopback(31)});
     ASSERT_TRUE(a.ready() && b.ready()) << a.log() << b.log();
     auto owner = tensorlane::Client::connect(b.socket());
     ASSERT_TRUE(owner.ok());

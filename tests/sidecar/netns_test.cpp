@@ -7,84 +7,30 @@
 
 #include "harness.hpp"
 #include "tensorlane/tensorlane.hpp"
+#include "veth.hpp"
 
 using namespace tltest;
 
 namespace {
 
-int sh(const std::string &cmd) {
-    return std::system((cmd + " >/dev/null 2>&1").c_str());
-}
-
-/// Two namespaces joined by a veth pair, 10.231.<n>.1 and .2/30; removed on destruction.
-class VethPair {
-public:
-    VethPair() {
-        std::random_device rd;
-        tag_ = std::to_string(rd() % 100000);
-        subnet_ = "10.231." + std::to_string(rd() % 250) + ".";
-        ns_a_ = "tl-a-" + tag_;
-        ns_b_ = "tl-b-" + tag_;
-        if (::geteuid() != 0) {
-            why_ = "needs root for ip netns";
-            return;
-        }
-        if (sh("ip netns add " + ns_a_) != 0 || sh("ip netns add " + ns_b_) != 0) {
-            why_ = "ip netns add is not permitted here";
-            return;
-        }
-        created_ = true;
-        const std::string va = "tlva" + tag_, vb = "tlvb" + tag_;
-        if (sh("ip link add " + va + " type veth peer name " + vb) != 0 ||
-            sh("ip link set " + va + " netns " + ns_a_) != 0 ||
-            sh("ip link set " + vb + " netns " + ns_b_) != 0 ||
-            sh("ip -n " + ns_a_ + " addr add " + addressA() + "/30 dev " + va) != 0 ||
-            sh("ip -n " + ns_b_ + " addr add " + addressB() + "/30 dev " + vb) != 0 ||
-            sh("ip -n " + ns_a_ + " link set lo up") != 0 ||
-            sh("ip -n " + ns_b_ + " link set lo up") != 0) {
-            why_ = "could not create a veth pair between namespaces";
-            return;
-        }
-        va_ = va;
-        vb_ = vb;
-        ok_ = setLink(true);
-    }
-    ~VethPair() {
-        if (created_) {
-            sh("ip netns del " + ns_a_);
-            sh("ip netns del " + ns_b_);
-        }
-    }
-    bool setLink(bool up) {
-        const char *state = up ? "up" : "down";
-        return sh("ip -n " + ns_a_ + " link set " + va_ + " " + state) == 0 &&
-               sh("ip -n " + ns_b_ + " link set " + vb_ + " " + state) == 0;
-    }
-    bool ok() const { return ok_; }
-    const std::string &why() const { return why_; }
-    std::string addressA() const { return subnet_ + "1"; }
-    std::string addressB() const { return subnet_ + "2"; }
-    const std::string &nsA() const { return ns_a_; }
-    const std::string &nsB() const { return ns_b_; }
-
-private:
-    std::string tag_, subnet_, ns_a_, ns_b_, va_, vb_, why_;
-    bool created_ = false;
-    bool ok_ = false;
-};
-
 constexpr int kPeerTimeoutMs = 1500;
+
+/// Over tcp, and over the verbs transport on the simulated HCA (RoCEv2 packets on the veth).
+class LinkCut : public ::testing::TestWithParam<std::string> {};
 
 }  // namespace
 
-TEST(LinkCut, InFlightWritesFailWithEpeerThenRecover) {
+INSTANTIATE_TEST_SUITE_P(Transports, LinkCut, ::testing::Values("tcp", "verbs"),
+                         [](const auto &param_info) { return param_info.param; });
+
+TEST_P(LinkCut, InFlightWritesFailWithEpeerThenRecover) {
     VethPair net;
     if (!net.ok()) {
         GTEST_SKIP() << net.why();
     }
     TempDir dir;
     std::string key = dir.file("peer.key");
-    writeFile(key, "link-cut-test-key-0123456789\n", 0600);
+    writeFile(key, keyText('d'), 0600);
     const std::string tcp =
         "keepalive_ms = 200\npeer_timeout_ms = 1500\nconnect_timeout_ms = 1000\n"
         "reconnect_min_ms = 50\nreconnect_max_ms = 400\n";
@@ -93,13 +39,23 @@ TEST(LinkCut, InFlightWritesFailWithEpeerThenRecover) {
                      .peers = {{"node-b", net.addressB() + ":18515"}},
                      .key_file = key,
                      .netns = net.nsA(),
-                     .tcp = tcp};
+                     .tcp = tcp,
+                     .transport = GetParam(),
+                     .rdma_ip = net.addressA(),
+                     .rdma_netdev = net.vethA(),
+                     .rdma_mtu = 1500,
+                     .fabric = "timeout = 14\nretry_cnt = 3\n"};
     SidecarOptions b{.name = "node-b",
                      .listen = net.addressB() + ":18515",
                      .peers = {{"node-a", net.addressA() + ":18515"}},
                      .key_file = key,
                      .netns = net.nsB(),
-                     .tcp = tcp};
+                     .tcp = tcp,
+                     .transport = GetParam(),
+                     .rdma_ip = net.addressB(),
+                     .rdma_netdev = net.vethB(),
+                     .rdma_mtu = 1500,
+                     .fabric = "timeout = 14\nretry_cnt = 3\n"};
     Sidecar sa(a), sb(b);
     ASSERT_TRUE(sa.ready()) << sa.log();
     ASSERT_TRUE(sb.ready()) << sb.log();
@@ -121,7 +77,7 @@ TEST(LinkCut, InFlightWritesFailWithEpeerThenRecover) {
     ASSERT_EQ(s, TL_OK) << tl_last_error() << sa.log();
     tl_ticket t = 0;
     ASSERT_EQ(tl_write(ca->get(), src->id(), 0, r, 0, kBytes, 1, &t), TL_OK);
-    ASSERT_EQ(tl_wait(ca->get(), t, 20000), TL_OK) << tl_last_error();
+    ASSERT_EQ(tl_wait(ca->get(), t, 20000), TL_OK) << tl_last_error() << sa.log() << sb.log();
     EXPECT_EQ(std::memcmp(src->data(), inbox->data(), kBytes), 0);
 
     // Cut the link, then write: node-a does not know yet (nothing has timed out), so the writes

@@ -209,10 +209,11 @@ class LocalCluster:
         return out + self.extra + "\n"
 
     def start(self) -> "LocalCluster":
-        # A fresh key, readable by its owner only (the sidecar refuses looser modes).
+        # A fresh key in the key file format (what `tensorlane keygen` writes), readable by its
+        # owner only (the sidecar refuses looser modes and any other content).
         fd = os.open(self.key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(32) + "\n")
+            f.write("tensorlane-key-v1:" + secrets.token_hex(32) + "\n")
         for attempt in range(3):
             self.nodes = {n: Node(self, n, free_port()) for n in self.names}
             for n in self.names:

@@ -11,10 +11,9 @@ namespace tensorlane::sidecar {
 
 namespace {
 
-/// Whether this build has the verbs transport. Until it does, the engine refuses
-/// transport = "verbs" with peers, and auto falls back to tcp; flip this when it lands (and the
-/// engine stops refusing), so --check-config keeps agreeing with start.
-constexpr bool kVerbsTransportBuilt = false;
+/// Whether this build has the verbs transport (it has: sidecar/src/transport/verbs). Kept as a
+/// switch so --check-config and start agree on what a build without it would refuse.
+constexpr bool kVerbsTransportBuilt = true;
 
 std::string findingText(const Finding &f) {
     return "preflight " + f.check + ": " + f.detail +

@@ -302,7 +302,7 @@ void PeerManagerImpl::promote(uint64_t token, const HandshakeOutcome &o, int64_t
         return;
     }
     p->in->data_taken[o.data_index] = true;
-    transport_->adoptConnection(p->id, SessionSide::kIn, o.data_index, std::move(conn));
+    p->in->transport->adoptConnection(p->id, SessionSide::kIn, o.data_index, std::move(conn));
 }
 
 void PeerManagerImpl::closeIn(Peer &p, const std::string &reason, bool warn) {
@@ -321,7 +321,7 @@ void PeerManagerImpl::closeIn(Peer &p, const std::string &reason, bool warn) {
     // Writes half received are dropped: the writer fails them when it sees the session die.
     std::unique_ptr<InSession> dead = std::move(p.in);
     if (dead->transport_open) {
-        transport_->closeSession(p.id, SessionSide::kIn, Code::kPeer, reason);
+        dead->transport->closeSession(p.id, SessionSide::kIn, Code::kPeer, reason);
     }
     dead_in_.push_back(std::move(dead));
     signalWake();
@@ -375,7 +375,10 @@ bool PeerManagerImpl::handleInControlFrame(Peer &p, const FrameHeader &h,
     if (h.type == FrameType::kSelect && !s.transport_open) {
         // The client chose the transport for its writes; open our receiving side of it and
         // answer with our own bootstrap data for it.
-        if (h.arg != transport_->kind() || !transport_->available()) {
+        RemoteTransport *t =
+            h.arg <= UINT32_MAX ? transportOfKind(static_cast<uint32_t>(h.arg)) : nullptr;
+        if (t == nullptr || !t->available() ||
+            (cfg_.fabric.transport == config::TransportKind::kTcp && t->kind() != kTransportTcp)) {
             const std::string why =
                 "transport " + std::to_string(h.arg) + " is not available on " + cfg_.node.name;
             s.control->queueFrame(
@@ -387,16 +390,16 @@ bool PeerManagerImpl::handleInControlFrame(Peer &p, const FrameHeader &h,
         }
         SessionInfo info = sessionInfo(p, s.session_id, s.remote_incarnation, s.integrity);
         info.remote_blob.assign(payload.begin(), payload.end());
-        Status st = transport_->openSession(p.id, SessionSide::kIn, info);
+        Status st = t->openSession(p.id, SessionSide::kIn, info);
         if (!st.isOk()) {
             closeIn(p, "cannot open the transport session: " + st.message(), true);
             return false;
         }
+        s.transport = t;
         s.transport_open = true;
         s.data_expected = cfg_.tcp.connections_per_peer;
         s.data_taken.assign(s.data_expected, false);
-        s.control->queueFrame(FrameType::kSelected, h.arg,
-                              transport_->localBlob(p.id, SessionSide::kIn));
+        s.control->queueFrame(FrameType::kSelected, h.arg, t->localBlob(p.id, SessionSide::kIn));
         if (int rc = s.control->flush(now); rc != 0) {
             closeIn(p, "cannot answer SELECT: " + errnoText(rc), true);
             return false;
@@ -405,7 +408,7 @@ bool PeerManagerImpl::handleInControlFrame(Peer &p, const FrameHeader &h,
     }
     if (h.type == FrameType::kTransport && s.transport_open) {
         std::string error;
-        if (!transport_->onControlFrame(p.id, SessionSide::kIn, h, payload, &error)) {
+        if (!s.transport->onControlFrame(p.id, SessionSide::kIn, h, payload, &error)) {
             closeIn(p, "protocol error: " + error, true);
             return false;
         }

@@ -74,14 +74,17 @@ Status checkPeerConfig(const config::Config &cfg) {
 }
 
 PeerManagerImpl::PeerManagerImpl(const config::Config &cfg, RegionTable &regions, PeerKey key,
-                                 std::unique_ptr<RemoteTransport> transport, PeerLimits limits)
+                                 std::vector<std::unique_ptr<RemoteTransport>> transports,
+                                 PeerLimits limits)
     : cfg_(cfg),
       regions_(regions),
       key_(std::move(key)),
       limits_(limits),
-      transport_(std::move(transport)),
+      transports_(std::move(transports)),
       directory_(cfg.limits.peer_regions) {
-    transport_->attach(*this);
+    for (auto &t : transports_) {
+        t->attach(*this);
+    }
     PeerId id = 1;
     for (const auto &pc : cfg_.peers) {
         Peer p;
@@ -104,7 +107,7 @@ PeerManagerImpl::~PeerManagerImpl() {
     dead_out_.clear();
     dead_in_.clear();
     dead_conns_.clear();
-    transport_.reset();
+    transports_.clear();
 }
 
 Status PeerManagerImpl::init() {
@@ -134,8 +137,10 @@ Status PeerManagerImpl::init() {
     poller_.add(timer_.get(), EPOLLIN, kTokenTimer);
     poller_.add(wake_.get(), EPOLLIN, kTokenWake);
     poller_.add(resolver_->fd(), EPOLLIN, kTokenResolver);
-    for (int fd : transport_->pollFds()) {
-        poller_.add(fd, EPOLLIN, kTokenTransport);
+    for (auto &t : transports_) {
+        for (int fd : t->pollFds()) {
+            poller_.add(fd, EPOLLIN, kTokenTransport);
+        }
     }
     return Status::ok();
 }
@@ -316,10 +321,14 @@ void PeerManagerImpl::regionExposed(const Region &r) {
     }
     const auto payload = encodeRegionAdd(r.bytes, r.exposed_name);
     const int64_t now = monotonicMs();
+    std::shared_ptr<Region> shared = regions_.find(r.id);
     for (Peer &p : peers_) {
         if (p.in && p.in->control && p.in->control->isOpen()) {
             p.in->control->queueFrame(FrameType::kRegionAdd, r.id, payload);
-            if (p.in->control->flush(now) != 0) {
+            if (p.in->transport_open && shared) {
+                p.in->transport->regionExposed(p.id, shared);
+            }
+            if (p.in && p.in->control->flush(now) != 0) {
                 closeIn(p, "cannot send a region descriptor", true);
             }
         }
@@ -332,7 +341,10 @@ void PeerManagerImpl::regionRevoked(RegionId id) {
     for (Peer &p : peers_) {
         if (p.in && p.in->control && p.in->control->isOpen()) {
             p.in->control->queueFrame(FrameType::kRegionDel, id);
-            if (p.in->control->flush(now) != 0) {
+            if (p.in->transport_open) {
+                p.in->transport->regionRevoked(p.id, id);
+            }
+            if (p.in && p.in->control->flush(now) != 0) {
                 closeIn(p, "cannot send a region revocation", true);
             }
         }
@@ -483,7 +495,10 @@ size_t PeerManagerImpl::progress(EventSink &sink) {
     if (now >= next_deadline_) {
         runTimers(now);
     }
-    size_t events = transport_->progress(sink);
+    size_t events = 0;
+    for (auto &t : transports_) {
+        events += t->progress(sink);
+    }
     // What the transport queued on control connections (ACKs) goes out in one send each.
     for (Peer &p : peers_) {
         if (p.in && p.in->control && p.in->control->hasOutput()) {
@@ -503,7 +518,11 @@ size_t PeerManagerImpl::progress(EventSink &sink) {
     dead_conns_.clear();
     rearmTimer();
     in_progress_ = false;
-    if (!state_events_.empty() || !callbacks_.empty() || !transport_->arm()) {
+    bool armed = true;
+    for (auto &t : transports_) {
+        armed = t->arm() && armed;
+    }
+    if (!state_events_.empty() || !callbacks_.empty() || !armed) {
         signalWake();
     }
     return events;
@@ -602,7 +621,12 @@ HandshakeIdentity PeerManagerImpl::identity() const {
     id.caps.peer_timeout_ms = cfg_.tcp.peer_timeout_ms;
     id.caps.keepalive_ms = cfg_.tcp.keepalive_ms;
     id.caps.integrity = cfg_.security.tcp_integrity == config::TcpIntegrity::kMac ? 1 : 0;
-    id.caps.transports = transport_->kind();
+    id.caps.transports = 0;
+    for (const auto &t : transports_) {
+        if (t->available()) {
+            id.caps.transports |= t->kind();
+        }
+    }
     return id;
 }
 
@@ -627,6 +651,87 @@ void PeerManagerImpl::logDrop(const std::string &remote, const std::string &reas
     }
 }
 
+RemoteTransport *PeerManagerImpl::transportOfKind(uint32_t bit) const {
+    for (const auto &t : transports_) {
+        if (t->kind() == bit) {
+            return t.get();
+        }
+    }
+    return nullptr;
+}
+
+RemoteTransport *PeerManagerImpl::chooseTransport(const Peer &p, const PeerCaps &remote,
+                                                  std::string *why) {
+    // verbs where both ends can use it now; else tcp, which every node speaks, unless the
+    // file asks for verbs by name (then a peer without it is an error, not a silent fallback).
+    RemoteTransport *verbs = transportOfKind(kTransportVerbs);
+    const bool we_can = verbs != nullptr && verbs->available();
+    const bool they_can = (remote.transports & kTransportVerbs) != 0;
+    if (cfg_.fabric.transport != config::TransportKind::kTcp && we_can && they_can) {
+        return verbs;
+    }
+    if (cfg_.fabric.transport == config::TransportKind::kVerbs) {
+        *why = !we_can ? std::string(
+                             "[fabric] transport = \"verbs\", but this node's RDMA port "
+                             "is not usable now")
+                       : "[fabric] transport = \"verbs\", but peer '" + p.name +
+                             "' cannot use verbs (no RDMA device, or transport = \"tcp\" there)";
+        return nullptr;
+    }
+    if (verbs != nullptr && cfg_.fabric.transport == config::TransportKind::kAuto) {
+        peerLog().info("peer '{}' uses tcp: {}", p.name,
+                       !they_can ? "it offers no verbs transport" : "our RDMA port is not usable");
+    }
+    return transportOfKind(kTransportTcp);
+}
+
+void PeerManagerImpl::Router::disconnect(PeerId peer) {
+    Peer *p = pm_.peerOf(peer);
+    if (p == nullptr) {
+        return;
+    }
+    p->wanted = false;
+    p->attempt_scheduled = false;
+    pm_.failOut(*p, "disconnected by the engine", false, monotonicMs());
+    pm_.setState(*p, PeerState::kDown, "disconnected by the engine");
+}
+
+Status PeerManagerImpl::Router::registerRegion(Region &r) {
+    for (auto &t : pm_.transports_) {
+        if (Status s = t->registerRegion(r); !s.isOk()) {
+            return s;
+        }
+    }
+    return Status::ok();
+}
+
+void PeerManagerImpl::Router::deregisterRegion(RegionId r) {
+    for (auto &t : pm_.transports_) {
+        t->deregisterRegion(r);
+    }
+}
+
+Status PeerManagerImpl::Router::post(const WriteOp &op) {
+    Peer *p = pm_.peerOf(op.peer);
+    if (p == nullptr) {
+        return {Code::kInvalid, "peer " + std::to_string(op.peer) + " is not a remote peer"};
+    }
+    if (p->state != PeerState::kUp || !p->out || !p->out->transport) {
+        return {Code::kPeer,
+                "peer '" + p->name + "' is down: " +
+                    (p->last_error.empty() ? std::string("not connected") : p->last_error)};
+    }
+    return p->out->transport->post(op);
+}
+
+size_t PeerManagerImpl::Router::inFlight() const {
+    size_t n = 0;
+    for (const auto &t : pm_.transports_) {
+        n += t->inFlight();
+    }
+    return n;
+}
+
 std::string PeerManagerImpl::statusJson() const {
     nlohmann::json peers = nlohmann::json::array();
     for (const Peer &p : peers_) {
@@ -637,7 +742,10 @@ std::string PeerManagerImpl::statusJson() const {
         if (p.in) {
             conns += p.in->control && p.in->control->isOpen() ? 1 : 0;
         }
-        nlohmann::json j = nlohmann::json::parse(transport_->peerStatusJson(p.id), nullptr, false);
+        RemoteTransport *t = p.out && p.out->transport ? p.out->transport
+                             : p.in && p.in->transport ? p.in->transport
+                                                       : transports_.front().get();
+        nlohmann::json j = nlohmann::json::parse(t->peerStatusJson(p.id), nullptr, false);
         if (!j.is_object()) {
             j = nlohmann::json::object();
         }

@@ -51,9 +51,11 @@ struct PeerLimits {
 
 class PeerManagerImpl final : public PeerManager, private PeerLink {
 public:
-    /// `transport` carries the writes (the tcp transport until verbs is in).
+    /// `transports` carry the writes; the first is the one every node speaks (tcp), the others
+    /// are preferred where both ends can use them (verbs).
     PeerManagerImpl(const config::Config &cfg, RegionTable &regions, PeerKey key,
-                    std::unique_ptr<RemoteTransport> transport, PeerLimits limits = {});
+                    std::vector<std::unique_ptr<RemoteTransport>> transports,
+                    PeerLimits limits = {});
     ~PeerManagerImpl() override;
     PeerManagerImpl(const PeerManagerImpl &) = delete;
     PeerManagerImpl &operator=(const PeerManagerImpl &) = delete;
@@ -73,7 +75,7 @@ public:
                        std::string *why) const override;
     void regionExposed(const Region &r) override;
     void regionRevoked(RegionId r) override;
-    Transport &transport() override { return *transport_; }
+    Transport &transport() override { return router_; }
     int wakeFd() const override { return poller_.fd(); }
     size_t progress(EventSink &sink) override;
     std::string statusJson() const override;
@@ -120,6 +122,7 @@ private:
         PeerCaps remote_caps;
         bool integrity = false;
         std::map<uint64_t, RegionDescriptor> staged;  ///< the snapshot until READY
+        RemoteTransport *transport = nullptr;         ///< chosen at SELECT
         bool transport_open = false;
         int64_t deadline_ms = 0;  ///< for the phase, until up
         int64_t heartbeat_ms = 0;
@@ -133,6 +136,7 @@ private:
         std::unique_ptr<Connection> control;
         uint32_t data_expected = 0;  ///< connections the transport takes (tcp: connections)
         std::vector<bool> data_taken;
+        RemoteTransport *transport = nullptr;  ///< the one the peer selected
         bool transport_open = false;
         int64_t heartbeat_ms = 0;
     };
@@ -212,7 +216,29 @@ private:
     void onUp(Peer &p, int64_t now);
     void failOut(Peer &p, const std::string &reason, bool reconnect, int64_t now);
 
+    /// What the engine posts to: the transport each peer's session chose.
+    class Router final : public Transport {
+    public:
+        explicit Router(PeerManagerImpl &pm) : pm_(pm) {}
+        const char *name() const override { return "peers"; }
+        Status connect(PeerId peer) override { return pm_.ensureConnected(peer); }
+        void disconnect(PeerId peer) override;
+        Status registerRegion(Region &r) override;
+        void deregisterRegion(RegionId r) override;
+        Status post(const WriteOp &op) override;
+        /// Nothing: PeerManager::progress drives every transport.
+        size_t progress(EventSink &) override { return 0; }
+        size_t inFlight() const override;
+
+    private:
+        PeerManagerImpl &pm_;
+    };
+
     // ----- helpers
+    /// The transport of kind `bit`, or nullptr.
+    RemoteTransport *transportOfKind(uint32_t bit) const;
+    /// The transport our session to `p` should use, or nullptr with `*why`.
+    RemoteTransport *chooseTransport(const Peer &p, const PeerCaps &remote, std::string *why);
     /// Marks `peer` wanted and starts connecting it if it is not up.
     Status ensureConnected(PeerId peer);
     Peer *peerOf(PeerId id);
@@ -239,7 +265,8 @@ private:
     RegionTable &regions_;
     const PeerKey key_;
     const PeerLimits limits_;
-    std::unique_ptr<RemoteTransport> transport_;
+    std::vector<std::unique_ptr<RemoteTransport>> transports_;
+    Router router_{*this};
     uint64_t incarnation_ = 0;
 
     Poller poller_;

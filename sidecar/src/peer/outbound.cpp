@@ -250,10 +250,12 @@ bool PeerManagerImpl::handleOutControlFrame(Peer &p, const FrameHeader &h,
                 onSelected(p, h.arg, payload, now);
                 return p.out != nullptr;
             }
-            if ((h.type == FrameType::kAck || h.type == FrameType::kTransport) &&
-                s.phase != Phase::kSelecting && s.transport_open) {
+            // A transport's own messages may come before SELECTED (the receiver sends its keys
+            // first); its acknowledgements only once it is open.
+            if ((h.type == FrameType::kTransport && s.transport != nullptr) ||
+                (h.type == FrameType::kAck && s.transport_open)) {
                 std::string error;
-                if (!transport_->onControlFrame(p.id, SessionSide::kOut, h, payload, &error)) {
+                if (!s.transport->onControlFrame(p.id, SessionSide::kOut, h, payload, &error)) {
                     return protocolError(error);
                 }
                 return p.out != nullptr;
@@ -277,18 +279,23 @@ void PeerManagerImpl::onSynced(Peer &p, int64_t now) {
     s.staged.clear();
     // The transport both ends can use: verbs where both announce it, else tcp (which every
     // node speaks). Its own bootstrap data rides along.
-    const uint32_t kind = transport_->kind();
-    if ((s.remote_caps.transports & kind) == 0) {
-        failOut(p,
-                "the peer cannot use the " + std::string(transport_->name()) +
-                    " transport this node offers",
-                true, now);
+    std::string why;
+    RemoteTransport *t = chooseTransport(p, s.remote_caps, &why);
+    if (t == nullptr) {
+        failOut(p, why, true, now);
         return;
     }
+    std::vector<uint8_t> blob = t->localBlob(p.id, SessionSide::kOut);
+    if (t->kind() != kTransportTcp && blob.empty()) {
+        failOut(p, std::string("the ") + t->name() + " transport cannot make a session now", true,
+                now);
+        return;
+    }
+    s.transport = t;
     s.phase = OutSession::Phase::kSelecting;
     s.deadline_ms = now + cfg_.tcp.connect_timeout_ms;
     noteDeadline(s.deadline_ms);
-    s.control->queueFrame(FrameType::kSelect, kind, transport_->localBlob(p.id, SessionSide::kOut));
+    s.control->queueFrame(FrameType::kSelect, t->kind(), blob);
     if (int rc = s.control->flush(now); rc != 0) {
         failOut(p, "cannot send SELECT: " + errnoText(rc), true, now);
     }
@@ -297,7 +304,7 @@ void PeerManagerImpl::onSynced(Peer &p, int64_t now) {
 void PeerManagerImpl::onSelected(Peer &p, uint64_t kind, std::span<const uint8_t> blob,
                                  int64_t now) {
     OutSession &s = *p.out;
-    if (kind != transport_->kind()) {
+    if (s.transport == nullptr || kind != s.transport->kind()) {
         failOut(p, "the peer selected transport " + std::to_string(kind) + ", not the one offered",
                 true, now);
         return;
@@ -306,11 +313,11 @@ void PeerManagerImpl::onSelected(Peer &p, uint64_t kind, std::span<const uint8_t
     info.remote_blob.assign(blob.begin(), blob.end());
     s.phase = OutSession::Phase::kOpening;
     s.transport_open = true;
-    Status st = transport_->openSession(p.id, SessionSide::kOut, info);
+    RemoteTransport *t = s.transport;
+    Status st = t->openSession(p.id, SessionSide::kOut, info);
     if (!st.isOk() && p.out) {
-        failOut(p,
-                "cannot open the " + std::string(transport_->name()) + " session: " + st.message(),
-                true, now);
+        failOut(p, "cannot open the " + std::string(t->name()) + " session: " + st.message(), true,
+                now);
     }
 }
 
@@ -399,7 +406,7 @@ void PeerManagerImpl::onOutExtraEvent(Connection &c, uint32_t events, int64_t no
             std::unique_ptr<Connection> conn = std::move(d.conn);
             const uint32_t index = conn->index;
             d.hs.reset();
-            transport_->adoptConnection(p->id, SessionSide::kOut, index, std::move(conn));
+            s.transport->adoptConnection(p->id, SessionSide::kOut, index, std::move(conn));
             return;
         }
         failOut(*p,
@@ -424,7 +431,7 @@ void PeerManagerImpl::onUp(Peer &p, int64_t now) {
     peerLog().info(
         "connected to peer '{}' at {} over {} (session {:016x}, incarnation {:016x}, frames "
         "{})",
-        p.name, s.addr.text(), transport_->name(), s.session_id, s.remote_incarnation,
+        p.name, s.addr.text(), s.transport->name(), s.session_id, s.remote_incarnation,
         s.integrity ? "authenticated" : "not authenticated (tcp_integrity = none)");
     setState(p, PeerState::kUp, "connected to " + s.addr.text());
     for (PendingLookup &l : p.lookups) {
@@ -476,9 +483,10 @@ void PeerManagerImpl::failOut(Peer &p, const std::string &reason, bool reconnect
     }
     // The transport fails every write in flight; each ends exactly once, with TL_EPEER.
     std::unique_ptr<OutSession> dead = std::move(p.out);
-    if (dead->transport_open) {
-        transport_->closeSession(p.id, SessionSide::kOut, Code::kPeer,
-                                 "peer '" + p.name + "' failed: " + reason);
+    if (dead->transport != nullptr) {
+        // Also before SELECTED: the transport may hold queue pairs made for SELECT.
+        dead->transport->closeSession(p.id, SessionSide::kOut, Code::kPeer,
+                                      "peer '" + p.name + "' failed: " + reason);
     }
     dead_out_.push_back(std::move(dead));
 

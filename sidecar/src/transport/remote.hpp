@@ -35,6 +35,14 @@ enum TransportBit : uint32_t {
 /// Which of a peer's two sessions: the one we opened (our writes) or the one it opened to us.
 enum class SessionSide : uint8_t { kOut, kIn };
 
+/// A write that ended, to be reported through EventSink::completed().
+struct Completion {
+    uint64_t op_id = 0;
+    Code code = Code::kOk;
+    std::string reason;
+    uint64_t bytes = 0;
+};
+
 /// What the peer layer tells a transport about a session it opens on it.
 struct SessionInfo {
     std::string peer_name;
@@ -93,6 +101,18 @@ public:
     virtual std::string peerStatusJson(PeerId peer) const = 0;
     /// Gives the transport the peer layer it talks to (before any session opens).
     virtual void attach(PeerLink &link) = 0;
+    /// A local region was exposed (after its REGION_ADD went to `peer` on the session `peer`
+    /// opened to us): a transport that needs per-peer keys (verbs: an rkey in that peer's
+    /// protection domain) prepares and sends them. `peer` uses this transport for that session.
+    virtual void regionExposed(PeerId peer, const std::shared_ptr<Region> &r) {
+        (void)peer;
+        (void)r;
+    }
+    /// The region was revoked (after its REGION_DEL went to `peer`).
+    virtual void regionRevoked(PeerId peer, RegionId r) {
+        (void)peer;
+        (void)r;
+    }
 };
 
 }  // namespace tensorlane::sidecar

@@ -16,17 +16,10 @@
 #include "tensorlane/sidecar/region.hpp"
 #include "tensorlane/sidecar/status.hpp"
 #include "tensorlane/sidecar/transport.hpp"
+#include "transport/remote.hpp"
 #include "transport/tcp/staging.hpp"
 
 namespace tensorlane::sidecar {
-
-/// A write that ended, to be reported through EventSink::completed().
-struct Completion {
-    uint64_t op_id = 0;
-    Code code = Code::kOk;
-    std::string reason;
-    uint64_t bytes = 0;
-};
 
 /// The sender's half: sequence numbers, chunking, striping, in-flight bookkeeping.
 ///

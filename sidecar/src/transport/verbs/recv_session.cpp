@@ -1,0 +1,458 @@
+// The receiving side of a verbs session: a peer's writes to us.
+#include <arpa/inet.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "transport/verbs/verbs_transport.hpp"
+#include "transport/verbs/wc_status.hpp"
+
+namespace tensorlane::sidecar {
+
+namespace {
+
+/// Descriptor slots per session: at least the largest window a sender may use.
+constexpr uint32_t kRingSlots = 4096;
+
+}  // namespace
+
+RecvSession::RecvSession(VerbsTransport &t, PeerId peer, std::shared_ptr<ibv_pd> pd,
+                         std::string peer_name)
+    : t_(t),
+      peer_(peer),
+      pd_(pd),
+      peer_name_(std::move(peer_name)),
+      mrs_(pd, t.registrar(), t.regions()) {}
+
+RecvSession::~RecvSession() {
+    qps_.clear();
+    cq_.reset();
+    ring_mr_.reset();
+    exposed_.clear();
+}
+
+Status RecvSession::create(const VerbsBlob &sender) {
+    const FabricSelection &sel = t_.selection();
+    // The sender's class and SL for our QPs too: our ACKs travel with its data.
+    params_ = t_.qpParams(sender.traffic_class, sender.sl, sender.mtu_bytes);
+    rq_depth_ = std::min<uint32_t>(std::min<uint32_t>(t_.config().tcp.window, kRingSlots) + 64,
+                                   t_.device().maxQpWr());
+    params_.max_recv_wr = rq_depth_;
+    params_.max_send_wr = 16;  // the receiving side sends nothing but ACKs (the HCA's own)
+    const uint32_t n = static_cast<uint32_t>(sender.qps.size());
+    // Room for the receive completions and for the GDR flush's READs (gdr_flush.hpp).
+    ibv_cq *cq = ibv_create_cq(t_.device().context(), static_cast<int>(n * (rq_depth_ + 16) + 16),
+                               this, t_.device().channel(), 0);
+    if (cq == nullptr) {
+        return {Code::kInternal, std::string("ibv_create_cq: ") + std::strerror(errno)};
+    }
+    cq_.reset(cq);
+    ring_.assign(kRingSlots, WriteDescriptor{});
+    slots_.assign(kRingSlots, Slot{});
+    ibv_mr *mr = ibv_reg_mr(pd_.get(), ring_.data(), ring_.size() * sizeof(WriteDescriptor),
+                            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    if (mr == nullptr) {
+        return {Code::kInternal,
+                std::string("ibv_reg_mr (descriptor ring): ") + std::strerror(errno)};
+    }
+    ring_mr_.reset(mr);
+    for (uint32_t i = 0; i < n; ++i) {
+        verbs_detail::QpPtr qp;
+        if (Status s = createRcQp(pd_.get(), cq_.get(), cq_.get(), params_, &qp); !s.isOk()) {
+            return s;
+        }
+        // Remote writes only: nothing here is remotely readable (DESIGN.md, "remote access is
+        // write-only on exposed ranges").
+        if (Status s =
+                qpToInit(qp.get(), params_, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+            !s.isOk()) {
+            return s;
+        }
+        local_.push_back(QpEndpoint{qp->qp_num, randomPsn()});
+        qps_.push_back(std::move(qp));
+        // Receive WQEs before the sender can send: a WRITE_WITH_IMM that finds none is an RNR
+        // NAK. Zero-length: the immediate needs no buffer.
+        postRecvs(i, rq_depth_);
+    }
+    for (uint32_t i = 0; i < n; ++i) {
+        if (Status s = qpToRtr(qps_[i].get(), params_, sender.qps[i], sender.gid); !s.isOk()) {
+            return s;
+        }
+        if (Status s = qpToRts(qps_[i].get(), params_, local_[i].psn); !s.isOk()) {
+            return s;
+        }
+    }
+    (void)sel;
+    return Status::ok();
+}
+
+void RecvSession::postRecvs(size_t qp, uint32_t n) {
+    std::vector<ibv_recv_wr> wrs(n);
+    for (uint32_t i = 0; i < n; ++i) {
+        wrs[i].wr_id = qp;
+        wrs[i].sg_list = nullptr;
+        wrs[i].num_sge = 0;
+        wrs[i].next = i + 1 < n ? &wrs[i + 1] : nullptr;
+    }
+    ibv_recv_wr *bad = nullptr;
+    (void)ibv_post_recv(qps_[qp].get(), wrs.data(), &bad);
+}
+
+VerbsBlob RecvSession::blob() const {
+    VerbsBlob b;
+    b.gid = t_.selection().gid.raw;
+    b.mtu_bytes = mtuBytes(params_.path_mtu);
+    b.traffic_class = params_.traffic_class;
+    b.sl = params_.sl;
+    b.qps = local_;
+    b.ring_addr = reinterpret_cast<uint64_t>(ring_.data());
+    b.ring_rkey = ring_mr_->rkey;
+    b.ring_slots = kRingSlots;
+    return b;
+}
+
+bool RecvSession::onImm(uint32_t imm, std::string *error) {
+    const uint32_t seq23 = WireImm::seqOf(imm);
+    const uint32_t stripes = WireImm::stripesOf(imm);
+    // The full sequence number: the one in [next_deliver_, next_deliver_ + slots) with these
+    // low bits (a sender keeps fewer than `slots` writes unconsumed).
+    const uint64_t full =
+        next_deliver_ + ((seq23 - static_cast<uint32_t>(next_deliver_)) & WireImm::kSeqMask);
+    if (full - next_deliver_ >= slots_.size()) {
+        *error = "immediate for write " + std::to_string(full) + ", outside the window";
+        return false;
+    }
+    Slot &s = slots_[full % slots_.size()];
+    if (s.seq == 0) {
+        s = Slot{};
+        s.seq = full;
+        s.stripes = stripes;
+    } else if (s.seq != full || s.stripes != stripes || s.ready) {
+        *error = "immediates of write " + std::to_string(full) + " disagree";
+        return false;
+    }
+    if (++s.count < s.stripes) {
+        return true;
+    }
+    // Every stripe's WRITE_WITH_IMM has arrived, and each was the last WR on its QP for this
+    // write: RC places a QP's requests in order, so all the data is in place, and so is the
+    // descriptor, written on the first stripe's QP before that stripe.
+    std::memcpy(&s.desc, &ring_[full % ring_.size()], sizeof s.desc);
+    if (s.desc.seq != full || s.desc.stripes != stripes ||
+        s.desc.check != descriptorCheck(s.desc) || s.desc.bytes == 0) {
+        *error = "write " + std::to_string(full) + " has no valid descriptor";
+        return false;
+    }
+    s.ready = true;
+    return true;
+}
+
+bool RecvSession::needsFlush(const Region &r) const {
+    switch (t_.config().fabric.gdr_flush) {
+        case config::GdrFlush::kOn:
+            return true;
+        case config::GdrFlush::kOff:
+            return false;
+        case config::GdrFlush::kAuto:
+            break;
+    }
+    return r.kind == MemoryKind::kCuda;
+}
+
+unsigned RecvSession::accessFor(const Region &r) const {
+    return IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+           (needsFlush(r) ? static_cast<unsigned>(IBV_ACCESS_REMOTE_READ) : 0u);
+}
+
+bool RecvSession::startFlush(const Region &r, uint64_t upto, std::string *error) {
+    if (!flusher_.ready()) {
+        const QpParams p = t_.qpParams(params_.traffic_class, params_.sl, 0);
+        if (Status s = flusher_.create(pd_.get(), cq_.get(), p, t_.selection().gid.raw);
+            !s.isOk()) {
+            *error = "cannot create the GDR flush queue pair: " + s.message();
+            return false;
+        }
+    }
+    std::string why;
+    const MrView v = mrs_.get(r, accessFor(r), &why);
+    if (v.mr == nullptr) {
+        *error = "GDR flush: region " + std::to_string(r.id) + " has no MR here" +
+                 (why.empty() ? "" : ": " + why);
+        return false;
+    }
+    if (!flusher_.post(v.addr, v.mr->rkey, static_cast<uint32_t>(std::min<uint64_t>(8, r.bytes)),
+                       upto)) {
+        *error = "GDR flush: ibv_post_send failed";
+        return false;
+    }
+    flush_in_flight_ = true;
+    return true;
+}
+
+bool RecvSession::deliver(EventSink &sink, std::string *error, bool closing) {
+    for (;;) {
+        Slot &s = slots_[next_deliver_ % slots_.size()];
+        if (s.seq != next_deliver_ || !s.ready) {
+            break;
+        }
+        const WriteDescriptor d = s.desc;
+        auto r = t_.regions().find(d.region);
+        auto e = exposed_.find(d.region);
+        const bool gone = !r || r->revoked.load(std::memory_order_acquire) ||
+                          !r->exposed.load(std::memory_order_acquire) || e == exposed_.end() ||
+                          e->second.revoking;
+        if (!gone && d.seq > flushed_upto_ && needsFlush(*r)) {
+            // The owner may read the data as soon as it is told: first make the NIC's writes
+            // visible (one READ for every write that is complete by now). Closing: the flush
+            // pair is our own and still works, so wait for it here.
+            if (!flush_in_flight_) {
+                uint64_t upto = d.seq;
+                while (true) {
+                    const Slot &n = slots_[(upto + 1) % slots_.size()];
+                    if (n.seq != upto + 1 || !n.ready) {
+                        break;
+                    }
+                    ++upto;
+                }
+                if (!startFlush(*r, upto, error)) {
+                    return false;
+                }
+            }
+            if (!closing) {
+                break;  // poll() resumes delivery when the READ completes
+            }
+            const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+            while (flush_in_flight_ && std::chrono::steady_clock::now() < deadline) {
+                ibv_wc wc{};
+                if (ibv_poll_cq(cq_.get(), 1, &wc) != 1) {
+                    continue;
+                }
+                if (!flusher_.owns(wc)) {
+                    stash_.push_back(wc);  // a receive: poll() takes it next
+                    continue;
+                }
+                flush_in_flight_ = false;
+                if (wc.status == IBV_WC_SUCCESS) {
+                    flushed_upto_ = std::max(flushed_upto_, wc.wr_id);
+                    ++flushes_;
+                }
+            }
+            if (d.seq > flushed_upto_) {
+                break;  // cannot make it visible: not notified (its writer was told it landed)
+            }
+        }
+        s = Slot{};
+        if (gone) {
+            // Revoked while the write was on its way: its owner is gone, nobody is told.
+            ++dropped_;
+        } else if (!r->contains(d.offset, d.bytes)) {
+            // The HCA kept the data inside the MR; a descriptor that claims more than the
+            // region holds is a lie (or a bug) of the sender's.
+            *error = "descriptor of write " + std::to_string(d.seq) + " is past region " +
+                     std::to_string(d.region) + "'s end";
+            return false;
+        } else {
+            sink.arrived(d.region, d.imm, d.offset, d.bytes, peer_name_);
+            ++writes_received_;
+            bytes_received_ += d.bytes;
+        }
+        ++next_deliver_;
+        ++consumed_;
+    }
+    credit(false);
+    return true;
+}
+
+void RecvSession::credit(bool force) {
+    const uint64_t every = slots_.size() / 4;
+    if (consumed_ - credit_sent_ >= every || (force && consumed_ != credit_sent_)) {
+        if (t_.link()
+                .sendControl(peer_, SessionSide::kIn, FrameType::kTransport,
+                             verbsMsgArg(VerbsMsg::kCredit), encodeU64(consumed_))
+                .isOk()) {
+            credit_sent_ = consumed_;
+        }
+    }
+}
+
+bool RecvSession::poll(EventSink &sink, std::string *error, bool closing) {
+    ibv_wc batch[32];
+    const int got = ibv_poll_cq(cq_.get(), 32, batch);
+    if (got < 0) {
+        *error = "ibv_poll_cq failed";
+        return false;
+    }
+    std::vector<ibv_wc> wcs = std::exchange(stash_, {});
+    wcs.insert(wcs.end(), batch, batch + got);
+    std::vector<uint32_t> reposts(qps_.size(), 0);
+    for (const ibv_wc &wc : wcs) {
+        if (flusher_.owns(wc)) {
+            flush_in_flight_ = false;
+            if (wc.status != IBV_WC_SUCCESS) {
+                *error = std::string("GDR flush READ failed: ") + ibv_wc_status_str(wc.status);
+                return false;
+            }
+            flushed_upto_ = std::max(flushed_upto_, wc.wr_id);
+            ++flushes_;
+            continue;
+        }
+        if (wc.status != IBV_WC_SUCCESS && closing) {
+            continue;  // the receive queue flushed as the QP went to ERR
+        }
+        if (wc.status != IBV_WC_SUCCESS) {
+            const WcMeaning m = meaningOf(wc.status);
+            char buf[96];
+            std::snprintf(buf, sizeof buf, "%s on receiving QP 0x%06x",
+                          ibv_wc_status_str(wc.status), wc.qp_num);
+            *error = std::string(buf) + ": " + m.hint;
+            return false;
+        }
+        if (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM || (wc.wc_flags & IBV_WC_WITH_IMM) == 0) {
+            *error = "a receive that is not a write with immediate";
+            return false;
+        }
+        if (wc.wr_id < reposts.size()) {
+            ++reposts[wc.wr_id];
+        }
+        if (!onImm(ntohl(wc.imm_data), error)) {
+            return false;
+        }
+    }
+    // Replenish at once: in steady state a receive queue never runs dry (no RNR NAKs).
+    for (size_t qp = 0; qp < reposts.size() && !closing; ++qp) {
+        if (reposts[qp] != 0) {
+            postRecvs(qp, reposts[qp]);
+        }
+    }
+    if (closing && (got == 32 || !stash_.empty())) {
+        // More may be waiting: keep draining (bounded by the CQ's size).
+        std::string more;
+        if (!deliver(sink, error, true)) {
+            return false;
+        }
+        return poll(sink, error, true);
+    }
+    return deliver(sink, error, closing);
+}
+
+void RecvSession::expose(const std::shared_ptr<Region> &r) {
+    if (exposed_.count(r->id) != 0) {
+        return;
+    }
+    exposed_[r->id] = Exposed{r, false, false};
+    sendReadyKeys();
+}
+
+void RecvSession::sendReadyKeys() {
+    for (auto &[id, e] : exposed_) {
+        if (e.key_sent || e.revoking) {
+            continue;
+        }
+        std::string error;
+        MrView v = mrs_.get(*e.region, accessFor(*e.region), &error);
+        if (v.mr == nullptr) {
+            if (!error.empty()) {
+                // The region stays unusable for this peer: its writes wait for the key and
+                // then fail (kKeyWaitMs at the sender) with the reason in our log.
+                e.key_sent = true;
+            }
+            continue;
+        }
+        RegionKey k{id, v.addr, v.mr->rkey, e.region->bytes};
+        if (t_.link()
+                .sendControl(peer_, SessionSide::kIn, FrameType::kTransport,
+                             verbsMsgArg(VerbsMsg::kKeyAdd), encodeRegionKey(k))
+                .isOk()) {
+            e.key_sent = true;
+        }
+    }
+}
+
+void RecvSession::revoke(RegionId id) {
+    auto it = exposed_.find(id);
+    if (it == exposed_.end()) {
+        return;
+    }
+    if (!it->second.key_sent) {
+        exposed_.erase(it);
+        return;
+    }
+    // The MR stays until the sender says no write of its uses the key any more: deregistering
+    // it now would turn its writes in flight into remote access errors that kill the session.
+    it->second.revoking = true;
+    (void)t_.link().sendControl(peer_, SessionSide::kIn, FrameType::kTransport,
+                                verbsMsgArg(VerbsMsg::kKeyDel), encodeU64(id));
+}
+
+bool RecvSession::onMessage(VerbsMsg m, std::span<const uint8_t> payload, std::string *error) {
+    if (m != VerbsMsg::kKeyDelDone) {
+        *error = "unexpected verbs message " + std::to_string(static_cast<uint32_t>(m)) +
+                 " on a receiving session";
+        return false;
+    }
+    uint64_t id = 0;
+    if (!decodeU64(payload, &id)) {
+        *error = "malformed KEY_DEL_DONE";
+        return false;
+    }
+    auto it = exposed_.find(id);
+    if (it == exposed_.end() || !it->second.revoking) {
+        return true;  // late or repeated: harmless
+    }
+    const uint64_t root = MrCache::rootOf(*it->second.region);
+    exposed_.erase(it);
+    // Other exposed ranges of the same allocation keep its MR.
+    for (const auto &[other, e] : exposed_) {
+        if (MrCache::rootOf(*e.region) == root) {
+            return true;
+        }
+    }
+    mrs_.dropAllocation(root);
+    return true;
+}
+
+bool RecvSession::arm() {
+    if (!stash_.empty()) {
+        return false;
+    }
+    if (ibv_req_notify_cq(cq_.get(), 0) != 0) {
+        return false;
+    }
+    ibv_wc wcs[16];
+    const int n = ibv_poll_cq(cq_.get(), 16, wcs);
+    if (n > 0) {
+        stash_.insert(stash_.end(), wcs, wcs + n);
+        return false;
+    }
+    return true;
+}
+
+std::string RecvSession::statusJson() const {
+    nlohmann::json j;
+    nlohmann::json qps = nlohmann::json::array();
+    for (size_t i = 0; i < qps_.size(); ++i) {
+        ibv_qp_attr a{};
+        ibv_qp_init_attr ia{};
+        const char *state = "?";
+        if (ibv_query_qp(qps_[i].get(), &a, IBV_QP_STATE, &ia) == 0) {
+            state = qpStateName(a.qp_state);
+        }
+        char qpn[16];
+        std::snprintf(qpn, sizeof qpn, "0x%06x", local_[i].qpn);
+        qps.push_back({{"qpn", qpn}, {"state", state}});
+    }
+    j["qps"] = std::move(qps);
+    j["path_mtu"] = mtuBytes(params_.path_mtu);
+    j["traffic_class"] = params_.traffic_class;
+    j["writes_received"] = writes_received_;
+    j["bytes_received"] = bytes_received_;
+    j["dropped"] = dropped_;
+    j["gdr_flushes"] = flushes_;
+    j["exposed"] = exposed_.size();
+    j["mrs"] = mrs_.size();
+    return j.dump();
+}
+
+}  // namespace tensorlane::sidecar

@@ -1,0 +1,84 @@
+#include "transport/verbs/registrar.hpp"
+
+#include <cerrno>
+#include <cstring>
+
+#include "tensorlane/ipc/doorbell.hpp"
+
+namespace tensorlane::sidecar {
+
+Status Registrar::start() {
+    if (int rc = ipc::makeEventFd(&done_fd_); rc != 0) {
+        return {Code::kInternal, std::string("eventfd: ") + std::strerror(rc)};
+    }
+    thread_ = std::thread([this] { run(); });
+    return Status::ok();
+}
+
+Registrar::~Registrar() {
+    {
+        std::lock_guard lock(mu_);
+        stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) {
+        thread_.join();
+    }
+    // MRs nobody took: release them before their PDs go.
+    for (Result &r : results_) {
+        if (r.mr != nullptr) {
+            (void)ibv_dereg_mr(r.mr);
+        }
+    }
+}
+
+void Registrar::submit(Job job) {
+    {
+        std::lock_guard lock(mu_);
+        jobs_.push_back(std::move(job));
+    }
+    cv_.notify_one();
+}
+
+std::vector<Registrar::Result> Registrar::take() {
+    std::vector<Result> out;
+    {
+        std::lock_guard lock(mu_);
+        out.swap(results_);
+        ready_.store(false, std::memory_order_relaxed);
+    }
+    ipc::drain(done_fd_.get());
+    return out;
+}
+
+void Registrar::run() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+        cv_.wait(lock, [this] { return stop_ || !jobs_.empty(); });
+        if (stop_) {
+            return;
+        }
+        Job job = std::move(jobs_.front());
+        jobs_.pop_front();
+        lock.unlock();
+        Result r;
+        r.id = job.id;
+        r.pd = job.pd;
+        if (job.dmabuf_fd >= 0) {
+            r.dmabuf = true;
+            r.mr = ibv_reg_dmabuf_mr(job.pd.get(), job.dmabuf_offset, job.length, job.iova,
+                                     job.dmabuf_fd, static_cast<int>(job.access));
+        } else {
+            r.mr = ibv_reg_mr_iova2(job.pd.get(), job.addr, job.length, job.iova, job.access);
+        }
+        // Registration calls return NULL and set errno (ibv_reg_mr(3)).
+        r.error = r.mr == nullptr ? (errno != 0 ? errno : EINVAL) : 0;
+        lock.lock();
+        results_.push_back(std::move(r));
+        // SYNC POINT: set with the result under the lock; the engine's arm() reads it.
+        ready_.store(true, std::memory_order_release);
+        ipc::ring(done_fd_.get());
+    }
+}
+
+}  // namespace tensorlane::sidecar

@@ -1,0 +1,66 @@
+// Memory registration off the engine thread. ibv_reg_mr pins and maps every page of a region:
+// milliseconds for gigabytes, which the engine loop (serving every client) must not wait for.
+// The transport asks here; a thread registers; the result comes back through a queue and an
+// eventfd the engine polls (DESIGN.md, "each transport registers it ... off the engine thread
+// where that is slow").
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "tensorlane/ipc/fd.hpp"
+#include "tensorlane/sidecar/status.hpp"
+
+namespace tensorlane::sidecar {
+
+class Registrar {
+public:
+    struct Job {
+        uint64_t id = 0;  ///< the caller's, echoed in the result
+        std::shared_ptr<ibv_pd> pd;
+        void *addr = nullptr;
+        size_t length = 0;
+        uint64_t iova = 0;
+        unsigned access = 0;
+        int dmabuf_fd = -1;  ///< >= 0: ibv_reg_dmabuf_mr(offset, length, iova, fd)
+        uint64_t dmabuf_offset = 0;
+        std::shared_ptr<void> keepalive;  ///< the memory (or the fd) stays until done
+    };
+    struct Result {
+        uint64_t id = 0;
+        std::shared_ptr<ibv_pd> pd;
+        ibv_mr *mr = nullptr;  ///< the caller owns it (ibv_dereg_mr)
+        int error = 0;
+        bool dmabuf = false;
+    };
+
+    Status start();
+    ~Registrar();
+
+    void submit(Job job);
+    std::vector<Result> take();
+    int fd() const { return done_fd_.get(); }
+    bool pending() const { return ready_.load(std::memory_order_acquire); }
+
+private:
+    void run();
+
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<Job> jobs_;
+    std::vector<Result> results_;
+    bool stop_ = false;
+    std::atomic<bool> ready_{false};
+    ipc::UniqueFd done_fd_;
+    std::thread thread_;
+};
+
+}  // namespace tensorlane::sidecar

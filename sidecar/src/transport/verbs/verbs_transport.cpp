@@ -1,0 +1,477 @@
+#include "transport/verbs/verbs_transport.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "logging.hpp"
+#include "net/socket.hpp"
+
+namespace tensorlane::sidecar {
+
+namespace {
+
+spdlog::logger &verbsLog() {
+    static const std::shared_ptr<spdlog::logger> log = sidecarLogger("verbs");
+    return *log;
+}
+
+}  // namespace
+
+VerbsTransport::VerbsTransport(const config::Config &cfg, RegionTable &regions,
+                               FabricSelection selection)
+    : cfg_(cfg), regions_(regions), sel_(std::move(selection)) {}
+
+VerbsTransport::~VerbsTransport() {
+    // Sessions (QPs, CQs, MRs, PDs) before the device they were made on.
+    peers_.clear();
+    dead_out_.clear();
+    dead_in_.clear();
+    closing_in_.clear();
+}
+
+Status VerbsTransport::init() {
+    if (Status s = VerbsDevice::open(sel_, &device_); !s.isOk()) {
+        return s;
+    }
+    if (Status s = registrar_.start(); !s.isOk()) {
+        return s;
+    }
+    available_ = device_->portState() == IBV_PORT_ACTIVE;
+    verbsLog().info("verbs transport on {} (max message {} bytes, {} QPs per peer)", sel_.summary(),
+                    device_->maxMessage(), cfg_.fabric.qps_per_peer);
+    return Status::ok();
+}
+
+QpParams VerbsTransport::qpParams(uint8_t tc, uint8_t sl, uint32_t peer_mtu) const {
+    QpParams p;
+    p.port = static_cast<uint8_t>(sel_.port);
+    p.sgid_index = static_cast<uint8_t>(sel_.gid_index);
+    const uint32_t ours = sel_.path_mtu != 0 ? sel_.path_mtu : cfg_.fabric.mtu;
+    p.path_mtu = mtuEnum(peer_mtu != 0 ? std::min(ours, peer_mtu) : ours);
+    p.traffic_class = tc;
+    p.sl = sl;
+    p.timeout = cfg_.fabric.timeout;
+    p.retry_cnt = cfg_.fabric.retry_cnt;
+    p.rnr_retry = cfg_.fabric.rnr_retry;
+    p.min_rnr_timer = cfg_.fabric.min_rnr_timer;
+    p.max_send_wr = std::min<uint32_t>(1024, device_->maxQpWr());
+    p.max_recv_wr = 16;
+    p.max_inline = 64;
+    return p;
+}
+
+std::shared_ptr<ibv_pd> VerbsTransport::newPd() {
+    ibv_pd *pd = ibv_alloc_pd(device_->context());
+    if (pd == nullptr) {
+        return nullptr;
+    }
+    return std::shared_ptr<ibv_pd>(pd, [](ibv_pd *p) { (void)ibv_dealloc_pd(p); });
+}
+
+std::vector<uint8_t> VerbsTransport::localBlob(PeerId peer, SessionSide side) {
+    PeerData &p = peers_[peer];
+    if (side == SessionSide::kIn) {
+        return p.in ? encodeVerbsBlob(p.in->blob()) : std::vector<uint8_t>();
+    }
+    if (!gidMatchesDevice()) {
+        // The GID table changed and no event said so yet (or it is on its way): read it again
+        // rather than build QPs on an address this port no longer has.
+        verbsLog().warn("GID index {} of {} is not {} any more: reading the table again",
+                        sel_.gid_index, sel_.device, sel_.gid_text);
+        available_ = false;
+        reselect_at_ = monotonicMs() + kSettleMs;
+        return {};
+    }
+    // The sending side's QPs exist before SELECT: their numbers go in it.
+    if (p.out) {
+        dead_out_.push_back(std::move(p.out));
+    }
+    auto pd = newPd();
+    if (!pd) {
+        verbsLog().error("ibv_alloc_pd: {}", std::strerror(errno));
+        return {};
+    }
+    auto out = std::make_unique<SendSession>(*this, peer, pd);
+    if (Status s = out->create(cfg_.fabric.qps_per_peer); !s.isOk()) {
+        verbsLog().error("peer {}: cannot create queue pairs: {}", link_->peerName(peer),
+                         s.message());
+        return {};
+    }
+    p.out = std::move(out);
+    p.out_connected = false;
+    return encodeVerbsBlob(p.out->blob());
+}
+
+Status VerbsTransport::openSession(PeerId peer, SessionSide side, const SessionInfo &info) {
+    PeerData &p = peers_[peer];
+    VerbsBlob remote;
+    std::string error;
+    if (!decodeVerbsBlob(info.remote_blob, &remote, &error)) {
+        return {Code::kInvalid, error};
+    }
+    if (side == SessionSide::kOut) {
+        if (!p.out) {
+            return {Code::kInternal, "no queue pairs were made for this session"};
+        }
+        if (Status s = p.out->connect(remote); !s.isOk()) {
+            return s;
+        }
+        p.out_connected = true;
+        verbsLog().info("peer '{}': sending over {} RC QPs, path MTU {}, traffic class {}",
+                        info.peer_name, remote.qps.size(),
+                        std::min(remote.mtu_bytes, sel_.path_mtu), cfg_.trafficClass());
+        link_->transportReady(peer);
+        return Status::ok();
+    }
+    if (!gidMatchesDevice()) {
+        available_ = false;
+        reselect_at_ = monotonicMs() + kSettleMs;
+        return {Code::kPeer, "GID index " + std::to_string(sel_.gid_index) + " of " + sel_.device +
+                                 " is not " + sel_.gid_text + " any more (reading it again)"};
+    }
+    auto pd = newPd();
+    if (!pd) {
+        return {Code::kInternal, std::string("ibv_alloc_pd: ") + std::strerror(errno)};
+    }
+    auto in = std::make_unique<RecvSession>(*this, peer, pd, info.peer_name);
+    if (Status s = in->create(remote); !s.isOk()) {
+        return s;
+    }
+    if (p.in) {
+        dead_in_.push_back(std::move(p.in));
+    }
+    p.in = std::move(in);
+    // Every region exposed now goes into this peer's protection domain; its key follows when
+    // registered (later exposures arrive through regionExposed()).
+    for (const auto &r : regions_.exposed()) {
+        if (!r->revoked.load(std::memory_order_acquire)) {
+            p.in->expose(r);
+        }
+    }
+    verbsLog().info("peer '{}': receiving over {} RC QPs (its traffic class {})", info.peer_name,
+                    remote.qps.size(), remote.traffic_class);
+    return Status::ok();
+}
+
+void VerbsTransport::closeSession(PeerId peer, SessionSide side, Code code,
+                                  const std::string &reason) {
+    auto it = peers_.find(peer);
+    if (it == peers_.end()) {
+        return;
+    }
+    PeerData &p = it->second;
+    if (side == SessionSide::kOut && p.out) {
+        p.out->failAll(code, reason, &completions_);
+        dead_out_.push_back(std::move(p.out));
+        p.out_connected = false;
+    } else if (side == SessionSide::kIn && p.in) {
+        // Writes whose every stripe has come were acknowledged to their writer by our HCA:
+        // their owners are still told (the next progress() drains it once).
+        closing_in_.push_back(std::move(p.in));
+    }
+}
+
+bool VerbsTransport::onControlFrame(PeerId peer, SessionSide side, const FrameHeader &h,
+                                    std::span<const uint8_t> payload, std::string *error) {
+    const uint32_t m = verbsMsgOf(h.arg);
+    auto it = peers_.find(peer);
+    if (h.type != FrameType::kTransport || m == 0 || it == peers_.end()) {
+        *error = "unexpected " + frameTypeName(static_cast<uint8_t>(h.type)) +
+                 " frame for the verbs transport";
+        return false;
+    }
+    PeerData &p = it->second;
+    if (side == SessionSide::kOut) {
+        if (!p.out) {
+            return true;  // the session is being torn down
+        }
+        return p.out->onMessage(static_cast<VerbsMsg>(m), payload, error);
+    }
+    if (!p.in) {
+        return true;
+    }
+    return p.in->onMessage(static_cast<VerbsMsg>(m), payload, error);
+}
+
+Status VerbsTransport::post(const WriteOp &op) {
+    auto it = peers_.find(op.peer);
+    if (it == peers_.end() || !it->second.out || !it->second.out_connected) {
+        return {Code::kPeer, "no verbs session to peer " + std::to_string(op.peer) + " is up"};
+    }
+    if (!available_) {
+        return {Code::kPeer, "the RDMA port is down"};
+    }
+    return it->second.out->post(op);
+}
+
+void VerbsTransport::regionExposed(PeerId peer, const std::shared_ptr<Region> &r) {
+    auto it = peers_.find(peer);
+    if (it != peers_.end() && it->second.in) {
+        it->second.in->expose(r);
+    }
+}
+
+void VerbsTransport::regionRevoked(PeerId peer, RegionId r) {
+    auto it = peers_.find(peer);
+    if (it != peers_.end() && it->second.in) {
+        it->second.in->revoke(r);
+    }
+}
+
+void VerbsTransport::deregisterRegion(RegionId r) {
+    // No write of ours uses it any more: the sending sides let its allocation's MRs go.
+    // (Receiving sides keep theirs until the peer confirmed the revocation.)
+    for (auto &[id, p] : peers_) {
+        if (p.out) {
+            p.out->mrs().dropAllocation(r);
+        }
+    }
+}
+
+void VerbsTransport::fail(PeerId peer, SessionSide side, const std::string &reason) {
+    verbsLog().warn("peer '{}': {}", link_->peerName(peer), reason);
+    link_->failSession(peer, side, reason);
+}
+
+void VerbsTransport::handleEvents() {
+    for (const VerbsDevice::AsyncEvent &e : device_->takeEvents()) {
+        ++async_events_;
+        last_event_ = VerbsDevice::describe(e);
+        switch (e.type) {
+            case IBV_EVENT_PORT_ERR:
+            case IBV_EVENT_DEVICE_FATAL:
+            case IBV_EVENT_CQ_ERR:
+            case IBV_EVENT_GID_CHANGE: {
+                // Every session on this device is suspect: fail them all (each write in
+                // flight ends once, with TL_EPEER); the peer layer reconnects with backoff and
+                // SELECT builds new QPs once the port is usable again.
+                const bool gid = e.type == IBV_EVENT_GID_CHANGE;
+                verbsLog().warn("{}: failing every verbs session{}", last_event_,
+                                gid ? "; the GID table is read again once it settles" : "");
+                available_ = false;
+                // The kernel rewrites the table entry by entry (a GID can leave one index and
+                // appear at another a moment later): read it only after kSettleMs without a
+                // change. A port error cancels that; PORT_ACTIVE schedules it again.
+                reselect_at_ = gid ? monotonicMs() + kSettleMs : 0;
+                std::vector<PeerId> ids;
+                for (auto &[id, p] : peers_) {
+                    ids.push_back(id);
+                }
+                for (PeerId id : ids) {
+                    link_->failSession(id, SessionSide::kOut, last_event_);
+                    link_->failSession(id, SessionSide::kIn, last_event_);
+                }
+                break;
+            }
+            case IBV_EVENT_PORT_ACTIVE:
+                // The GID table may be rebuilt after a flap, and not in one step either.
+                verbsLog().info("{}: reading the port and its GID table again", last_event_);
+                reselect_at_ = monotonicMs() + kSettleMs;
+                break;
+            case IBV_EVENT_QP_FATAL:
+            case IBV_EVENT_QP_REQ_ERR:
+            case IBV_EVENT_QP_ACCESS_ERR:
+                // The CQ reports the same failure (flushes) and poll() fails the session.
+                verbsLog().warn("{}", last_event_);
+                break;
+            default:
+                verbsLog().info("{}", last_event_);
+                break;
+        }
+    }
+}
+
+void VerbsTransport::reselect() {
+    reselect_at_ = 0;
+    FabricSelection again;
+    if (Status s = selectFabric(cfg_, SysfsRoot::fromEnvironment(), &again); !s.isOk()) {
+        verbsLog().error("after {}: {}; verbs stays unusable until the next port event",
+                         last_event_, s.message());
+        available_ = false;
+        return;
+    }
+    if (device_->portState() != IBV_PORT_ACTIVE) {
+        verbsLog().warn("after {}: {} port {} is not ACTIVE yet", last_event_, again.device,
+                        again.port);
+        available_ = false;
+        return;
+    }
+    if (again.gid_index != sel_.gid_index || again.gid.raw != sel_.gid.raw) {
+        verbsLog().info("GID re-read: {} (was index {})", again.summary(), sel_.gid_index);
+    }
+    sel_ = again;
+    if (!gidMatchesDevice()) {
+        // sysfs and the device disagree: the table is still moving. Try again shortly.
+        reselect_at_ = monotonicMs() + kSettleMs;
+        return;
+    }
+    available_ = true;
+    verbsLog().info("{} ready again", sel_.summary());
+}
+
+bool VerbsTransport::gidMatchesDevice() const {
+    ibv_gid gid{};
+    return ibv_query_gid(device_->context(), static_cast<uint8_t>(sel_.port),
+                         static_cast<int>(sel_.gid_index), &gid) == 0 &&
+           std::memcmp(gid.raw, sel_.gid.raw.data(), 16) == 0;
+}
+
+size_t VerbsTransport::progress(EventSink &sink) {
+    size_t events = 0;
+    if (device_->eventsPending()) {
+        handleEvents();
+    }
+    if (reselect_at_ != 0 && monotonicMs() >= reselect_at_) {
+        reselect();
+    }
+    if (registrar_.pending()) {
+        for (Registrar::Result &r : registrar_.take()) {
+            bool taken = false;
+            for (auto &[id, p] : peers_) {
+                taken = (p.out && p.out->mrs().complete(r)) || (p.in && p.in->mrs().complete(r));
+                if (taken) {
+                    break;
+                }
+            }
+            for (auto &s : dead_out_) {
+                taken = taken || s->mrs().complete(r);
+            }
+            for (auto &s : dead_in_) {
+                taken = taken || s->mrs().complete(r);
+            }
+            for (auto &s : closing_in_) {
+                taken = taken || s->mrs().complete(r);
+            }
+            if (!taken && r.mr != nullptr) {
+                (void)ibv_dereg_mr(r.mr);
+            }
+            if (r.error != 0) {
+                verbsLog().error("memory registration failed: {}", std::strerror(r.error));
+            }
+        }
+        for (auto &[id, p] : peers_) {
+            if (p.in) {
+                p.in->sendReadyKeys();
+            }
+        }
+        ++events;
+    }
+    if (armed_) {
+        // Only a CQ that was armed can have an event to take (and to acknowledge before it is
+        // destroyed); a busy loop never arms, so it makes no read() here.
+        armed_ = false;
+        (void)device_->drainCqEvents();
+    }
+    std::vector<std::pair<PeerId, SessionSide>> failed;
+    std::vector<std::string> reasons;
+    for (auto &[id, p] : peers_) {
+        if (p.out && p.out_connected) {
+            std::string error;
+            if (!p.out->poll(&completions_, &error)) {
+                failed.emplace_back(id, SessionSide::kOut);
+                reasons.push_back(error);
+            } else {
+                p.out->pump();
+            }
+        }
+        if (p.in) {
+            std::string error;
+            const uint64_t before = events;
+            if (!p.in->poll(sink, &error)) {
+                failed.emplace_back(id, SessionSide::kIn);
+                reasons.push_back(error);
+            }
+            (void)before;
+        }
+    }
+    for (size_t i = 0; i < failed.size(); ++i) {
+        fail(failed[i].first, failed[i].second, reasons[i]);
+    }
+    for (auto &in : closing_in_) {
+        std::string ignored;
+        (void)in->poll(sink, &ignored, true);
+        dead_in_.push_back(std::move(in));
+    }
+    closing_in_.clear();
+    auto done = std::exchange(completions_, {});
+    for (const Completion &c : done) {
+        sink.completed(c.op_id, c.code, c.reason);
+    }
+    events += done.size();
+    dead_out_.clear();
+    dead_in_.clear();
+    return events;
+}
+
+std::vector<int> VerbsTransport::pollFds() const {
+    std::vector<int> fds = device_->fds();
+    fds.push_back(registrar_.fd());
+    return fds;
+}
+
+bool VerbsTransport::arm() {
+    if (!completions_.empty() || device_->eventsPending() || registrar_.pending()) {
+        return false;
+    }
+    armed_ = true;
+    for (auto &[id, p] : peers_) {
+        if ((p.out && p.out_connected && !p.out->arm()) || (p.in && !p.in->arm())) {
+            return false;
+        }
+    }
+    return true;
+}
+
+size_t VerbsTransport::inFlight() const {
+    size_t n = completions_.size();
+    for (const auto &[id, p] : peers_) {
+        n += p.out ? p.out->inFlight() : 0;
+    }
+    return n;
+}
+
+std::string VerbsTransport::peerStatusJson(PeerId peer) const {
+    nlohmann::json j;
+    j["transport"] = "verbs";
+    j["device"] = sel_.device;
+    j["port"] = sel_.port;
+    j["gid_index"] = sel_.gid_index;
+    j["gid"] = sel_.gid_text;
+    j["async_events"] = async_events_;
+    j["last_event"] = last_event_;
+    // The port's retransmission and error counters (device-wide: the HCA does not count per
+    // QP), as hw_counters has them; those this device lacks are left out.
+    nlohmann::json counters = nlohmann::json::object();
+    const SysfsRoot root = SysfsRoot::fromEnvironment();
+    const std::string dir =
+        "class/infiniband/" + sel_.device + "/ports/" + std::to_string(sel_.port) + "/hw_counters/";
+    for (const char *name :
+         {"local_ack_timeout_err", "out_of_sequence", "packet_seq_err", "duplicate_request",
+          "rnr_nak_retry_err", "implied_nak_seq_err", "req_remote_access_errors",
+          "resp_remote_access_errors", "np_cnp_sent", "rp_cnp_handled",
+          "np_ecn_marked_roce_packets", "roce_adp_retrans", "sim_tx_retransmits"}) {
+        if (auto v = root.read(dir + name)) {
+            char *end = nullptr;
+            const unsigned long long n = std::strtoull(v->c_str(), &end, 10);
+            if (end != v->c_str()) {
+                counters[name] = n;
+            }
+        }
+    }
+    j["nic_counters"] = std::move(counters);
+    auto it = peers_.find(peer);
+    if (it != peers_.end()) {
+        if (it->second.out) {
+            j["send"] = nlohmann::json::parse(it->second.out->statusJson(), nullptr, false);
+            j["in_flight"] = it->second.out->inFlight();
+        }
+        if (it->second.in) {
+            j["receive"] = nlohmann::json::parse(it->second.in->statusJson(), nullptr, false);
+        }
+    }
+    return j.dump();
+}
+
+}  // namespace tensorlane::sidecar

@@ -1,0 +1,289 @@
+// Transport "verbs": write-with-immediate over RoCEv2 RC queue pairs through rdma-core
+// (docs/verbs.md). One-way sessions, like the tcp transport's: the sending side of our session
+// to a peer (SendSession: our writes) and the receiving side of its session to us (RecvSession:
+// its writes). Each side has its own protection domain, so a peer's rkeys reach only memory
+// exposed to it, and [fabric] qps_per_peer RC QPs.
+//
+// A write of any size: its descriptor (the writer's immediate, region, offset, bytes) is
+// written into the receiver's descriptor ring, then its data, striped over the QPs in work
+// requests no larger than the port allows; the last work request of each stripe is a
+// WRITE_WITH_IMM whose immediate names the write and its stripe count. The receiver notifies
+// the owner once it has every stripe's immediate, in sequence order (docs/verbs.md explains why
+// that is correct across QPs, retransmissions and a peer that dies mid-write).
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "tensorlane/config/config.hpp"
+#include "tensorlane/sidecar/fabric.hpp"
+#include "transport/remote.hpp"
+#include "transport/verbs/device.hpp"
+#include "transport/verbs/gdr_flush.hpp"
+#include "transport/verbs/mr_cache.hpp"
+#include "transport/verbs/qp.hpp"
+#include "transport/verbs/registrar.hpp"
+#include "transport/verbs/wire.hpp"
+
+namespace tensorlane::sidecar {
+
+class VerbsTransport;
+
+/// Our writes to one peer.
+class SendSession {
+public:
+    SendSession(VerbsTransport &t, PeerId peer, std::shared_ptr<ibv_pd> pd);
+    ~SendSession();
+    /// Creates the CQ and the QPs (INIT); their endpoints go into SELECT.
+    Status create(uint32_t qps);
+    VerbsBlob blob() const;
+    /// Connects to the receiver's QPs (RTR, RTS) and takes its descriptor ring.
+    Status connect(const VerbsBlob &remote);
+    /// kAgain while the window, the ring's credits, the send queues, a key or a registration
+    /// is not there yet.
+    Status post(const WriteOp &op);
+    /// Polls the CQ (a batch); completed writes go to `done`. False with `*error` when a work
+    /// completion failed (the session is dead then).
+    bool poll(std::vector<Completion> *done, std::string *error);
+    /// Posts more work requests of writes whose stripes wait for send-queue room.
+    void pump();
+    bool onMessage(VerbsMsg m, std::span<const uint8_t> payload, std::string *error);
+    void failAll(Code code, const std::string &reason, std::vector<Completion> *out);
+    /// Arms the CQ; false when completions are already waiting.
+    bool arm();
+    size_t inFlight() const { return writes_.size(); }
+    MrCache &mrs() { return mrs_; }
+    std::string statusJson() const;
+
+private:
+    struct Stripe {
+        uint32_t qp = 0;
+        uint64_t begin = 0;  ///< offset in the write
+        uint64_t end = 0;
+        uint64_t next = 0;  ///< first byte not yet in a posted work request
+    };
+    struct Write {
+        uint64_t seq = 0;
+        WriteOp op;
+        RegionKey key;
+        MrView src;
+        std::vector<Stripe> stripes;
+        uint32_t stripes_done = 0;
+        bool descriptor_posted = false;
+        bool posted_all = false;
+        bool done = false;
+        Code code = Code::kOk;
+    };
+    struct QpState {
+        verbs_detail::QpPtr qp;
+        QpEndpoint local;
+        uint32_t outstanding = 0;  ///< WRs posted and not known complete
+        /// Signalled WRs posted, oldest first: their wr_id and how many WRs each retires.
+        std::deque<std::pair<uint64_t, uint32_t>> signalled;
+        uint32_t since_signal = 0;
+    };
+
+    /// Posts what fits of `w` now; returns false when a post failed (then the session fails).
+    bool postWrite(Write &w, std::string *error);
+    Write *find(uint64_t seq);
+
+    VerbsTransport &t_;
+    PeerId peer_;
+    std::shared_ptr<ibv_pd> pd_;
+    MrCache mrs_;
+    verbs_detail::CqPtr cq_;
+    std::vector<QpState> qps_;
+    QpParams params_;
+    VerbsBlob remote_;
+    bool connected_ = false;
+    /// The descriptors we send, staged in memory registered in our PD (the WR's source).
+    std::vector<WriteDescriptor> staging_;
+    verbs_detail::MrPtr staging_mr_;
+    std::unordered_map<uint64_t, RegionKey> keys_;
+    std::unordered_map<uint64_t, uint32_t> key_users_;  ///< writes in flight per region
+    std::vector<uint64_t> keys_revoking_;               ///< KEY_DEL waiting for those writes
+    std::set<uint64_t> keys_revoked_;                   ///< no write may use these any more
+    /// Regions whose key we are waiting for, and since when (a peer that never sends one).
+    std::unordered_map<uint64_t, int64_t> key_waits_;
+    std::deque<Write> writes_;
+    uint64_t next_seq_ = 1;
+    uint64_t credited_ = 0;  ///< descriptors the receiver consumed (its last CREDIT)
+    size_t next_qp_ = 0;
+    uint64_t posted_wrs_ = 0;
+    uint64_t completed_writes_ = 0;
+    uint64_t errors_ = 0;
+    std::vector<ibv_wc> stash_;  ///< completions arm() found after arming
+};
+
+/// Its writes to us.
+class RecvSession {
+public:
+    RecvSession(VerbsTransport &t, PeerId peer, std::shared_ptr<ibv_pd> pd, std::string peer_name);
+    ~RecvSession();
+    /// Creates the CQ, the QPs (connected to the sender's), the receive queues and the ring.
+    Status create(const VerbsBlob &sender);
+    VerbsBlob blob() const;
+    /// Polls the CQ (a batch) and delivers what is complete, in order. False with `*error` on
+    /// a failed completion or a descriptor that breaks the protocol. `closing`: the session is
+    /// being torn down; every write whose stripes all came is still delivered (its writer was
+    /// told it completed), flush errors are expected.
+    bool poll(EventSink &sink, std::string *error, bool closing = false);
+    /// Registers `r` for remote writes by this peer and sends its key when registered.
+    void expose(const std::shared_ptr<Region> &r);
+    /// Tells the sender to stop using `id`'s key; its MR goes once the sender says it has.
+    void revoke(RegionId id);
+    bool onMessage(VerbsMsg m, std::span<const uint8_t> payload, std::string *error);
+    /// Sends the keys whose registrations finished.
+    void sendReadyKeys();
+    bool arm();
+    MrCache &mrs() { return mrs_; }
+    std::string statusJson() const;
+
+private:
+    struct Slot {
+        uint64_t seq = 0;  ///< the write it counts for (0: free)
+        uint32_t count = 0;
+        uint32_t stripes = 0;
+        bool ready = false;
+        WriteDescriptor desc;
+    };
+    struct Exposed {
+        std::shared_ptr<Region> region;
+        bool key_sent = false;
+        bool revoking = false;
+    };
+    bool onImm(uint32_t imm, std::string *error);
+    bool deliver(EventSink &sink, std::string *error, bool closing);
+    /// Whether writes into `r` are flushed before their owner hears of them ([fabric]
+    /// gdr_flush: on: always; auto: CUDA memory; off: never).
+    bool needsFlush(const Region &r) const;
+    /// The access of `r`'s MR in this domain: remote write, and remote read for the flush.
+    unsigned accessFor(const Region &r) const;
+    /// Posts a flush READ into `r` covering every write up to `upto`; false on failure.
+    bool startFlush(const Region &r, uint64_t upto, std::string *error);
+    void postRecvs(size_t qp, uint32_t n);
+    void credit(bool force);
+
+    VerbsTransport &t_;
+    PeerId peer_;
+    std::shared_ptr<ibv_pd> pd_;
+    std::string peer_name_;
+    MrCache mrs_;
+    verbs_detail::CqPtr cq_;
+    std::vector<verbs_detail::QpPtr> qps_;
+    std::vector<QpEndpoint> local_;
+    QpParams params_;
+    uint32_t rq_depth_ = 0;
+    /// The ring the sender writes descriptors into; registered for remote writes here only.
+    std::vector<WriteDescriptor> ring_;
+    verbs_detail::MrPtr ring_mr_;
+    std::vector<Slot> slots_;
+    uint64_t next_deliver_ = 1;
+    uint64_t consumed_ = 0;
+    uint64_t credit_sent_ = 0;
+    std::map<RegionId, Exposed> exposed_;
+    uint64_t writes_received_ = 0;
+    uint64_t bytes_received_ = 0;
+    uint64_t dropped_ = 0;  ///< notifications for regions revoked meanwhile
+    GdrFlusher flusher_;
+    uint64_t flushed_upto_ = 0;  ///< writes up to this sequence number are flushed
+    bool flush_in_flight_ = false;
+    uint64_t flushes_ = 0;
+    std::vector<ibv_wc> stash_;  ///< completions arm() found after arming
+};
+
+class VerbsTransport final : public RemoteTransport {
+public:
+    VerbsTransport(const config::Config &cfg, RegionTable &regions, FabricSelection selection);
+    ~VerbsTransport() override;
+
+    /// Opens the device and starts the event and registration threads.
+    Status init();
+
+    // Transport
+    const char *name() const override { return "verbs"; }
+    Status connect(PeerId) override { return Status::ok(); }
+    void disconnect(PeerId) override {}
+    /// Registration is lazy and per protection domain (at first use, on the registrar's
+    /// thread); nothing to do when a region is created.
+    Status registerRegion(Region &) override { return Status::ok(); }
+    void deregisterRegion(RegionId r) override;
+    bool slowRegistration() const override { return true; }
+    Status post(const WriteOp &op) override;
+    size_t progress(EventSink &sink) override;
+    std::vector<int> pollFds() const override;
+    bool arm() override;
+    size_t inFlight() const override;
+
+    // RemoteTransport
+    uint32_t kind() const override { return kTransportVerbs; }
+    bool available() const override { return available_; }
+    std::vector<uint8_t> localBlob(PeerId peer, SessionSide side) override;
+    Status openSession(PeerId peer, SessionSide side, const SessionInfo &info) override;
+    void closeSession(PeerId peer, SessionSide side, Code code, const std::string &reason) override;
+    bool onControlFrame(PeerId peer, SessionSide side, const FrameHeader &h,
+                        std::span<const uint8_t> payload, std::string *error) override;
+    void adoptConnection(PeerId, SessionSide, uint32_t, std::unique_ptr<Connection> conn) override {
+        conn->close();
+    }
+    std::string peerStatusJson(PeerId peer) const override;
+    void attach(PeerLink &link) override { link_ = &link; }
+    void regionExposed(PeerId peer, const std::shared_ptr<Region> &r) override;
+    void regionRevoked(PeerId peer, RegionId r) override;
+
+    // For the sessions.
+    const config::Config &config() const { return cfg_; }
+    const FabricSelection &selection() const { return sel_; }
+    VerbsDevice &device() { return *device_; }
+    Registrar &registrar() { return registrar_; }
+    RegionTable &regions() { return regions_; }
+    PeerLink &link() { return *link_; }
+    /// The QP parameters for a session whose sender announced `tc`/`sl` and `mtu`.
+    QpParams qpParams(uint8_t tc, uint8_t sl, uint32_t peer_mtu) const;
+    std::vector<Completion> &completions() { return completions_; }
+
+private:
+    struct PeerData {
+        std::unique_ptr<SendSession> out;
+        bool out_connected = false;
+        std::unique_ptr<RecvSession> in;
+    };
+    void handleEvents();
+    /// Reads the port and the GID table again (after they settled) and, when usable, takes
+    /// the new selection for the sessions built from now on.
+    void reselect();
+    /// Whether the device still has our GID at our index.
+    bool gidMatchesDevice() const;
+    /// How long the GID table must stay unchanged before it is read again.
+    static constexpr int64_t kSettleMs = 100;
+    void fail(PeerId peer, SessionSide side, const std::string &reason);
+    std::shared_ptr<ibv_pd> newPd();
+
+    const config::Config cfg_;
+    RegionTable &regions_;
+    FabricSelection sel_;
+    PeerLink *link_ = nullptr;
+    std::unique_ptr<VerbsDevice> device_;
+    Registrar registrar_;
+    bool available_ = false;
+    std::unordered_map<PeerId, PeerData> peers_;
+    std::vector<Completion> completions_;
+    std::vector<std::unique_ptr<SendSession>> dead_out_;
+    std::vector<std::unique_ptr<RecvSession>> dead_in_;
+    /// Receiving sides torn down since the last progress(): drained once, then destroyed.
+    std::vector<std::unique_ptr<RecvSession>> closing_in_;
+    uint64_t async_events_ = 0;
+    bool armed_ = false;       ///< a CQ was armed since the last drain of the channel
+    int64_t reselect_at_ = 0;  ///< monotonic ms when reselect() is due; 0: not due
+    std::string last_event_;
+};
+
+}  // namespace tensorlane::sidecar

@@ -1,0 +1,255 @@
+// An authenticated peer that bootstraps a verbs session correctly and then posts what a real
+// sender never would: a descriptor that claims bytes past its region, and a write outside the
+// memory its key covers. The receiving node refuses that session alone: nothing is notified for
+// it, and its other peers' writes go on.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "harness.hpp"
+#include "raw_peer.hpp"
+#include "raw_verbs.hpp"
+#include "transport/remote.hpp"
+#include "transport/verbs/wire.hpp"
+
+namespace tensorlane::peertest {
+namespace {
+
+using sidecar::FrameHeader;
+using sidecar::FrameType;
+using sidecar::RegionKey;
+using sidecar::VerbsBlob;
+using sidecar::VerbsMsg;
+using sidecar::WireImm;
+using sidecar::WriteDescriptor;
+
+const std::string kSecret = keyText('8');
+
+size_t arrivalsFrom(Node &n, const std::string &peer, uint32_t imm) {
+    const auto ev = n.sink.arrivals();
+    return static_cast<size_t>(std::count_if(
+        ev.begin(), ev.end(), [&](const Event &e) { return e.peer_name == peer && e.imm == imm; }));
+}
+
+/// Whether `n` was notified `count` times of writes from `peer` with `imm` within 5 s.
+bool arrivedWithin(Node &n, const std::string &peer, uint32_t imm, size_t count) {
+    return n.sink.waitFor(
+        [&](const std::vector<Event> &ev) {
+            return static_cast<size_t>(std::count_if(ev.begin(), ev.end(), [&](const Event &e) {
+                       return e.kind == Event::Kind::kArrived && e.peer_name == peer &&
+                              e.imm == imm;
+                   })) == count;
+        },
+        5s);
+}
+
+class HostileVerbsPeer : public ::testing::Test {
+protected:
+    void SetUp() override {
+        if (!simulatedHcaLoaded()) {
+            GTEST_SKIP() << "needs the simulated HCA (LD_LIBRARY_PATH at tests/simhca; CTest "
+                            "sets it)";
+        }
+        key_ = dir_.writeFile("peer.key", kSecret);
+        const uint16_t port_a = freePort(), port_b = freePort();
+        NodeOptions ob;
+        ob.name = "node-b";
+        ob.port = port_b;
+        ob.key_file = key_;
+        ob.transport = "verbs";
+        ob.peers = {{"node-a", port_a}, {"node-evil", freePort()}};
+        const config::GdrFlush flush = flushMode();
+        ob.tweak = [flush](config::Config &c) { c.fabric.gdr_flush = flush; };
+        b_ = std::make_unique<Node>(ob);
+        NodeOptions oa;
+        oa.name = "node-a";
+        oa.port = port_a;
+        oa.key_file = key_;
+        oa.transport = "verbs";
+        oa.peers = {{"node-b", port_b}};
+        oa.tweak = ob.tweak;
+        a_ = std::make_unique<Node>(oa);
+        ASSERT_TRUE(b_->ok() && a_->ok());
+        dst_ = b_->addRegion(kRegion, "recv");
+        src_ = a_->addRegion(kRegion);
+        fillRandom(src_->base, kRegion, 3);
+    }
+
+    virtual config::GdrFlush flushMode() const { return config::GdrFlush::kAuto; }
+
+    /// node-b's GDR flush count for node-a's writes (its status).
+    uint64_t flushesAtB() {
+        auto j = nlohmann::json::parse(b_->statusJson());
+        for (auto &p : j["peers"]) {
+            if (p.value("name", "") == "node-a" && p.contains("receive")) {
+                return p["receive"].value("gdr_flushes", uint64_t{0});
+            }
+        }
+        return 0;
+    }
+
+    /// node-a's write of the whole region to node-b's, with `imm`: ends kOk and is notified.
+    void honestWriteWorks(uint32_t imm) {
+        auto [ls, remote] = a_->lookup("node-b", "recv");
+        ASSERT_TRUE(ls.isOk()) << ls.message();
+        auto [ps, op] = a_->post("node-b", src_, 0, remote.id, 0, kRegion, imm);
+        ASSERT_TRUE(ps.isOk()) << ps.message();
+        auto c = a_->sink.completion(op, 10s);
+        ASSERT_TRUE(c.has_value());
+        ASSERT_EQ(c->code, Code::kOk) << c->reason;
+        EXPECT_TRUE(arrivedWithin(*b_, "node-a", imm, 1));
+        EXPECT_EQ(0, std::memcmp(dst_->base, src_->base, kRegion));
+    }
+
+    /// The raw peer's session to node-b over verbs, and node-b's key for "recv".
+    void openEvil(RawVerbsEnd *end, std::unique_ptr<RawClientPeer> *evil, RegionKey *key) {
+        std::string why;
+        ASSERT_TRUE(end->open(nextSimDevice(), 2, &why)) << why;
+        RawCaps caps;
+        caps.transports = sidecar::kTransportTcp | sidecar::kTransportVerbs;
+        *evil = std::make_unique<RawClientPeer>(kSecret, "node-evil", "node-b", b_->port(), caps);
+        std::vector<uint8_t> selected;
+        const auto blob = sidecar::encodeVerbsBlob(end->blob());
+        ASSERT_TRUE((*evil)->openSession(sidecar::kTransportVerbs, blob, &selected, &why)) << why;
+        VerbsBlob receiver;
+        ASSERT_TRUE(sidecar::decodeVerbsBlob(selected, &receiver, &why)) << why;
+        ASSERT_TRUE(end->connect(receiver, &why)) << why;
+        FrameHeader h;
+        std::vector<uint8_t> p;
+        for (;;) {
+            ASSERT_TRUE((*evil)->control().recv(&h, &p)) << "no KEY_ADD from node-b";
+            if (h.type == FrameType::kTransport &&
+                sidecar::verbsMsgOf(h.arg) == static_cast<uint32_t>(VerbsMsg::kKeyAdd)) {
+                ASSERT_TRUE(sidecar::decodeRegionKey(p, key));
+                if (key->region == dst_->id) {
+                    break;
+                }
+            }
+        }
+        EXPECT_EQ(key->bytes, kRegion);
+    }
+
+    static WriteDescriptor descriptor(uint64_t seq, uint64_t region, uint64_t offset,
+                                      uint64_t bytes, uint32_t imm) {
+        WriteDescriptor d;
+        d.seq = seq;
+        d.region = region;
+        d.offset = offset;
+        d.bytes = bytes;
+        d.imm = imm;
+        d.stripes = 1;
+        d.check = sidecar::descriptorCheck(d);
+        return d;
+    }
+
+    static constexpr size_t kRegion = 256u << 10;
+    TempDir dir_;
+    std::string key_;
+    std::unique_ptr<Node> b_, a_;
+    std::shared_ptr<Region> dst_, src_;
+};
+
+TEST_F(HostileVerbsPeer, ForgedDescriptorPastTheRegionIsRefusedAndOthersGoOn) {
+    honestWriteWorks(11);
+    RawVerbsEnd end;
+    std::unique_ptr<RawClientPeer> evil;
+    RegionKey key;
+    openEvil(&end, &evil, &key);
+    if (HasFatalFailure()) {
+        return;
+    }
+    // An honest write first, by hand: 4 KiB at offset 0 with its descriptor, notified with the
+    // peer's immediate (so what follows is refused for its lie alone).
+    ASSERT_TRUE(end.postDescriptor(0, descriptor(1, key.region, 0, 4096, 5)));
+    ASSERT_TRUE(end.postData(0, key.addr, key.rkey, 4096, WireImm::encode(1, 1)));
+    EXPECT_EQ(end.nextCompletion(5000), IBV_WC_SUCCESS);
+    EXPECT_EQ(end.nextCompletion(5000), IBV_WC_SUCCESS);
+    ASSERT_TRUE(arrivedWithin(*b_, "node-evil", 5, 1));
+    EXPECT_EQ(0, std::memcmp(dst_->base, std::vector<uint8_t>(4096, 0x6b).data(), 4096));
+
+    // The lie: 64 bytes placed inside the key's memory (the HCA allows it), a descriptor that
+    // claims 4096 bytes from 64 before the region's end.
+    ASSERT_TRUE(end.postDescriptor(1, descriptor(2, key.region, kRegion - 64, 4096, 6)));
+    ASSERT_TRUE(end.postData(1, key.addr + kRegion - 64, key.rkey, 64, WireImm::encode(2, 1)));
+    EXPECT_TRUE(evil->control().closedWithin(5000)) << "node-b kept the session";
+    EXPECT_TRUE(peerLogHas({"node-evil", "past region"}));
+    std::this_thread::sleep_for(200ms);
+    EXPECT_EQ(arrivalsFrom(*b_, "node-evil", 6), 0u) << "a forged write was notified";
+
+    // node-a's session is untouched.
+    fillRandom(src_->base, kRegion, 4);
+    honestWriteWorks(12);
+}
+
+TEST_F(HostileVerbsPeer, WriteOutsideTheKeyEndsOnlyThatSession) {
+    honestWriteWorks(21);
+    RawVerbsEnd end;
+    std::unique_ptr<RawClientPeer> evil;
+    RegionKey key;
+    openEvil(&end, &evil, &key);
+    if (HasFatalFailure()) {
+        return;
+    }
+    // 4 KiB a mebibyte past the region: outside every MR of node-b's protection domain for this
+    // peer. The responder refuses it (remote access error) and nothing lands.
+    ASSERT_TRUE(end.postDescriptor(0, descriptor(1, key.region, 0, 4096, 7)));
+    ASSERT_TRUE(
+        end.postData(0, key.addr + kRegion + (1u << 20), key.rkey, 4096, WireImm::encode(1, 1)));
+    int last = IBV_WC_SUCCESS;
+    for (int i = 0; i < 2 && last == IBV_WC_SUCCESS; ++i) {
+        last = end.nextCompletion(5000);
+    }
+    EXPECT_EQ(last, IBV_WC_REM_ACCESS_ERR) << ibv_wc_status_str(static_cast<ibv_wc_status>(last));
+    EXPECT_TRUE(evil->control().closedWithin(5000)) << "node-b kept the session";
+    EXPECT_EQ(arrivalsFrom(*b_, "node-evil", 7), 0u);
+    fillRandom(src_->base, kRegion, 5);
+    honestWriteWorks(22);
+}
+
+// [fabric] gdr_flush = "on": every notification waits for a flush READ on the receiver's
+// loopback QP pair (host memory here; GPU memory is what it is for). The READ needs remote read
+// on the region's MR, but the peer's own QPs still allow writes only: its READ is refused.
+class HostileVerbsPeerWithFlush : public HostileVerbsPeer {
+protected:
+    config::GdrFlush flushMode() const override { return config::GdrFlush::kOn; }
+};
+
+TEST_F(HostileVerbsPeerWithFlush, WritesAreFlushedBeforeNoticeAndThePeerCannotRead) {
+    for (uint32_t i = 0; i < 8; ++i) {
+        fillRandom(src_->base, kRegion, 40 + i);
+        honestWriteWorks(40 + i);
+    }
+    EXPECT_GE(flushesAtB(), 1u);
+    EXPECT_LE(flushesAtB(), 8u);  // one READ covers every write complete by then
+    RawVerbsEnd end;
+    std::unique_ptr<RawClientPeer> evil;
+    RegionKey key;
+    openEvil(&end, &evil, &key);
+    if (HasFatalFailure()) {
+        return;
+    }
+    ASSERT_TRUE(end.postRead(0, key.addr, key.rkey, 64));
+    const int st = end.nextCompletion(5000);
+    EXPECT_TRUE(st == IBV_WC_REM_ACCESS_ERR || st == IBV_WC_REM_INV_REQ_ERR)
+        << ibv_wc_status_str(static_cast<ibv_wc_status>(st));
+    EXPECT_TRUE(evil->control().closedWithin(5000));
+    fillRandom(src_->base, kRegion, 60);
+    honestWriteWorks(60);
+}
+
+class FlushOff : public HostileVerbsPeer {
+protected:
+    config::GdrFlush flushMode() const override { return config::GdrFlush::kOff; }
+};
+
+TEST_F(FlushOff, HostMemoryUnderAutoOrOffIsNeverFlushed) {
+    honestWriteWorks(70);
+    honestWriteWorks(71);
+    EXPECT_EQ(flushesAtB(), 0u);
+}
+
+}  // namespace
+}  // namespace tensorlane::peertest

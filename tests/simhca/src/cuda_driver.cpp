@@ -1,0 +1,78 @@
+#include "cuda_driver.hpp"
+
+#include <dlfcn.h>
+
+namespace tensorlane::simhca {
+namespace {
+
+// From cuda.h (CUpointer_attribute, CUmemorytype); the values are part of the driver ABI.
+constexpr int kAttrContext = 1;            // CU_POINTER_ATTRIBUTE_CONTEXT
+constexpr int kAttrMemoryType = 2;         // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+constexpr unsigned kMemoryTypeDevice = 2;  // CU_MEMORYTYPE_DEVICE
+
+template <typename F>
+void bind(void *lib, const char *name, F &out) {
+    out = reinterpret_cast<F>(dlsym(lib, name));
+}
+
+}  // namespace
+
+CudaDriver &CudaDriver::instance() {
+    static CudaDriver driver;
+    return driver;
+}
+
+CudaDriver::CudaDriver() {
+    lib_ = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib_ == nullptr) {
+        return;
+    }
+    bind(lib_, "cuInit", cuInit_);
+    bind(lib_, "cuPointerGetAttribute", cuPointerGetAttribute_);
+    bind(lib_, "cuCtxPushCurrent_v2", cuCtxPushCurrent_);
+    bind(lib_, "cuCtxPopCurrent_v2", cuCtxPopCurrent_);
+    bind(lib_, "cuMemcpyHtoD_v2", cuMemcpyHtoD_);
+    bind(lib_, "cuMemcpyDtoH_v2", cuMemcpyDtoH_);
+    available_ = cuInit_ != nullptr && cuPointerGetAttribute_ != nullptr &&
+                 cuCtxPushCurrent_ != nullptr && cuCtxPopCurrent_ != nullptr &&
+                 cuMemcpyHtoD_ != nullptr && cuMemcpyDtoH_ != nullptr && cuInit_(0) == 0;
+}
+
+bool CudaDriver::isDevicePointer(uint64_t ptr, void **ctx_out) const {
+    if (!available_) {
+        return false;
+    }
+    unsigned type = 0;
+    if (cuPointerGetAttribute_(&type, kAttrMemoryType, ptr) != 0 || type != kMemoryTypeDevice) {
+        return false;
+    }
+    void *ctx = nullptr;
+    if (cuPointerGetAttribute_(&ctx, kAttrContext, ptr) != 0) {
+        return false;
+    }
+    *ctx_out = ctx;
+    return true;
+}
+
+bool CudaDriver::copyToDevice(void *ctx, uint64_t dst, const void *src, size_t n) const {
+    // The engine thread has no current context; push the allocation's own for the copy.
+    if (!available_ || cuCtxPushCurrent_(ctx) != 0) {
+        return false;
+    }
+    const bool ok = cuMemcpyHtoD_(dst, src, n) == 0;
+    void *popped = nullptr;
+    cuCtxPopCurrent_(&popped);
+    return ok;
+}
+
+bool CudaDriver::copyFromDevice(void *ctx, void *dst, uint64_t src, size_t n) const {
+    if (!available_ || cuCtxPushCurrent_(ctx) != 0) {
+        return false;
+    }
+    const bool ok = cuMemcpyDtoH_(dst, src, n) == 0;
+    void *popped = nullptr;
+    cuCtxPopCurrent_(&popped);
+    return ok;
+}
+
+}  // namespace tensorlane::simhca

@@ -1,0 +1,38 @@
+// The CUDA driver API, opened at run time with dlopen("libcuda.so.1") so that the simulator
+// never links CUDA and loads on machines without a GPU. Used to tell device pointers from host
+// pointers and to copy to and from device memory (the simulated HCA's "DMA").
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tensorlane::simhca {
+
+/// The few driver calls the simulator needs; all return false when the driver is absent.
+class CudaDriver {
+public:
+    /// The process-wide instance (the library is opened on first use).
+    static CudaDriver &instance();
+    /// Whether libcuda.so.1 loaded and cuInit succeeded.
+    [[nodiscard]] bool available() const { return available_; }
+    /// Whether ptr is device memory of a CUDA context in this process (an allocation of its
+    /// own or an IPC import): cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_MEMORY_TYPE).
+    [[nodiscard]] bool isDevicePointer(uint64_t ptr, void **ctx_out) const;
+    /// Copies host bytes to device memory at dst, in ctx.
+    [[nodiscard]] bool copyToDevice(void *ctx, uint64_t dst, const void *src, size_t n) const;
+    /// Copies device memory at src to host bytes, in ctx.
+    [[nodiscard]] bool copyFromDevice(void *ctx, void *dst, uint64_t src, size_t n) const;
+
+private:
+    CudaDriver();
+    bool available_ = false;
+    void *lib_ = nullptr;
+    int (*cuInit_)(unsigned) = nullptr;
+    int (*cuPointerGetAttribute_)(void *, int, uint64_t) = nullptr;
+    int (*cuCtxPushCurrent_)(void *) = nullptr;
+    int (*cuCtxPopCurrent_)(void **) = nullptr;
+    int (*cuMemcpyHtoD_)(uint64_t, const void *, size_t) = nullptr;
+    int (*cuMemcpyDtoH_)(void *, uint64_t, size_t) = nullptr;
+};
+
+}  // namespace tensorlane::simhca
