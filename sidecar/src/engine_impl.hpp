@@ -2,7 +2,7 @@
 // protocol) and requests.cpp (the request path).
 #pragma once
 
-#include <spdlog/spdlog.h>
+#include "spdlog_headers.hpp"  // first: fmt under its pragma
 
 #include <atomic>
 #include <chrono>

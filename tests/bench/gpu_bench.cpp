@@ -30,13 +30,16 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -165,6 +168,31 @@ TL_GPU_WORKER(echo) {
     }
 }
 
+TL_GPU_WORKER(kernel_pong) {
+    // args: read fd, write fd. For each byte read: a tiny kernel, synchronised, then a byte
+    // back. The baseline of the round trips: what two processes taking turns on one GPU cost
+    // without tensorlane (each turn switches the GPU between their contexts).
+    Cuda cuda;
+    if (!cuda.open()) {
+        return 2;
+    }
+    const int in = std::stoi(args[0]), out = std::stoi(args[1]);
+    CUdeviceptr buf = 0;
+    CUstream s = nullptr;
+    if (cuda.cuMemAlloc(&buf, 4096) != CUDA_SUCCESS ||
+        cuda.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
+        return 3;
+    }
+    char b = 0;
+    while (::read(in, &b, 1) == 1) {
+        if (cuda.add(buf, 1024, 1, s) != CUDA_SUCCESS ||
+            cuda.cuStreamSynchronize(s) != CUDA_SUCCESS || ::write(out, &b, 1) != 1) {
+            return 4;
+        }
+    }
+    return 0;
+}
+
 // ---------------------------------------------------------------- rigs
 
 /// A device buffer of this process.
@@ -282,6 +310,20 @@ struct TcpRig {
         return true;
     }
     ~TcpRig() {
+        // What the sidecars said that is not routine (staging, CUDA), for the bench's log.
+        for (const auto *sc : {a.get(), b.get()}) {
+            if (sc == nullptr) {
+                continue;
+            }
+            std::istringstream in(sc->log());
+            for (std::string line; std::getline(in, line);) {
+                if (line.find("[warn") != std::string::npos ||
+                    line.find("[error") != std::string::npos ||
+                    line.find("CUDA") != std::string::npos) {
+                    std::fprintf(stderr, "tcp rig sidecar: %s\n", line.c_str());
+                }
+            }
+        }
         tl_disconnect(c);
         if (sink > 0) {
             ::kill(sink, SIGKILL);
@@ -450,6 +492,65 @@ void RoundTrip(benchmark::State &state, bool stream_mode) {
     g_cuda.cuStreamDestroy(s);
 }
 
+/// Two kernel turns, synchronised by the host: in this process (`other` false) or alternating
+/// with a worker process on the same GPU (`other` true), handing over through pipes.
+void KernelTurns(benchmark::State &state, bool other) {
+    DevBuf buf;
+    CUstream s = nullptr;
+    if (!buf.make(4096) || g_cuda.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
+        state.SkipWithError("cuMemAlloc/cuStreamCreate");
+        return;
+    }
+    int to[2] = {-1, -1}, from[2] = {-1, -1};
+    pid_t pong = -1;
+    if (other) {
+        if (::pipe(to) != 0 || ::pipe(from) != 0) {
+            state.SkipWithError("pipe");
+            return;
+        }
+        pong = tlgpu::spawnWorker("kernel_pong", {std::to_string(to[0]), std::to_string(from[1])});
+        ::close(to[0]);
+        ::close(from[1]);
+        char b = 1;  // one turn before timing: the worker's CUDA start-up is not a turn
+        if (::write(to[1], &b, 1) != 1 || ::read(from[0], &b, 1) != 1) {
+            state.SkipWithError("kernel_pong did not answer");
+        }
+    }
+    std::vector<double> ns;
+    for (auto _ : state) {
+        const auto t0 = Clock::now();
+        char b = 1;
+        bool ok = g_cuda.add(buf.p, 1024, 1, s) == CUDA_SUCCESS &&
+                  g_cuda.cuStreamSynchronize(s) == CUDA_SUCCESS;
+        if (other) {
+            ok = ok && ::write(to[1], &b, 1) == 1 && ::read(from[0], &b, 1) == 1;
+        } else {
+            ok = ok && g_cuda.add(buf.p, 1024, 1, s) == CUDA_SUCCESS &&
+                 g_cuda.cuStreamSynchronize(s) == CUDA_SUCCESS;
+        }
+        if (!ok) {
+            state.SkipWithError("kernel turn failed");
+            break;
+        }
+        ns.push_back(std::chrono::duration<double, std::nano>(Clock::now() - t0).count());
+    }
+    state.counters["p50_ns"] = p(ns, 0.5);
+    state.counters["p99_ns"] = p(ns, 0.99);
+    if (other) {
+        ::close(to[1]);
+        ::close(from[0]);
+        tlgpu::waitWorker(pong);
+    }
+    g_cuda.cuStreamDestroy(s);
+}
+
+void KernelTurnsOneProcess(benchmark::State &state) {
+    KernelTurns(state, false);
+}
+void KernelTurnsTwoProcesses(benchmark::State &state) {
+    KernelTurns(state, true);
+}
+
 void StreamRoundTrip(benchmark::State &state) {
     RoundTrip(state, true);
 }
@@ -585,6 +686,59 @@ void TcpGpuWrite(benchmark::State &state) {
     state.SetBytesProcessed(static_cast<int64_t>(bytes * state.iterations()));
 }
 
+/// The same two sidecars, host memory to host memory: the tcp transport without GPU staging,
+/// in this run.
+void TcpHostWrite(benchmark::State &state) {
+    const auto bytes = static_cast<uint64_t>(state.range(0));
+    if (!g_tcp) {
+        state.SkipWithError("no tcp rig (TcpGpuWrite runs first)");
+        return;
+    }
+    TcpRig &rig = *g_tcp;
+    static void *host = nullptr;
+    static tl_region rh = 0;
+    static tl_remote dst = 0;
+    if (host == nullptr) {
+        tl_client *b = nullptr;
+        void *sink = nullptr;
+        tl_region rs = 0;
+        // A host sink on node-b, exposed by a second client of ours (it stays for the run).
+        if (tl_alloc_host(rig.c, 256 << 20, &host, &rh) != TL_OK ||
+            tl_connect(rig.b->socket().c_str(), &b) != TL_OK ||
+            tl_alloc_host(b, 256 << 20, &sink, &rs) != TL_OK ||
+            tl_expose(b, rs, "hsink") != TL_OK ||
+            tltest::lookupEventually(rig.c, "node-b", "hsink", &dst, nullptr,
+                                     std::chrono::seconds(30)) != TL_OK) {
+            state.SkipWithError(tl_last_error());
+            host = nullptr;
+            return;
+        }
+        std::memset(host, 3, 256 << 20);
+    }
+    const size_t window =
+        static_cast<size_t>(std::clamp<uint64_t>((uint64_t{256} << 20) / bytes, 2, 16));
+    std::deque<tl_ticket> inflight;
+    for (auto _ : state) {
+        tl_ticket t = 0;
+        if (tl_write(rig.c, rh, 0, dst, 0, bytes, 1, &t) != TL_OK) {
+            state.SkipWithError(tl_last_error());
+            return;
+        }
+        inflight.push_back(t);
+        if (inflight.size() >= window) {
+            if (tl_wait(rig.c, inflight.front(), kWaitMs) != TL_OK) {
+                state.SkipWithError(tl_last_error());
+                return;
+            }
+            inflight.pop_front();
+        }
+    }
+    for (tl_ticket t : inflight) {
+        tl_wait(rig.c, t, kWaitMs);
+    }
+    state.SetBytesProcessed(static_cast<int64_t>(bytes * state.iterations()));
+}
+
 // ---------------------------------------------------------------- registration
 
 void RegisterFirst(benchmark::State &state) {
@@ -650,11 +804,14 @@ BENCHMARK(CudaMemcpyD2D)->Apply([](auto *b) { sizes(b, 4096, 1 << 30); }) -> Use
 BENCHMARK(LocalGpuWrite)->Apply([](auto *b) { sizes(b, 4096, 1 << 30); }) -> UseRealTime();
 BENCHMARK(CudaMemcpyLatency)->Arg(4096)->UseRealTime();
 BENCHMARK(LocalGpuLatency)->Arg(4096)->UseRealTime();
+BENCHMARK(KernelTurnsOneProcess)->UseRealTime();
+BENCHMARK(KernelTurnsTwoProcesses)->UseRealTime();
 BENCHMARK(StreamRoundTrip)->UseRealTime();
 BENCHMARK(HostRoundTrip)->UseRealTime();
 BENCHMARK(TcpStream)->Apply([](auto *b) { sizes(b, 1 << 20, 256 << 20); }) -> UseRealTime();
 BENCHMARK(PinnedD2H)->Apply([](auto *b) { sizes(b, 1 << 20, 256 << 20); }) -> UseRealTime();
 BENCHMARK(TcpGpuWrite)->Apply([](auto *b) { sizes(b, 1 << 20, 256 << 20); }) -> UseRealTime();
+BENCHMARK(TcpHostWrite)->Apply([](auto *b) { sizes(b, 1 << 20, 256 << 20); }) -> UseRealTime();
 BENCHMARK(RegisterFirst)->Iterations(200)->UseRealTime();
 BENCHMARK(RegisterSecond)->Iterations(2000)->UseRealTime();
 
@@ -668,8 +825,10 @@ public:
                 continue;
             }
             std::string name = r.benchmark_name();
-            if (auto at = name.find("/real_time"); at != std::string::npos) {
-                name.erase(at);
+            for (const char *suffix : {"/real_time", "/iterations:"}) {
+                if (auto at = name.find(suffix); at != std::string::npos) {
+                    name.erase(at);
+                }
             }
             auto bps = r.counters.find("bytes_per_second");
             if (bps != r.counters.end()) {
@@ -702,15 +861,20 @@ public:
         std::printf("%-34s %11.2f us %12.2f us %+7.2f us  <= +5 us\n", "4 KiB latency p50",
                     lat / 1e3, mlat / 1e3, (lat - mlat) / 1e3);
         const double srt = get("StreamRoundTrip:p50"), hrt = get("HostRoundTrip:p50");
-        std::printf("%-34s %11.2f us %12.2f us %8.2fx  (report)\n", "stream round trip p50",
-                    srt / 1e3, hrt / 1e3, hrt / srt);
+        std::printf("%-34s %11.2f us %12.2f us %8.2fx  (report; baseline: host-synchronised)\n",
+                    "stream round trip p50", srt / 1e3, hrt / 1e3, hrt / srt);
+        std::printf(
+            "%-34s %11.2f us %12.2f us %9s  (two kernel turns, no tensorlane: two "
+            "processes / one)\n",
+            "GPU turns, no tensorlane, p50", get("KernelTurnsTwoProcesses:p50") / 1e3,
+            get("KernelTurnsOneProcess:p50") / 1e3, "");
         for (int64_t s = 1 << 20; s <= (256 << 20); s *= 4) {
             const std::string n = std::to_string(s);
             const double tl = get("TcpGpuWrite/" + n);
             const double base = std::min(get("TcpStream/" + n), get("PinnedD2H/" + n));
-            std::printf("%-34s %11.2f GB/s %9.2f GB/s %8.1f%%  >= 70%%\n",
-                        ("tcp GPU->GPU " + human(s)).c_str(), tl / 1e9, base / 1e9,
-                        100 * tl / base);
+            std::printf("%-34s %11.2f GB/s %9.2f GB/s %8.1f%%  >= 70%%  (host->host: %.2f GB/s)\n",
+                        ("tcp GPU->GPU " + human(s)).c_str(), tl / 1e9, base / 1e9, 100 * tl / base,
+                        get("TcpHostWrite/" + n) / 1e9);
         }
         std::printf("%-34s %11.2f us %14s %9s  (report)\n", "register, first in allocation",
                     get("RegisterFirst:p50") / 1e3, "", "");

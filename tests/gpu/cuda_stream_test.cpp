@@ -117,8 +117,10 @@ TEST_F(CudaStreams, WaitNotificationHoldsTheKernelUntilTheDataIsThere) {
     ASSERT_EQ(cuda.cuEventRecord(done, rstream), CUDA_SUCCESS);
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     EXPECT_EQ(cuda.cuEventQuery(done), CUDA_ERROR_NOT_READY) << "the kernel ran before the data";
-    ASSERT_EQ(cuda.fill(src, kWords, 4), CUDA_SUCCESS);
-    ASSERT_EQ(cuda.cuCtxSynchronize(), CUDA_SUCCESS);
+    // On the writer's stream: a context-wide synchronise would wait for rstream, which waits
+    // for this very write.
+    ASSERT_EQ(cuda.fill(src, kWords, 4, ws), CUDA_SUCCESS);
+    ASSERT_EQ(cuda.cuStreamSynchronize(ws), CUDA_SUCCESS);
     tl_ticket t = 0;
     ASSERT_EQ(tl_write(w, rs, 0, remote, 0, kBytes, 42, &t), TL_OK) << tl_last_error();
     ASSERT_EQ(tl_wait(w, t, kWaitMs), TL_OK) << tl_last_error();

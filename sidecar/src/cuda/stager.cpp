@@ -9,6 +9,7 @@
 #include "cuda/copier.hpp"
 #include "cuda/import.hpp"
 #include "cuda/runtime.hpp"
+#include "logging.hpp"
 #include "tensorlane/ipc/doorbell.hpp"
 
 namespace tensorlane::sidecar {
@@ -49,10 +50,14 @@ Status CudaStager::start() {
     return Status::ok();
 }
 
-void CudaStager::submit(Job job) {
+void CudaStager::submit(std::vector<Job> jobs) {
     std::lock_guard lock(mu_);
-    incoming_.push_back(std::move(job));
-    cv_.notify_one();
+    for (Job &j : jobs) {
+        incoming_.push_back(std::move(j));
+    }
+    if (idle_.load(std::memory_order_relaxed)) {
+        cv_.notify_one();
+    }
 }
 
 void CudaStager::take(std::vector<Result> *out) {
@@ -79,20 +84,41 @@ void CudaStager::run() {
     std::deque<Running> running;
     std::vector<Job> jobs;
     std::vector<Result> finished;
+    using Clock = std::chrono::steady_clock;
+    // After its last copy the thread keeps looking for this long before it sleeps: chunks of a
+    // transfer come every few hundred microseconds, and a wake-up would cost one each time.
+    constexpr auto kSpin = std::chrono::microseconds(500);
+    auto last_work = Clock::now();
     std::unique_lock lock(mu_);
     for (;;) {
-        if (running.empty()) {
+        if (running.empty() && incoming_.empty() && !stop_) {
+            if (Clock::now() - last_work < kSpin) {
+                lock.unlock();
+                std::this_thread::yield();
+                lock.lock();
+                continue;
+            }
+            idle_.store(true, std::memory_order_relaxed);
             cv_.wait(lock, [this] { return stop_ || !incoming_.empty(); });
+            idle_.store(false, std::memory_order_relaxed);
         }
         if (stop_) {
             break;
         }
         jobs.swap(incoming_);
         lock.unlock();
+        if (!jobs.empty()) {
+            last_work = Clock::now();
+        }
         if (!jobs.empty() && !pin_tried) {
             pin_tried = true;
-            // Without the lock the copies still work, staged once more by the driver.
-            (void)CudaRuntime::get().pinHost(base_, map_bytes_, &pinned);
+            // Without the lock the copies still work, staged once more by the driver (slower):
+            // said once in the log.
+            Status st = CudaRuntime::get().pinHost(base_, map_bytes_, &pinned);
+            if (!st.isOk()) {
+                sidecarLogger("cuda")->warn("GPU staging slots ({} bytes) are not page-locked: {}",
+                                            map_bytes_, st.message());
+            }
         }
         for (Job &j : jobs) {
             uint64_t base = 0;
@@ -121,6 +147,7 @@ void CudaStager::run() {
             }
             finished.push_back(Result{it->job.id, st});
             it = running.erase(it);
+            last_work = Clock::now();
         }
         lock.lock();
         if (!finished.empty()) {

@@ -15,12 +15,11 @@
 #include <thread>
 #include <vector>
 
+#include "cuda/import.hpp"
 #include "tensorlane/ipc/fd.hpp"
 #include "tensorlane/sidecar/status.hpp"
 
 namespace tensorlane::sidecar {
-
-class CudaImport;
 
 class CudaStager {
 public:
@@ -52,8 +51,8 @@ public:
     uint32_t slots() const { return slots_; }
     uint32_t slotBytes() const { return slot_bytes_; }
 
-    /// Queues a copy (engine thread).
-    void submit(Job job);
+    /// Queues copies (engine thread), one wake-up for all of them.
+    void submit(std::vector<Job> jobs);
     /// Appends the finished copies (engine thread); drains the eventfd.
     void take(std::vector<Result> *out);
     /// Results waiting.
@@ -74,6 +73,7 @@ private:
     std::vector<Job> incoming_;
     std::vector<Result> results_;
     std::atomic<bool> ready_{false};
+    std::atomic<bool> idle_{false};  ///< the thread waits on cv_ (submit() notifies only then)
     std::thread thread_;
 };
 

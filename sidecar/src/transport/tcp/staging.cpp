@@ -61,7 +61,14 @@ void TcpStaging::copy(StagingClient *owner, uint64_t cookie, int slot,
     j.host = stager_->slot(static_cast<uint32_t>(slot));
     j.bytes = bytes;
     j.to_device = to_device;
-    stager_->submit(std::move(j));
+    unsent_.push_back(std::move(j));
+}
+
+void TcpStaging::flush() {
+    if (!unsent_.empty()) {
+        stager_->submit(std::move(unsent_));
+        unsent_.clear();
+    }
 }
 
 bool TcpStaging::ready() const {

@@ -16,12 +16,12 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cuda/stager.hpp"
 #include "tensorlane/sidecar/status.hpp"
 
 namespace tensorlane::sidecar {
 
 class CudaImport;
-class CudaStager;
 
 /// Gets the results of the copies it asked for.
 class StagingClient {
@@ -53,10 +53,14 @@ public:
     unsigned char *data(int slot) const;
 
     /// Queues a copy between `slot` and device memory at `device_offset` of `import`'s
-    /// allocation; `owner` hears of it in dispatch().
+    /// allocation; `owner` hears of it in dispatch(). It goes to the stager at flush().
     void copy(StagingClient *owner, uint64_t cookie, int slot,
               const std::shared_ptr<CudaImport> &import, uint64_t device_offset, uint32_t bytes,
               bool to_device);
+    /// Hands the copies queued since the last flush to the stager, together: they then run
+    /// back to back on the GPU (one switch to the sidecar's context, not one per chunk) and cost
+    /// one wake-up of the stager.
+    void flush();
     /// Hands finished copies to their owners. Returns how many.
     size_t dispatch();
     /// Whether finished copies wait for dispatch().
@@ -78,6 +82,7 @@ private:
     bool started_ = false;
     std::vector<int> free_;
     std::unordered_map<uint64_t, Pending> pending_;  ///< by job id
+    std::vector<CudaStager::Job> unsent_;            ///< queued by copy(), not yet flushed
     uint64_t next_job_ = 1;
 };
 

@@ -66,6 +66,7 @@ Status TcpTransport::post(const WriteOp &op) {
     }
     Status st = it->second.out->link->post(op, monotonicMs());
     if (op.src->kind == MemoryKind::kCuda) {
+        send_staging_.flush();
         watchStaging(send_staging_, kSendStagingToken, &send_watched_);
     }
     return st;
@@ -372,6 +373,9 @@ size_t TcpTransport::progress(EventSink &sink) {
         }
     }
     dispatchStaging(now);
+    // Copies queued during this turn (chunks cut or landed) go to the stagers together.
+    send_staging_.flush();
+    recv_staging_.flush();
     size_t events = deliver(sink, now);
     if (now - last_stall_check_ms_ >= 100) {
         last_stall_check_ms_ = now;

@@ -26,7 +26,7 @@ public:
     /// Writes in flight per peer session, at most (the receiver's reorder window).
     static constexpr size_t kMaxWindow = 4096;
     /// Staging slots (one chunk each) for GPU regions, per direction.
-    static constexpr uint32_t kStagingSlots = 8;
+    static constexpr uint32_t kStagingSlots = 16;
 
     TcpTransport(const config::Config &cfg, RegionTable &regions);
     ~TcpTransport() override;
