@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine_impl.hpp"
+#include "tensorlane/sidecar/engine.hpp"
 #include "tensorlane/ipc/doorbell.hpp"
 #include "tensorlane/ipc/socket.hpp"
 
@@ -445,6 +446,12 @@ void EngineImpl::onExpose(Session &s, const ipc::ExposeMsg &m) {
     if (!ipc::readName(m.name, sizeof(m.name), &name) || !validName(name)) {
         reply(s, m.h.seq, Code::kInvalid, 0, 0,
               "tl_expose: a name is 1-63 characters of [A-Za-z0-9._-/:]");
+        return;
+    }
+    if (std::string_view(name).starts_with(kReservedNamePrefix)) {
+        reply(s, m.h.seq, Code::kInvalid, 0, 0,
+              std::string("tl_expose: names starting with '") + kReservedNamePrefix +
+                  "' are the sidecar's own");
         return;
     }
     auto r = regions_.find(m.region);

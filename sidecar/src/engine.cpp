@@ -130,6 +130,25 @@ Status EngineImpl::registerWithTransports(Region &r) {
     return Status::ok();
 }
 
+Status EngineImpl::exposeProbeRegion() {
+    ipc::SharedSegment seg;
+    std::string error;
+    if (ipc::createSegment(4096, ::getuid(), ::getgid(), &seg, &error)) {
+        return {Code::kNoMemory, "the peer probe's region: " + error};
+    }
+    auto r = std::make_shared<Region>();
+    r->owner = 0;  // no session: arrived() counts its notifications and tells no one
+    r->kind = MemoryKind::kHost;
+    r->bytes = 4096;
+    r->base = static_cast<unsigned char *>(seg.mapping.data());
+    r->mapping = std::make_shared<ipc::Mapping>(std::move(seg.mapping));
+    if (Status st = registerWithTransports(*r); !st.isOk()) {
+        return st;
+    }
+    probe_region_ = regions_.add(r);
+    return regions_.expose(probe_region_, kProbeRegionName);
+}
+
 Status EngineImpl::start() {
     const std::string &path = cfg_.node.socket;
     std::error_code ec;
@@ -173,6 +192,9 @@ Status EngineImpl::start() {
         }
     }
     if (peers_) {
+        if (Status st = exposeProbeRegion(); !st.isOk()) {
+            return st;
+        }
         Status st = peers_->start();
         if (!st.isOk()) {
             return st;
@@ -542,6 +564,10 @@ void EngineImpl::completed(uint64_t op_id, Code status, std::string_view reason)
 
 void EngineImpl::arrived(RegionId region, uint32_t imm, uint64_t offset, uint64_t bytes,
                          std::string_view peer_name) {
+    if (region == probe_region_ && probe_region_ != 0) {
+        ++counters_.probes_received;
+        return;
+    }
     auto r = regions_.find(region);
     Session *s = r ? findSession(r->owner) : nullptr;
     if (!s || s->closing) {
@@ -597,7 +623,9 @@ std::string EngineImpl::statusJson() const {
                            {"in_flight", s->in_flight}});
     }
     j["clients"] = clients;
-    j["regions"] = regions_.size();
+    // The clients' regions: the sidecar's own probe region (4 KiB) is not counted.
+    const bool probe = probe_region_ != 0;
+    j["regions"] = regions_.size() - (probe ? 1 : 0);
     {
         CudaRuntime &cuda = CudaRuntime::get();
         j["cuda"] = {{"available", cuda.available()},
@@ -608,7 +636,7 @@ std::string EngineImpl::statusJson() const {
             j["cuda"]["why"] = cuda.why();
         }
     }
-    j["registered_bytes"] = regions_.registeredBytes();
+    j["registered_bytes"] = regions_.registeredBytes() - (probe ? 4096 : 0);
     j["limits"] = {{"regions", cfg_.limits.regions},
                    {"registered_bytes", cfg_.limits.registered_bytes},
                    {"in_flight", cfg_.limits.in_flight},
@@ -621,6 +649,7 @@ std::string EngineImpl::statusJson() const {
                      {"requests_rejected", counters_.requests_rejected},
                      {"notifications", counters_.notifications},
                      {"notifications_dropped", counters_.notifications_dropped},
+                     {"probes_received", counters_.probes_received},
                      {"quota_refusals", counters_.quota_refusals},
                      {"accept_pauses", counters_.accept_pauses},
                      {"late_wakeups", counters_.late_wakeups},

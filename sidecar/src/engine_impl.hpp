@@ -91,6 +91,8 @@ private:
     void onRegister(Session &s, const ipc::RegisterMsg &m);
     void onDeregister(Session &s, const ipc::DeregisterMsg &m);
     void onExpose(Session &s, const ipc::ExposeMsg &m);
+    /// Creates and exposes kProbeRegionName (engine.hpp).
+    Status exposeProbeRegion();
     void onLookup(Session &s, const ipc::LookupMsg &m);
     void onStatus(Session &s, const ipc::StatusMsg &m);
     // cuda_control.cpp: CUDA memory (docs/gpu.md)
@@ -157,6 +159,7 @@ private:
         uint64_t requests_rejected = 0;
         uint64_t notifications = 0;
         uint64_t notifications_dropped = 0;
+        uint64_t probes_received = 0;  ///< writes into the peer probe's region
         uint64_t quota_refusals = 0;
         uint64_t accept_pauses = 0;
         uint64_t late_wakeups = 0;  ///< sleeps that ended by the idle tick with work waiting
@@ -166,6 +169,7 @@ private:
     std::shared_ptr<spdlog::logger> log_;
     std::chrono::steady_clock::time_point started_;
     RegionTable regions_;
+    RegionId probe_region_ = 0;
     std::unique_ptr<LocalTransport> local_;
     std::unique_ptr<PeerManager> peers_;
     ipc::UniqueFd epoll_;

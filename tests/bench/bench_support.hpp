@@ -139,6 +139,9 @@ struct SidecarOptions {
     std::string poll_mode = "adaptive";  ///< busy | adaptive | event
     uint32_t ring_depth = 1024;
     std::string log_level = "warn";
+    std::string listen = "127.0.0.1:18515";
+    std::string extra;                     ///< TOML appended to the generated config
+    std::vector<std::string> environment;  ///< NAME=VALUE set for the sidecar
 };
 
 /// One tensorlane-sidecar process with a generated single-node config (no [[peers]]), started
@@ -158,10 +161,10 @@ public:
     Sidecar &operator=(const Sidecar &) = delete;
 
     std::string toml() const {
-        return "[node]\nname = \"" + opts_.name + "\"\nlisten = \"127.0.0.1:18515\"\nsocket = \"" +
-               socket_ + "\"\n[ipc]\nring_depth = " + std::to_string(opts_.ring_depth) +
-               "\npoll_mode = \"" + opts_.poll_mode + "\"\n[security]\npeer_key_file = \"" + key_ +
-               "\"\n";
+        return "[node]\nname = \"" + opts_.name + "\"\nlisten = \"" + opts_.listen +
+               "\"\nsocket = \"" + socket_ +
+               "\"\n[ipc]\nring_depth = " + std::to_string(opts_.ring_depth) + "\npoll_mode = \"" +
+               opts_.poll_mode + "\"\n[security]\npeer_key_file = \"" + key_ + "\"\n" + opts_.extra;
     }
 
     void stop() {
@@ -196,6 +199,9 @@ private:
             std::string log = dir_.file("sidecar.log");
             int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
             ::dup2(fd, 2);
+            for (const std::string &kv : opts_.environment) {
+                ::putenv(const_cast<char *>(kv.c_str()));
+            }
             ::execl(TENSORLANE_SIDECAR_BIN, "tensorlane-sidecar", "--config", config_.c_str(),
                     "--log-level", opts_.log_level.c_str(), static_cast<char *>(nullptr));
             ::_exit(127);

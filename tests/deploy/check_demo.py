@@ -18,14 +18,7 @@ import subprocess
 import sys
 import time
 
-failures = []
-
-
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what)
-    if not ok:
-        failures.append(what)
-    return ok
+from checks import check, failures
 
 
 def demo_dirs():

@@ -24,14 +24,7 @@ import sys
 import tempfile
 
 SKIP = 77
-failures = []
-
-
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what)
-    if not ok:
-        failures.append(what)
-    return ok
+from checks import check, failures
 
 
 def run(cmd, **kw):

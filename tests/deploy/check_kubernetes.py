@@ -29,14 +29,7 @@ except ImportError:
     print("skipped: python3-yaml is not installed (apt-get install python3-yaml)")
     sys.exit(77)
 
-failures = []
-
-
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what)
-    if not ok:
-        failures.append(what)
-    return ok
+from checks import check, failures
 
 
 # Fields of the Kubernetes API (core/v1, apps/v1) for the objects these examples use. A field

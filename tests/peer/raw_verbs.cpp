@@ -104,50 +104,39 @@ bool RawVerbsEnd::connect(const sidecar::VerbsBlob &receiver, std::string *why) 
     return true;
 }
 
+bool RawVerbsEnd::post(uint32_t qp, ibv_wr_opcode opcode, uint64_t local_offset, uint32_t len,
+                       uint64_t remote_addr, uint32_t rkey, uint32_t wire_imm) {
+    if (local_offset + len > buf_.size() || qp >= qps_.size()) {
+        return false;
+    }
+    ibv_sge sge{reinterpret_cast<uint64_t>(buf_.data()) + local_offset, len, mr_->lkey};
+    ibv_send_wr wr{};
+    wr.wr_id = static_cast<uint64_t>(opcode);
+    wr.sg_list = &sge;
+    wr.num_sge = len != 0 ? 1 : 0;
+    wr.opcode = opcode;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.imm_data = htonl(wire_imm);
+    wr.wr.rdma.remote_addr = remote_addr;
+    wr.wr.rdma.rkey = rkey;
+    ibv_send_wr *bad = nullptr;
+    return ibv_post_send(qps_[qp].get(), &wr, &bad) == 0;
+}
+
 bool RawVerbsEnd::postDescriptor(uint32_t qp, const sidecar::WriteDescriptor &d) {
     std::memcpy(buf_.data(), &d, sizeof d);
-    ibv_sge sge{reinterpret_cast<uint64_t>(buf_.data()), sizeof d, mr_->lkey};
-    ibv_send_wr wr{};
-    wr.wr_id = 1;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.opcode = IBV_WR_RDMA_WRITE;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    wr.wr.rdma.remote_addr =
-        remote_.ring_addr + (d.seq % remote_.ring_slots) * sizeof(sidecar::WriteDescriptor);
-    wr.wr.rdma.rkey = remote_.ring_rkey;
-    ibv_send_wr *bad = nullptr;
-    return ibv_post_send(qps_.at(qp).get(), &wr, &bad) == 0;
+    return post(qp, IBV_WR_RDMA_WRITE, 0, sizeof d,
+                remote_.ring_addr + (d.seq % remote_.ring_slots) * sizeof(sidecar::WriteDescriptor),
+                remote_.ring_rkey, 0);
 }
 
 bool RawVerbsEnd::postData(uint32_t qp, uint64_t addr, uint32_t rkey, uint32_t len,
                            uint32_t wire_imm) {
-    ibv_sge sge{reinterpret_cast<uint64_t>(buf_.data()) + 4096, len, mr_->lkey};
-    ibv_send_wr wr{};
-    wr.wr_id = 2;
-    wr.sg_list = &sge;
-    wr.num_sge = len != 0 ? 1 : 0;
-    wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    wr.imm_data = htonl(wire_imm);
-    wr.wr.rdma.remote_addr = addr;
-    wr.wr.rdma.rkey = rkey;
-    ibv_send_wr *bad = nullptr;
-    return len <= buf_.size() - 4096 && ibv_post_send(qps_.at(qp).get(), &wr, &bad) == 0;
+    return post(qp, IBV_WR_RDMA_WRITE_WITH_IMM, 4096, len, addr, rkey, wire_imm);
 }
 
 bool RawVerbsEnd::postRead(uint32_t qp, uint64_t addr, uint32_t rkey, uint32_t len) {
-    ibv_sge sge{reinterpret_cast<uint64_t>(buf_.data()) + 4096, len, mr_->lkey};
-    ibv_send_wr wr{};
-    wr.wr_id = 3;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.opcode = IBV_WR_RDMA_READ;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    wr.wr.rdma.remote_addr = addr;
-    wr.wr.rdma.rkey = rkey;
-    ibv_send_wr *bad = nullptr;
-    return len <= buf_.size() - 4096 && ibv_post_send(qps_.at(qp).get(), &wr, &bad) == 0;
+    return post(qp, IBV_WR_RDMA_READ, 4096, len, addr, rkey, 0);
 }
 
 int RawVerbsEnd::nextCompletion(int timeout_ms) {

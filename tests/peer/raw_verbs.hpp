@@ -36,6 +36,10 @@ public:
     int nextCompletion(int timeout_ms);
 
 private:
+    /// One signalled work request from our buffer at `local_offset`.
+    bool post(uint32_t qp, ibv_wr_opcode opcode, uint64_t local_offset, uint32_t len,
+              uint64_t remote_addr, uint32_t rkey, uint32_t wire_imm);
+
     sidecar::verbs_detail::ContextPtr ctx_;
     sidecar::verbs_detail::PdPtr pd_;
     sidecar::verbs_detail::CqPtr cq_;

@@ -266,6 +266,7 @@ public:
     bool ready() const { return ready_; }
     pid_t pid() const { return pid_; }
     const std::string &socket() const { return socket_; }
+    const std::string &configPath() const { return config_; }
     const std::string &dir() const { return dir_.path(); }
     std::string log() const {
         std::ifstream in(dir_.file("sidecar.log"));

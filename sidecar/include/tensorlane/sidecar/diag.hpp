@@ -44,8 +44,8 @@ struct DiagEnvironment {
     /// Whether libibverbs.so.1 exports ibv_reg_dmabuf_mr (rdma-core >= 34); nullopt: no
     /// libibverbs at all.
     std::optional<bool> has_reg_dmabuf_mr;
-    /// HOOK (peer probe): sends a write with immediate to `peer` and reports its round trip.
-    /// Unset until the engine can send one; diag then reports the peers as not probed.
+    /// Sends writes with immediate to `peer` through the running sidecar and reports their
+    /// round trip (`tensorlane diag` sets it; unset, the peers are listed, not probed).
     std::function<Finding(const config::PeerConfig &peer)> probe_peer;
 
     /// The running host: PATH programs, getrlimit, uname, dlopen("libibverbs.so.1").

@@ -14,6 +14,12 @@ namespace tensorlane::sidecar {
 
 class EngineImpl;
 
+/// The region every sidecar with peers exposes for `tensorlane diag`'s peer probe: 4 KiB that
+/// peers may write, whose notifications go to no one (counted as probes_received). Names with
+/// the "tensorlane." prefix are the sidecar's own; clients cannot expose them.
+inline constexpr const char *kProbeRegionName = "tensorlane.probe";
+inline constexpr const char *kReservedNamePrefix = "tensorlane.";
+
 /// The daemon minus its command line, so tests can run it in-process.
 class Engine {
 public:
