@@ -26,6 +26,13 @@ CudaCopier::~CudaCopier() {
     }
 }
 
+void CudaCopier::bind(void *ctx) {
+    if (ctx != current_) {
+        cudaDriver().cuCtxSetCurrent(static_cast<CUcontext>(ctx));
+        current_ = ctx;
+    }
+}
+
 Status CudaCopier::start(int ordinal, uint32_t lane, uint64_t dst, uint64_t src, uint64_t bytes,
                          uint32_t *handle) {
     const CudaDriver &d = cudaDriver();
@@ -43,7 +50,7 @@ Status CudaCopier::start(int ordinal, uint32_t lane, uint64_t dst, uint64_t src,
         }
         dev.streams.assign(kLanes, nullptr);
     }
-    CudaContextGuard g(d, static_cast<CUcontext>(dev.ctx));
+    bind(dev.ctx);
     void *&stream = dev.streams[lane % kLanes];
     if (stream == nullptr) {
         CUstream s = nullptr;
@@ -92,11 +99,8 @@ Status CudaCopier::poll(uint32_t handle) {
     }
     const CudaDriver &d = cudaDriver();
     Event &e = events_[handle];
-    CUresult rc;
-    {
-        CudaContextGuard g(d, static_cast<CUcontext>(e.ctx));
-        rc = d.cuEventQuery(static_cast<CUevent>(e.event));
-    }
+    bind(e.ctx);
+    const CUresult rc = d.cuEventQuery(static_cast<CUevent>(e.event));
     if (rc == CUDA_ERROR_NOT_READY) {
         return {Code::kAgain, ""};
     }

@@ -1,6 +1,7 @@
 // Asynchronous copies on the sidecar's own CUDA streams, for one thread (the local copy thread,
-// the tcp stager): start() queues cuMemcpyAsync on a stream of the device and records an event
-// behind it; poll() asks the event. Nothing here blocks on the GPU.
+// the tcp stager; the thread is the copier's, so it leaves the context it used current): start()
+// queues cuMemcpyAsync on a stream of the device and records an event behind it; poll() asks the
+// event. Nothing here blocks on the GPU.
 //
 // Addresses are unified (UVA): device pointers of IPC imports, or host memory this process has
 // page-locked (CudaRuntime::pinHost); the driver picks the copy's direction from them. Copies
@@ -44,8 +45,13 @@ private:
         std::vector<void *> streams;  ///< CUstream per lane, created on first use
     };
 
+    /// Makes `ctx` current on the (one) thread that uses this copier; it keeps it current
+    /// between calls, which saves a push and a pop per copy and per poll on the latency path.
+    void bind(void *ctx);
+
     std::vector<Device> devices_;
     std::vector<Event> events_;
+    void *current_ = nullptr;
     std::vector<uint32_t> free_;  ///< indices into events_ not in use
 };
 

@@ -31,6 +31,7 @@ namespace tensorlane::sidecar {
     X(cuDevicePrimaryCtxRetain)  \
     X(cuDevicePrimaryCtxRelease) \
     X(cuCtxPushCurrent)          \
+    X(cuCtxSetCurrent)           \
     X(cuCtxPopCurrent)           \
     X(cuCtxEnablePeerAccess)     \
     X(cuIpcOpenMemHandle)        \
