@@ -283,12 +283,18 @@ struct TcpRig {
         const std::string key = dir.file("peer.key");
         tltest::writeFile(key, tltest::keyText('7'), 0600);
         const uint16_t pa = tltest::freePort(), pb = tltest::freePort();
+        // TENSORLANE_BENCH_TCP_INTEGRITY=none measures without FrameAuth tags (default: mac,
+        // the sidecar's default), to tell what the tags cost from what staging costs.
+        const char *integrity = std::getenv("TENSORLANE_BENCH_TCP_INTEGRITY");
         auto opts = [&](const char *name, uint16_t port, const char *peer, uint16_t peer_port) {
             tltest::SidecarOptions o;
             o.name = name;
             o.listen = "127.0.0.1:" + std::to_string(port);
             o.key_file = key;
             o.peers.push_back({peer, "127.0.0.1:" + std::to_string(peer_port)});
+            if (integrity != nullptr && *integrity != '\0') {
+                o.extra_security = std::string("tcp_integrity = \"") + integrity + "\"\n";
+            }
             return o;
         };
         a = std::make_unique<tltest::Sidecar>(opts("node-a", pa, "node-b", pb));
@@ -537,8 +543,11 @@ void KernelTurns(benchmark::State &state, bool other) {
     state.counters["p50_ns"] = p(ns, 0.5);
     state.counters["p99_ns"] = p(ns, 0.99);
     if (other) {
+        // The worker holds a copy of every end of both pipes (inherited), so it would never
+        // read end-of-file: it is stopped instead.
         ::close(to[1]);
         ::close(from[0]);
+        ::kill(pong, SIGKILL);
         tlgpu::waitWorker(pong);
     }
     g_cuda.cuStreamDestroy(s);
