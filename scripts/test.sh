@@ -58,7 +58,7 @@ echo "clang-format: ${#sources[@]} files clean"
 
 step "shellcheck"
 mapfile -t scripts < <(git ls-files 'scripts/*.sh' '.ci/run' 'tests/scripts/*.sh' \
-    'tests/scripts/fakebin/*')
+    'tests/scripts/fakebin/*' 'tests/bench/*.sh')
 shellcheck "${scripts[@]}"
 echo "shellcheck: ${#scripts[@]} scripts clean"
 

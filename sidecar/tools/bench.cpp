@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <deque>
@@ -31,9 +32,11 @@
 #include <random>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "bench_env.hpp"
 #include "bench_report.hpp"
+#include "bench_responder.hpp"
 #include "bench_tcp.hpp"
 #include "tensorlane/tensorlane.h"
 
@@ -65,195 +68,64 @@ struct Options {
     bool no_baseline = false;
     std::string csv;
     std::string json;
+    std::string transport = "tcp";
+    std::string sysfs_root;  ///< verbs: the device tree (default $TENSORLANE_SYSFS_ROOT, /sys)
+    std::string devices;     ///< verbs: "A,B", node-a's and node-b's devices (default: first two)
+    uint32_t qps = 0;        ///< verbs: [fabric] qps_per_peer (0: the default)
+    bool respond = false;    ///< only the responder worker, against --socket, for --peer
+    std::string tag;         ///< region names of a two-host run: TAG-a and TAG-b
 };
 
-// The immediate: bit 31 asks the responder to write the bytes back; the rest is a sequence
-// number, so a stray notification is noticed.
-constexpr uint32_t kEchoBit = 0x80000000u;
-constexpr uint32_t kSeqMask = 0x7fffffffu;
+/// The region names of a two-host run when --tag is not given.
+constexpr const char *kDefaultTag = "tlbench";
+
+/// The RDMA devices under `root`/class/infiniband, sorted by name.
+std::vector<std::string> listDevices(const std::string &root) {
+    std::vector<std::string> out;
+    std::error_code ec;
+    for (const auto &e : std::filesystem::directory_iterator(root + "/class/infiniband", ec)) {
+        out.push_back(e.path().filename().string());
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+}
+
+/// The two devices of a verbs loopback run: `--devices A,B`, else the first two in the tree.
+std::pair<std::string, std::string> verbsDevices(const Options &o) {
+    const std::vector<std::string> have = listDevices(o.sysfs_root);
+    std::string a, b;
+    if (!o.devices.empty()) {
+        const size_t comma = o.devices.find(',');
+        if (comma == std::string::npos || o.devices.find(',', comma + 1) != std::string::npos) {
+            throw BenchError("--devices: two device names, node-a's and node-b's: \"sim0,sim1\"");
+        }
+        a = o.devices.substr(0, comma);
+        b = o.devices.substr(comma + 1);
+        if (a.empty() || b.empty() || a == b) {
+            throw BenchError("--devices: two different device names, e.g. \"sim0,sim1\"");
+        }
+        for (const std::string &d : {a, b}) {
+            if (std::find(have.begin(), have.end(), d) == have.end()) {
+                throw BenchError("--devices: no " + o.sysfs_root + "/class/infiniband/" + d);
+            }
+        }
+    } else {
+        if (have.size() < 2) {
+            throw BenchError("--transport verbs needs two RDMA devices (one per sidecar); " +
+                             o.sysfs_root + "/class/infiniband has " + std::to_string(have.size()) +
+                             " (simulated ones: tests/simhca/tools/mksysfs.sh, then "
+                             "--sysfs-root or TENSORLANE_SYSFS_ROOT)");
+        }
+        a = have[0];
+        b = have[1];
+    }
+    return {a, b};
+}
+
 /// At most this many bytes in flight in the bandwidth test (fewer writes for big sizes).
 constexpr uint64_t kMaxBytesInFlight = 128ull << 20;
-/// Where the responder leaves, per echoed write, when it saw the notification and when its
-/// echo was posted (steady clock, which is CLOCK_MONOTONIC: one clock for both processes), so
-/// the round trip splits into A->B, B's turnaround and B->A. A shared anonymous mapping made
-/// before the fork; indexed by sequence number.
-struct EchoStamp {
-    std::atomic<uint32_t> imm;  ///< written last (release): the slot is whole once it matches
-    uint32_t pad;
-    int64_t noted_ns;
-    int64_t posted_ns;
-};
-constexpr uint32_t kStampSlots = 4096;  // a power of two
-static_assert(std::atomic<uint32_t>::is_always_lock_free);
-
-int64_t nowNs() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
-        .count();
-}
-
 /// A single write or notification taking longer than this is a failure, not a slow result.
 constexpr auto kOpTimeout = std::chrono::seconds(60);
-
-// ---- the control channel between this process and the responder ----
-
-struct SetupMsg {
-    char a_node[64];
-    char a_region[64];
-    char b_region[64];
-    uint64_t max_bytes;
-};
-
-struct ReplyMsg {
-    int32_t status;  ///< 0: ready; else failed (text in error)
-    char error[512];
-};
-
-void copyName(char *dst, size_t cap, const std::string &src) {
-    std::memset(dst, 0, cap);
-    std::memcpy(dst, src.data(), std::min(src.size(), cap - 1));
-}
-
-void sendReply(int fd, int32_t status, const std::string &error) {
-    ReplyMsg r{};
-    r.status = status;
-    copyName(r.error, sizeof(r.error), error);
-    (void)::send(fd, &r, sizeof(r), MSG_NOSIGNAL);
-}
-
-std::string callError(const std::string &what) {
-    return what + ": " + tl_last_error();
-}
-
-struct ClientCloser {
-    void operator()(tl_client *c) const { tl_disconnect(c); }
-};
-using ClientPtr = std::unique_ptr<tl_client, ClientCloser>;
-
-/// tl_lookup, retried while the name is not there yet (the other side exposes it).
-tl_status lookupRetry(tl_client *c, const std::string &peer, const std::string &name,
-                      tl_remote *out, std::chrono::seconds timeout) {
-    auto end = Clock::now() + timeout;
-    for (;;) {
-        tl_status s = tl_lookup(c, peer.c_str(), name.c_str(), out, nullptr);
-        if ((s != TL_ENOENT && s != TL_EPEER) || Clock::now() > end || interrupted()) {
-            return s;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-}
-
-/// The worker on node-b: exposes a region, echoes writes that ask for it, drains the rest.
-int responderMain(int ctl, const std::string &socket, EchoStamp *stamps) {
-    SetupMsg setup{};
-    for (;;) {
-        pollfd p{ctl, POLLIN, 0};
-        int n = ::poll(&p, 1, 200);
-        if (interrupted()) {
-            return 0;
-        }
-        if (n > 0) {
-            break;
-        }
-    }
-    if (::recv(ctl, &setup, sizeof(setup), 0) != static_cast<ssize_t>(sizeof(setup))) {
-        return 0;  // the bench gave up before it began
-    }
-    setup.a_node[63] = setup.a_region[63] = setup.b_region[63] = '\0';
-    tl_client *raw = nullptr;
-    if (tl_connect(socket.c_str(), &raw) != TL_OK) {
-        sendReply(ctl, 1, "responder: " + callError("tl_connect " + socket));
-        return 1;
-    }
-    ClientPtr c(raw);
-    void *buf = nullptr;
-    tl_region region = 0;
-    tl_remote back = 0;
-    if (tl_alloc_host(c.get(), setup.max_bytes, &buf, &region) != TL_OK) {
-        sendReply(ctl, 1, "responder: " + callError("tl_alloc_host"));
-        return 1;
-    }
-    std::memset(buf, 0, setup.max_bytes);
-    if (tl_expose(c.get(), region, setup.b_region) != TL_OK) {
-        sendReply(ctl, 1, "responder: " + callError("tl_expose"));
-        return 1;
-    }
-    if (tl_status s =
-            lookupRetry(c.get(), setup.a_node, setup.a_region, &back, std::chrono::seconds(30));
-        s != TL_OK) {
-        sendReply(ctl, 1,
-                  std::string("responder: tl_lookup of ") + setup.a_region + " on " + setup.a_node +
-                      ": " + tl_status_str(s) + ": " + tl_last_error());
-        return 1;
-    }
-    sendReply(ctl, 0, "");
-
-    std::deque<tl_ticket> pending;
-    auto reap = [&](bool all) -> bool {
-        while (!pending.empty()) {
-            int done = 0;
-            tl_status s = all ? tl_wait(c.get(), pending.front(), 10000)
-                              : tl_test(c.get(), pending.front(), &done);
-            if (!all && s == TL_OK && !done) {
-                return true;
-            }
-            if (s != TL_OK) {
-                sendReply(ctl, 1,
-                          std::string("responder: echo write failed: ") + tl_status_str(s) + ": " +
-                              tl_last_error());
-                return false;
-            }
-            pending.pop_front();
-        }
-        return true;
-    };
-    while (!interrupted()) {
-        tl_notification n{};
-        tl_status s = tl_wait_notification(c.get(), &n, 100);
-        if (s == TL_ETIMEDOUT) {
-            pollfd p{ctl, POLLIN | POLLRDHUP, 0};
-            if (::poll(&p, 1, 0) > 0) {
-                break;  // the bench is done (closed its end) or asks us to stop
-            }
-            if (!reap(false)) {
-                return 1;
-            }
-            continue;
-        }
-        if (s != TL_OK) {
-            sendReply(ctl, 1,
-                      std::string("responder: tl_wait_notification: ") + tl_status_str(s) + ": " +
-                          tl_last_error());
-            return 1;
-        }
-        if (n.imm & kEchoBit) {
-            const int64_t noted = nowNs();
-            tl_ticket t = 0;
-            s = tl_write(c.get(), region, 0, back, 0, n.bytes, n.imm, &t);
-            while (s == TL_EAGAIN && !pending.empty()) {
-                if (!reap(false)) {
-                    return 1;
-                }
-                s = tl_write(c.get(), region, 0, back, 0, n.bytes, n.imm, &t);
-            }
-            if (s != TL_OK) {
-                sendReply(ctl, 1,
-                          std::string("responder: echo tl_write: ") + tl_status_str(s) + ": " +
-                              tl_last_error());
-                return 1;
-            }
-            pending.push_back(t);
-            EchoStamp &slot = stamps[n.imm & (kStampSlots - 1)];
-            slot.noted_ns = noted;
-            slot.posted_ns = nowNs();
-            // SYNC POINT: release; the bench acquires imm and then reads the times.
-            slot.imm.store(n.imm, std::memory_order_release);
-        }
-        if (!reap(false)) {
-            return 1;
-        }
-    }
-    return reap(true) ? 0 : 1;
-}
 
 // ---- this process: the worker on node-a ----
 
@@ -279,6 +151,16 @@ private:
     void latency(uint64_t bytes, LatencySamples *into);
     Bandwidth bandwidth(uint64_t bytes);
     std::string failureDetail();
+    /// The next sequence number for an immediate (never kByeImm).
+    uint32_t nextSeq() {
+        seq_ = (seq_ + 1) & kSeqMask;
+        if (seq_ == kByeImm) {
+            seq_ = 0;
+        }
+        return seq_;
+    }
+    /// Tells a responder started on its own that the bench is over.
+    void sayBye();
 
     const Options &o_;
     std::vector<uint64_t> sizes_;
@@ -299,6 +181,9 @@ private:
     tl_remote remote_ = 0;
     uint32_t seq_ = 0;
     EchoStamp *stamps_ = nullptr;
+    std::string devices_;  ///< verbs loopback: "A,B"
+    /// Attached without --peer-socket: the responder runs on the peer's host (--respond).
+    bool remote_responder_ = false;
 };
 
 void Bench::startLoopback() {
@@ -324,12 +209,24 @@ void Bench::startLoopback() {
     a.poll_mode = o_.poll_mode;
     a.spin_us = o_.spin_us;
     a.integrity = o_.integrity;
+    a.transport = o_.transport;
     NodeSettings b = a;
     b.name = "node-b";
     b.listen_port = port_b;
     b.socket = socket_b_;
     b.peer_name = "node-a";
     b.peer_port = port_a;
+    if (o_.transport == "verbs") {
+        // Each sidecar opens its own device (a simulated device belongs to one process); the
+        // library they load is whatever LD_LIBRARY_PATH says (the simulator's or rdma-core's),
+        // the tree whatever TENSORLANE_SYSFS_ROOT says: the production binary, unchanged.
+        std::tie(a.device, b.device) = verbsDevices(o_);
+        a.qps_per_peer = b.qps_per_peer = o_.qps;
+        if (::setenv("TENSORLANE_SYSFS_ROOT", o_.sysfs_root.c_str(), 1) != 0) {
+            throw BenchError(std::string("setenv: ") + std::strerror(errno));
+        }
+        devices_ = a.device + "," + b.device;
+    }
     writeNewFile(dir_->file("node-a.toml"), nodeToml(a), 0600);
     writeNewFile(dir_->file("node-b.toml"), nodeToml(b), 0600);
     sidecar_a_ =
@@ -347,6 +244,9 @@ void Bench::startLoopback() {
 
 void Bench::checkResponder() {
     checkInterrupted();
+    if (remote_responder_) {
+        return;  // on the other host; a write to it that fails says so
+    }
     pollfd p{ctl_, POLLIN, 0};
     if (::poll(&p, 1, 0) > 0) {
         ReplyMsg r{};
@@ -381,9 +281,21 @@ void Bench::connectWorkers() {
     }
     std::memset(static_cast<uint8_t *>(src_) + (max & ~uint64_t{7}), 0x5a, max & 7);
     std::memset(dst_, 0, max);
-    const std::string tag = "tlbench-" + std::to_string(::getpid());
+    const std::string tag = remote_responder_ ? (o_.tag.empty() ? std::string(kDefaultTag) : o_.tag)
+                                              : "tlbench-" + std::to_string(::getpid());
     if (tl_expose(client_.get(), dst_region_, (tag + "-a").c_str()) != TL_OK) {
         throw BenchError(callError("tl_expose"));
+    }
+    if (remote_responder_) {
+        // `tensorlane bench --respond` on the peer's host exposes TAG-b and looks up our TAG-a.
+        if (tl_status s = lookupRetry(client_.get(), peer_name_, tag + "-b", &remote_,
+                                      std::chrono::seconds(60));
+            s != TL_OK) {
+            throw BenchError("tl_lookup of " + tag + "-b on " + peer_name_ + ": " +
+                             tl_status_str(s) + ": " + tl_last_error() +
+                             " (is `tensorlane bench --respond` running there?)");
+        }
+        return;
     }
     SetupMsg setup{};
     copyName(setup.a_node, sizeof(setup.a_node), tl_node_name(client_.get()));
@@ -459,7 +371,7 @@ tl_notification Bench::waitNote() {
 
 void Bench::latency(uint64_t bytes, LatencySamples *into) {
     auto roundTrip = [&]() {
-        const uint32_t imm = kEchoBit | (++seq_ & kSeqMask);
+        const uint32_t imm = kEchoBit | nextSeq();
         tl_ticket t = 0;
         if (tl_write(client_.get(), src_region_, 0, remote_, 0, bytes, imm, &t) != TL_OK) {
             throw BenchError(callError("tl_write"));
@@ -491,15 +403,23 @@ void Bench::latency(uint64_t bytes, LatencySamples *into) {
         tl_ticket t = roundTrip();
         const int64_t t1 = nowNs();
         samples.push_back(static_cast<double>(t1 - t0) / 1e3);
+        waitTicket(t);  // normally done already: B was notified before it wrote back
         const uint32_t imm = kEchoBit | (seq_ & kSeqMask);
         const EchoStamp &slot = stamps_[imm & (kStampSlots - 1)];
-        // SYNC POINT: acquire; pairs with the responder's release store of imm.
+        // The responder stamps right after its tl_write returns, so its echo can reach us
+        // first: wait a moment (outside the timed part) rather than keep only the round trips
+        // in which it was not preempted there. SYNC POINT: acquire; pairs with the
+        // responder's release store of imm.
+        // (A responder on another host leaves no stamps.)
+        const int64_t give_up = remote_responder_ ? 0 : nowNs() + 2'000'000;
+        while (slot.imm.load(std::memory_order_acquire) != imm && nowNs() < give_up) {
+            std::this_thread::yield();
+        }
         if (slot.imm.load(std::memory_order_acquire) == imm) {
             into->a_to_b.push_back(static_cast<double>(slot.noted_ns - t0) / 1e3);
             into->b_turn.push_back(static_cast<double>(slot.posted_ns - slot.noted_ns) / 1e3);
             into->b_to_a.push_back(static_cast<double>(t1 - slot.posted_ns) / 1e3);
         }
-        waitTicket(t);  // normally done already: B was notified before it wrote back
     }
 }
 
@@ -509,8 +429,7 @@ Bandwidth Bench::bandwidth(uint64_t bytes) {
     std::deque<tl_ticket> inflight;
     auto post = [&]() -> bool {
         tl_ticket t = 0;
-        tl_status s =
-            tl_write(client_.get(), src_region_, 0, remote_, 0, bytes, ++seq_ & kSeqMask, &t);
+        tl_status s = tl_write(client_.get(), src_region_, 0, remote_, 0, bytes, nextSeq(), &t);
         if (s == TL_EAGAIN) {
             return false;
         }
@@ -544,6 +463,14 @@ Bandwidth Bench::bandwidth(uint64_t bytes) {
     b.seconds = std::chrono::duration<double>(Clock::now() - start).count();
     b.bytes = b.writes * bytes;
     return b;
+}
+
+void Bench::sayBye() {
+    tl_ticket t = 0;
+    const uint64_t bytes = std::min<uint64_t>(64, sizes_.back());
+    if (tl_write(client_.get(), src_region_, 0, remote_, 0, bytes, kByeImm, &t) == TL_OK) {
+        waitTicket(t);
+    }
 }
 
 std::string Bench::failureDetail() {
@@ -597,6 +524,7 @@ int Bench::run() {
     const bool do_lat = o_.test != "bw";
     const bool do_bw = o_.test != "lat";
     const bool loopback = o_.socket.empty();
+    remote_responder_ = !loopback && o_.peer_socket.empty();
 
     try {
         if (loopback) {
@@ -614,23 +542,25 @@ int Bench::run() {
         if (!o_.no_baseline) {
             baseline_.emplace(TcpBaseline::start());
         }
-        int sv[2];
-        if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
-            throw BenchError(std::string("socketpair: ") + std::strerror(errno));
-        }
-        ctl_ = sv[0];
         void *stamps = ::mmap(nullptr, sizeof(EchoStamp) * kStampSlots, PROT_READ | PROT_WRITE,
                               MAP_SHARED | MAP_ANONYMOUS, -1, 0);
         if (stamps == MAP_FAILED) {
             throw BenchError(std::string("mmap: ") + std::strerror(errno));
         }
         stamps_ = static_cast<EchoStamp *>(stamps);  // zero-filled: no slot matches yet
-        const std::string b_socket = socket_b_;
-        responder_ = Child::fork([fd = sv[1], parent_fd = sv[0], b_socket, this] {
-            ::close(parent_fd);
-            return responderMain(fd, b_socket, stamps_);
-        });
-        ::close(sv[1]);
+        if (!remote_responder_) {
+            int sv[2];
+            if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
+                throw BenchError(std::string("socketpair: ") + std::strerror(errno));
+            }
+            ctl_ = sv[0];
+            const std::string b_socket = socket_b_;
+            responder_ = Child::fork([fd = sv[1], parent_fd = sv[0], b_socket, this] {
+                ::close(parent_fd);
+                return responderMain(fd, b_socket, stamps_);
+            });
+            ::close(sv[1]);
+        }
         if (loopback) {
             startLoopback();
         }
@@ -639,7 +569,9 @@ int Bench::run() {
         RunInfo info;
         info.date = nowIso();
         info.host = hostInfo();
-        info.mode = loopback ? "loopback" : "attached";
+        info.mode = loopback ? "loopback" : remote_responder_ ? "two hosts" : "attached";
+        info.transport = loopback ? o_.transport : "";
+        info.devices = devices_;
         info.local_node = tl_node_name(client_.get());
         info.peer_node = peer_name_;
         info.connections = o_.connections;
@@ -722,9 +654,13 @@ int Bench::run() {
         progress.clear();
 
         // Let the responder finish (it drains its tickets), then tear down in order.
-        ::shutdown(ctl_, SHUT_RDWR);
-        responder_.waitExit(5000);
-        responder_.stop();
+        if (remote_responder_) {
+            sayBye();
+        } else {
+            ::shutdown(ctl_, SHUT_RDWR);
+            responder_.waitExit(5000);
+            responder_.stop();
+        }
         client_.reset();
 
         const bool table_to_stderr = o_.csv == "-" || o_.json == "-";
@@ -759,13 +695,46 @@ int Bench::run() {
     return 0;
 }
 
-int runBench(const Options &o) {
+/// `tensorlane bench --respond`: the responder worker alone, for a bench on the peer's host.
+int respond(const Options &o, uint64_t max_bytes) {
+    const std::string tag = o.tag.empty() ? kDefaultTag : o.tag;
+    if (tag.size() > 60) {
+        std::cerr << "tensorlane bench: --tag: at most 60 characters\n";
+        return 2;
+    }
+    SetupMsg setup{};
+    copyName(setup.a_node, sizeof(setup.a_node), o.peer);
+    copyName(setup.a_region, sizeof(setup.a_region), tag + "-a");
+    copyName(setup.b_region, sizeof(setup.b_region), tag + "-b");
+    setup.max_bytes = max_bytes;
+    std::cerr << "tensorlane bench --respond: exposing " << tag << "-b (" << formatBytes(max_bytes)
+              << ") on " << o.socket << ", waiting for " << tag << "-a of " << o.peer << "\n";
+    const int rc = responderMain(-1, o.socket, nullptr, &setup);
+    if (rc == 0 && !interrupted()) {
+        std::cerr << "tensorlane bench --respond: the bench on " << o.peer << " is done\n";
+    }
+    return interrupted() ? 130 : rc;
+}
+
+int runBench(Options o) {
     installSignalHandlers();
     std::vector<uint64_t> sizes;
     try {
         const bool attached = !o.socket.empty() || !o.peer.empty() || !o.peer_socket.empty();
-        if (attached && (o.socket.empty() || o.peer.empty() || o.peer_socket.empty())) {
-            throw BenchError("--socket, --peer and --peer-socket go together");
+        if (attached && (o.socket.empty() || o.peer.empty())) {
+            throw BenchError(
+                "--socket and --peer go together (with --peer-socket when the peer's sidecar "
+                "runs on this host; without it, `tensorlane bench --respond` runs on the peer's)");
+        }
+        if (o.respond && (!attached || !o.peer_socket.empty())) {
+            throw BenchError(
+                "--respond needs --socket (this host's sidecar) and --peer (the "
+                "node that runs the bench), and no --peer-socket");
+        }
+        if (!o.tag.empty() && (!attached || !o.peer_socket.empty())) {
+            throw BenchError(
+                "--tag names the regions of a two-host run (--socket and --peer "
+                "without --peer-socket, or --respond)");
         }
         if (attached && o.loopback) {
             throw BenchError("--loopback starts its own sidecars; leave out --socket/--peer");
@@ -778,6 +747,15 @@ int runBench(const Options &o) {
                 "starts; set "
                 "them in the running sidecars' configs instead");
         }
+        const bool verbs_opts = !o.sysfs_root.empty() || !o.devices.empty() || o.qps != 0;
+        if (attached && (o.transport != "tcp" || verbs_opts)) {
+            throw BenchError(
+                "--transport, --sysfs-root, --devices and --qps shape the sidecars --loopback "
+                "starts; set them in the running sidecars' configs instead");
+        }
+        if (o.transport != "verbs" && verbs_opts) {
+            throw BenchError("--sysfs-root, --devices and --qps go with --transport verbs");
+        }
         if (!o.chunk.empty()) {
             auto c = parseBytes(o.chunk);
             if (!c || *c < 4096 || *c > (64u << 20)) {
@@ -785,9 +763,19 @@ int runBench(const Options &o) {
             }
         }
         sizes = parseSizes(o.sizes);
+        if (o.transport == "verbs") {
+            if (o.sysfs_root.empty()) {
+                const char *env = std::getenv("TENSORLANE_SYSFS_ROOT");
+                o.sysfs_root = env != nullptr && *env != '\0' ? env : "/sys";
+            }
+            (void)verbsDevices(o);  // a wrong tree or name fails here, before anything starts
+        }
     } catch (const BenchError &e) {
         std::cerr << "tensorlane bench: " << e.what() << "\n";
         return 2;
+    }
+    if (o.respond) {
+        return respond(o, sizes.back());
     }
     Bench b(o, std::move(sizes));
     return b.run();
@@ -810,7 +798,15 @@ void addBenchCommand(CLI::App &app, std::function<int()> *run) {
                                "bench against running sidecars: this node's socket");
     b->add_option("--peer", opts->peer, "with --socket: the peer node's name");
     b->add_option("--peer-socket", opts->peer_socket,
-                  "with --socket: the peer sidecar's socket (the responder worker connects there)");
+                  "with --socket: the peer sidecar's socket on this host (the responder worker "
+                  "connects there); without it the responder is `tensorlane bench --respond` "
+                  "on the peer's host");
+    b->add_flag("--respond", opts->respond,
+                "two hosts: run only the responder worker against --socket, for the bench that "
+                "--peer runs (start it first; it exits when that bench is done)");
+    b->add_option("--tag", opts->tag,
+                  "two hosts: the regions are TAG-a and TAG-b, the same on both (default "
+                  "tlbench)");
     lb->excludes(sock);
     b->add_option("--sizes", opts->sizes,
                   "sizes: a list (64,4K,1M) and/or ranges in powers of 4 (64-64M)")
@@ -850,6 +846,19 @@ void addBenchCommand(CLI::App &app, std::function<int()> *run) {
     b->add_option("--sidecar-log-level", opts->log_level, "loopback: the sidecars' --log-level")
         ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
         ->capture_default_str();
+    b->add_option("--transport", opts->transport,
+                  "loopback: the sidecars' [fabric] transport; verbs gives each sidecar its own "
+                  "RDMA device (the simulated HCA when LD_LIBRARY_PATH points at it)")
+        ->check(CLI::IsMember({"tcp", "verbs"}))
+        ->capture_default_str();
+    b->add_option("--sysfs-root", opts->sysfs_root,
+                  "verbs: the sysfs tree with the devices, passed to the sidecars as "
+                  "TENSORLANE_SYSFS_ROOT (default: $TENSORLANE_SYSFS_ROOT, else /sys)");
+    b->add_option("--devices", opts->devices,
+                  "verbs: node-a's and node-b's [fabric] device, \"A,B\" (default: the first "
+                  "two devices of the tree, by name)");
+    b->add_option("--qps", opts->qps, "verbs: [fabric] qps_per_peer of both sidecars")
+        ->check(CLI::Range(1, 16));
     b->add_flag("--no-baseline", opts->no_baseline, "skip the plain-TCP baselines");
     b->add_option("--csv", opts->csv, "write the results as CSV to FILE (- for stdout)");
     b->add_option("--json", opts->json, "write the results as JSON to FILE (- for stdout)");

@@ -280,7 +280,13 @@ std::string nodeToml(const NodeSettings &s) {
     t += "name = \"" + s.name + "\"\n";
     t += "listen = \"127.0.0.1:" + std::to_string(s.listen_port) + "\"\n";
     t += "socket = \"" + s.socket + "\"\n";
-    t += "\n[fabric]\ntransport = \"tcp\"\n";
+    t += "\n[fabric]\ntransport = \"" + s.transport + "\"\n";
+    if (!s.device.empty()) {
+        t += "device = \"" + s.device + "\"\n";
+    }
+    if (s.qps_per_peer) {
+        t += "qps_per_peer = " + std::to_string(s.qps_per_peer) + "\n";
+    }
     t += "\n[tcp]\n";
     if (s.connections) {
         t += "connections_per_peer = " + std::to_string(s.connections) + "\n";

@@ -202,8 +202,13 @@ std::string pad(const std::string &s, size_t w) {
 
 std::string formatTable(const RunInfo &info, const std::vector<SizeResult> &results) {
     std::ostringstream o;
-    o << "tensorlane bench: " << info.local_node << " -> " << info.peer_node << " (" << info.mode
-      << ", tcp transport";
+    o << "tensorlane bench: " << info.local_node << " -> " << info.peer_node << " (" << info.mode;
+    if (!info.transport.empty()) {
+        o << ", " << info.transport << " transport";
+        if (!info.devices.empty()) {
+            o << " on " << info.devices;
+        }
+    }
     if (info.connections) {
         o << ", " << info.connections << " connection(s) per peer";
     }
@@ -374,6 +379,12 @@ std::string formatJson(const RunInfo &info, const std::vector<SizeResult> &resul
            {"duration_s", info.duration_s},
            {"rounds", info.rounds},
            {"results", rows}};
+    if (!info.transport.empty()) {
+        j["transport"] = info.transport;
+    }
+    if (!info.devices.empty()) {
+        j["devices"] = info.devices;
+    }
     if (info.connections) {
         j["tcp_connections_per_peer"] = info.connections;
     }

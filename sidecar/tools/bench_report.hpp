@@ -64,6 +64,9 @@ struct RunInfo {
     std::string date;  ///< ISO 8601, local time
     std::string host;  ///< uname nodename and CPU count
     std::string mode;  ///< "loopback" or "attached"
+    /// Loopback: the sidecars' [fabric] transport ("tcp" or "verbs"); attached: empty.
+    std::string transport;
+    std::string devices;  ///< verbs loopback: node-a's and node-b's devices, "sim0,sim1"
     std::string local_node;
     std::string peer_node;
     uint32_t connections = 0;  ///< 0: the sidecars' own setting

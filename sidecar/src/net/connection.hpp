@@ -44,6 +44,8 @@ public:
 
     /// The connection registered under `token`, or nullptr (it was closed meanwhile).
     Connection *find(uint64_t token) const;
+    /// No connection is registered (fixed fds are not counted).
+    bool noConnections() const { return conns_.empty(); }
 
 private:
     friend class Connection;

@@ -304,6 +304,8 @@ private:
     bool started_ = false;
     bool stopped_ = false;
     bool wake_signalled_ = false;
+    /// Busy mode: turns since the poller was last asked (it is asked every kBusyPollEvery).
+    uint32_t busy_turns_ = 0;
 
     LogLimiter drop_log_{20, 10000};
     LogLimiter region_log_{5, 10000};

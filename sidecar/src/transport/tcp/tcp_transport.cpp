@@ -366,7 +366,9 @@ void TcpTransport::checkStalls(int64_t now) {
 size_t TcpTransport::progress(EventSink &sink) {
     const int64_t now = monotonicMs();
     epoll_event evs[64];
-    const int n = poller_.wait(evs, 64, 0);
+    // Only data connections live in this set: with none (every peer on another transport)
+    // there is nothing to ask, and the engine's busy loop makes no system call for us.
+    const int n = poller_.noConnections() ? 0 : poller_.wait(evs, 64, 0);
     for (int i = 0; i < n; ++i) {
         if (Connection *c = poller_.find(evs[i].data.u64)) {
             onEvent(*c, evs[i].events, now);

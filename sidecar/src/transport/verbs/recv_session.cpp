@@ -76,6 +76,7 @@ Status RecvSession::create(const VerbsBlob &sender) {
         // NAK. Zero-length: the immediate needs no buffer.
         postRecvs(i, rq_depth_);
     }
+    reposts_.assign(n, 0);
     for (uint32_t i = 0; i < n; ++i) {
         if (Status s = qpToRtr(qps_[i].get(), params_, sender.qps[i], sender.gid); !s.isOk()) {
             return s;
@@ -89,7 +90,9 @@ Status RecvSession::create(const VerbsBlob &sender) {
 }
 
 void RecvSession::postRecvs(size_t qp, uint32_t n) {
-    std::vector<ibv_recv_wr> wrs(n);
+    // Reused: after the first full post this never allocates.
+    std::vector<ibv_recv_wr> &wrs = recv_scratch_;
+    wrs.resize(n);
     for (uint32_t i = 0; i < n; ++i) {
         wrs[i].wr_id = qp;
         wrs[i].sg_list = nullptr;
@@ -277,6 +280,38 @@ void RecvSession::credit(bool force) {
     }
 }
 
+bool RecvSession::onCompletion(const ibv_wc &wc, std::string *error, bool closing) {
+    if (flusher_.owns(wc)) {
+        flush_in_flight_ = false;
+        if (wc.status != IBV_WC_SUCCESS) {
+            *error = std::string("GDR flush READ failed: ") + ibv_wc_status_str(wc.status);
+            return false;
+        }
+        flushed_upto_ = std::max(flushed_upto_, wc.wr_id);
+        ++flushes_;
+        return true;
+    }
+    if (wc.status != IBV_WC_SUCCESS && closing) {
+        return true;  // the receive queue flushed as the QP went to ERR
+    }
+    if (wc.status != IBV_WC_SUCCESS) {
+        const WcMeaning m = meaningOf(wc.status);
+        char buf[96];
+        std::snprintf(buf, sizeof buf, "%s on receiving QP 0x%06x", ibv_wc_status_str(wc.status),
+                      wc.qp_num);
+        *error = std::string(buf) + ": " + m.hint;
+        return false;
+    }
+    if (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM || (wc.wc_flags & IBV_WC_WITH_IMM) == 0) {
+        *error = "a receive that is not a write with immediate";
+        return false;
+    }
+    if (wc.wr_id < reposts_.size()) {
+        ++reposts_[wc.wr_id];
+    }
+    return onImm(ntohl(wc.imm_data), error);
+}
+
 bool RecvSession::poll(EventSink &sink, std::string *error, bool closing) {
     ibv_wc batch[32];
     const int got = ibv_poll_cq(cq_.get(), 32, batch);
@@ -284,51 +319,27 @@ bool RecvSession::poll(EventSink &sink, std::string *error, bool closing) {
         *error = "ibv_poll_cq failed";
         return false;
     }
-    std::vector<ibv_wc> wcs = std::exchange(stash_, {});
-    wcs.insert(wcs.end(), batch, batch + got);
-    std::vector<uint32_t> reposts(qps_.size(), 0);
-    for (const ibv_wc &wc : wcs) {
-        if (flusher_.owns(wc)) {
-            flush_in_flight_ = false;
-            if (wc.status != IBV_WC_SUCCESS) {
-                *error = std::string("GDR flush READ failed: ") + ibv_wc_status_str(wc.status);
-                return false;
-            }
-            flushed_upto_ = std::max(flushed_upto_, wc.wr_id);
-            ++flushes_;
-            continue;
-        }
-        if (wc.status != IBV_WC_SUCCESS && closing) {
-            continue;  // the receive queue flushed as the QP went to ERR
-        }
-        if (wc.status != IBV_WC_SUCCESS) {
-            const WcMeaning m = meaningOf(wc.status);
-            char buf[96];
-            std::snprintf(buf, sizeof buf, "%s on receiving QP 0x%06x",
-                          ibv_wc_status_str(wc.status), wc.qp_num);
-            *error = std::string(buf) + ": " + m.hint;
-            return false;
-        }
-        if (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM || (wc.wc_flags & IBV_WC_WITH_IMM) == 0) {
-            *error = "a receive that is not a write with immediate";
-            return false;
-        }
-        if (wc.wr_id < reposts.size()) {
-            ++reposts[wc.wr_id];
-        }
-        if (!onImm(ntohl(wc.imm_data), error)) {
-            return false;
-        }
+    bool ok = true;
+    // What arm() found first, then the batch: no copy, no allocation.
+    for (size_t i = 0; ok && i < stash_.size(); ++i) {
+        ok = onCompletion(stash_[i], error, closing);
+    }
+    stash_.clear();
+    for (int i = 0; ok && i < got; ++i) {
+        ok = onCompletion(batch[i], error, closing);
+    }
+    if (!ok) {
+        return false;
     }
     // Replenish at once: in steady state a receive queue never runs dry (no RNR NAKs).
-    for (size_t qp = 0; qp < reposts.size() && !closing; ++qp) {
-        if (reposts[qp] != 0) {
-            postRecvs(qp, reposts[qp]);
+    for (size_t qp = 0; qp < reposts_.size(); ++qp) {
+        if (reposts_[qp] != 0 && !closing) {
+            postRecvs(qp, reposts_[qp]);
         }
+        reposts_[qp] = 0;
     }
     if (closing && (got == 32 || !stash_.empty())) {
         // More may be waiting: keep draining (bounded by the CQ's size).
-        std::string more;
         if (!deliver(sink, error, true)) {
             return false;
         }

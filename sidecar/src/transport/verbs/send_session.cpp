@@ -32,9 +32,6 @@ uint64_t wrId(uint64_t seq, uint32_t stripe, uint64_t flags) {
 uint64_t seqOfWr(uint64_t id) {
     return id >> 16;
 }
-uint32_t stripeOfWr(uint64_t id) {
-    return static_cast<uint32_t>((id >> 3) & 0x1fff);
-}
 
 }  // namespace
 
@@ -71,6 +68,11 @@ Status SendSession::create(uint32_t nqps) {
         }
         q.local = QpEndpoint{q.qp->qp_num, randomPsn()};
         qps_.push_back(std::move(q));
+    }
+    chains_.resize(nqps);
+    for (Chain &c : chains_) {
+        c.wrs.reserve(64);
+        c.sges.reserve(64);
     }
     return Status::ok();
 }
@@ -196,16 +198,16 @@ Status SendSession::post(const WriteOp &op) {
 
 bool SendSession::postWrite(Write &w, std::string *error) {
     const uint32_t max_wr = std::min<uint32_t>(t_.device().maxMessage(), 1u << 30);
-    // Work requests per QP, chained, posted with one ibv_post_send each.
-    struct Chain {
-        std::vector<ibv_send_wr> wrs;
-        std::vector<ibv_sge> sges;
-    };
-    std::vector<Chain> chains(qps_.size());
+    // Work requests per QP, chained, posted with one ibv_post_send each. The chains are the
+    // session's, cleared here: no allocation on the data path once they have grown.
+    std::vector<Chain> &chains = chains_;
     for (Chain &c : chains) {
-        c.wrs.reserve(64);
-        c.sges.reserve(64);
+        c.wrs.clear();
+        c.sges.clear();
     }
+    // Small writes of host memory go inline: the HCA copies them at post time instead of
+    // reading them by DMA afterwards (not CUDA memory: the CPU cannot read it).
+    const bool host_src = w.op.src->kind == MemoryKind::kHost;
     auto room = [&](uint32_t qp) {
         const QpState &q = qps_[qp];
         return params_.max_send_wr - q.outstanding - static_cast<uint32_t>(chains[qp].wrs.size());
@@ -264,6 +266,7 @@ bool SendSession::postWrite(Write &w, std::string *error) {
             wr.wr_id = wrId(w.seq, si, final ? kWrFinal : 0);
             wr.opcode = final ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
             wr.num_sge = 1;
+            wr.send_flags = host_src && len <= params_.max_inline ? IBV_SEND_INLINE : 0;
             wr.imm_data = htonl(imm);  // network order (ibv_post_send(3))
             wr.wr.rdma.remote_addr = w.key.addr + w.op.dst_offset + st.next;
             wr.wr.rdma.rkey = w.key.rkey;
@@ -312,6 +315,56 @@ void SendSession::pump() {
     }
 }
 
+bool SendSession::onCompletion(const ibv_wc &wc, std::vector<Completion> *done, std::string *error,
+                               bool first_error) {
+    size_t qp = 0;
+    while (qp < qps_.size() && qps_[qp].qp->qp_num != wc.qp_num) {
+        ++qp;
+    }
+    if (qp < qps_.size()) {
+        // Completions of one QP come in order: this signalled WR retires itself and the
+        // unsignalled ones before it.
+        QpState &q = qps_[qp];
+        while (!q.signalled.empty()) {
+            auto [id, count] = q.signalled.front();
+            q.signalled.pop_front();
+            q.outstanding -= std::min(q.outstanding, count);
+            if (id == wc.wr_id) {
+                break;
+            }
+        }
+    }
+    Write *w = find(seqOfWr(wc.wr_id));
+    if (wc.status != IBV_WC_SUCCESS) {
+        ++errors_;
+        const WcMeaning m = meaningOf(wc.status);
+        char buf[96];
+        std::snprintf(buf, sizeof buf, "%s on QP 0x%06x (write %llu)", ibv_wc_status_str(wc.status),
+                      wc.qp_num, static_cast<unsigned long long>(seqOfWr(wc.wr_id)));
+        if (first_error) {
+            *error = std::string(buf) + ": " + m.hint;
+        }
+        if (w != nullptr && !w->done && wc.status != IBV_WC_WR_FLUSH_ERR) {
+            w->code = m.code;
+        }
+        return false;
+    }
+    if (w == nullptr || (wc.wr_id & kWrFinal) == 0) {
+        return true;
+    }
+    if (++w->stripes_done == w->stripes.size() && !w->done) {
+        // Every stripe's last WR is acknowledged: RC acknowledges a WRITE only once its
+        // data is placed at the responder, so the data is in place at the target.
+        w->done = true;
+        done->push_back(Completion{w->op.op_id, Code::kOk, {}, w->op.bytes});
+        ++completed_writes_;
+        if (--key_users_[w->op.remote_region] == 0) {
+            key_users_.erase(w->op.remote_region);
+        }
+    }
+    return true;
+}
+
 bool SendSession::poll(std::vector<Completion> *done, std::string *error) {
     ibv_wc batch[32];
     const int got = ibv_poll_cq(cq_.get(), 32, batch);
@@ -319,58 +372,15 @@ bool SendSession::poll(std::vector<Completion> *done, std::string *error) {
         *error = "ibv_poll_cq failed";
         return false;
     }
-    std::vector<ibv_wc> wcs = std::exchange(stash_, {});
-    wcs.insert(wcs.end(), batch, batch + got);
     bool ok = true;
-    for (const ibv_wc &wc : wcs) {
-        size_t qp = 0;
-        while (qp < qps_.size() && qps_[qp].qp->qp_num != wc.qp_num) {
-            ++qp;
-        }
-        if (qp < qps_.size()) {
-            // Completions of one QP come in order: this signalled WR retires itself and the
-            // unsignalled ones before it.
-            QpState &q = qps_[qp];
-            while (!q.signalled.empty()) {
-                auto [id, count] = q.signalled.front();
-                q.signalled.pop_front();
-                q.outstanding -= std::min(q.outstanding, count);
-                if (id == wc.wr_id) {
-                    break;
-                }
-            }
-        }
-        Write *w = find(seqOfWr(wc.wr_id));
-        if (wc.status != IBV_WC_SUCCESS) {
-            ++errors_;
-            const WcMeaning m = meaningOf(wc.status);
-            char buf[96];
-            std::snprintf(buf, sizeof buf, "%s on QP 0x%06x (write %llu)",
-                          ibv_wc_status_str(wc.status), wc.qp_num,
-                          static_cast<unsigned long long>(seqOfWr(wc.wr_id)));
-            if (ok) {
-                *error = std::string(buf) + ": " + m.hint;
-            }
-            if (w != nullptr && !w->done && wc.status != IBV_WC_WR_FLUSH_ERR) {
-                w->code = m.code;
-            }
-            ok = false;
-            continue;
-        }
-        if (w == nullptr || (wc.wr_id & kWrFinal) == 0) {
-            continue;
-        }
-        (void)stripeOfWr(wc.wr_id);
-        if (++w->stripes_done == w->stripes.size() && !w->done) {
-            // Every stripe's last WR is acknowledged: RC acknowledges a WRITE only once its
-            // data is placed at the responder, so the data is in place at the target.
-            w->done = true;
-            done->push_back(Completion{w->op.op_id, Code::kOk, {}, w->op.bytes});
-            ++completed_writes_;
-            if (--key_users_[w->op.remote_region] == 0) {
-                key_users_.erase(w->op.remote_region);
-            }
-        }
+    // What arm() found first (it came before the batch), then the batch: no copy, no
+    // allocation.
+    for (const ibv_wc &wc : stash_) {
+        ok = onCompletion(wc, done, error, ok) && ok;
+    }
+    stash_.clear();
+    for (int i = 0; i < got; ++i) {
+        ok = onCompletion(batch[i], done, error, ok) && ok;
     }
     while (!writes_.empty() && writes_.front().done) {
         writes_.pop_front();

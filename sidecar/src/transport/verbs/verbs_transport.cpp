@@ -21,10 +21,17 @@ spdlog::logger &verbsLog() {
 
 VerbsTransport::VerbsTransport(const config::Config &cfg, RegionTable &regions,
                                FabricSelection selection)
-    : cfg_(cfg), regions_(regions), sel_(std::move(selection)) {}
+    : cfg_(cfg),
+      regions_(regions),
+      sel_(std::move(selection)),
+      busy_(cfg.ipc.poll_mode == config::PollMode::kBusy) {}
 
 VerbsTransport::~VerbsTransport() {
-    // Sessions (QPs, CQs, MRs, PDs) before the device they were made on.
+    // Sessions (QPs, CQs, MRs, PDs) before the device they were made on, their CQs' events
+    // acknowledged first.
+    if (device_) {
+        (void)device_->drainCqEvents();
+    }
     peers_.clear();
     dead_out_.clear();
     dead_in_.clear();
@@ -358,10 +365,11 @@ size_t VerbsTransport::progress(EventSink &sink) {
         }
         ++events;
     }
-    if (armed_) {
-        // Only a CQ that was armed can have an event to take (and to acknowledge before it is
-        // destroyed); a busy loop never arms, so it makes no read() here.
-        armed_ = false;
+    if (cq_armed_) {
+        // Each event must be acknowledged before its CQ is destroyed (ibv_get_cq_event(3)).
+        // One that comes after this drain (the CQ was armed, its completion is later) keeps
+        // the fd readable: the engine's next sleep returns at once and the next turn drains it.
+        cq_armed_ = false;
         (void)device_->drainCqEvents();
     }
     std::vector<std::pair<PeerId, SessionSide>> failed;
@@ -395,13 +403,20 @@ size_t VerbsTransport::progress(EventSink &sink) {
         dead_in_.push_back(std::move(in));
     }
     closing_in_.clear();
-    auto done = std::exchange(completions_, {});
-    for (const Completion &c : done) {
+    // Swapped, not moved out: both vectors keep their capacity, so a completion costs no
+    // allocation. (A sink may post, and a post may fail into completions_.)
+    done_scratch_.clear();
+    done_scratch_.swap(completions_);
+    for (const Completion &c : done_scratch_) {
         sink.completed(c.op_id, c.code, c.reason);
     }
-    events += done.size();
-    dead_out_.clear();
-    dead_in_.clear();
+    events += done_scratch_.size();
+    if (!dead_out_.empty() || !dead_in_.empty()) {
+        // Their CQs go now: acknowledge what their channel holds first.
+        (void)device_->drainCqEvents();
+        dead_out_.clear();
+        dead_in_.clear();
+    }
     return events;
 }
 
@@ -415,7 +430,10 @@ bool VerbsTransport::arm() {
     if (!completions_.empty() || device_->eventsPending() || registrar_.pending()) {
         return false;
     }
-    armed_ = true;
+    if (busy_) {
+        return true;  // never sleeps: nothing to be woken for
+    }
+    cq_armed_ = true;
     for (auto &[id, p] : peers_) {
         if ((p.out && p.out_connected && !p.out->arm()) || (p.in && !p.in->arm())) {
             return false;

@@ -91,9 +91,18 @@ private:
         uint32_t since_signal = 0;
     };
 
+    /// Work requests for one QP, chained and posted with one ibv_post_send.
+    struct Chain {
+        std::vector<ibv_send_wr> wrs;
+        std::vector<ibv_sge> sges;
+    };
+
     /// Posts what fits of `w` now; returns false when a post failed (then the session fails).
     bool postWrite(Write &w, std::string *error);
     Write *find(uint64_t seq);
+    /// Takes one work completion; false when it failed (then `*error` says how, once).
+    bool onCompletion(const ibv_wc &wc, std::vector<Completion> *done, std::string *error,
+                      bool first_error);
 
     VerbsTransport &t_;
     PeerId peer_;
@@ -121,6 +130,7 @@ private:
     uint64_t completed_writes_ = 0;
     uint64_t errors_ = 0;
     std::vector<ibv_wc> stash_;  ///< completions arm() found after arming
+    std::vector<Chain> chains_;  ///< postWrite()'s work requests per QP, reused
 };
 
 /// Its writes to us.
@@ -161,6 +171,8 @@ private:
         bool revoking = false;
     };
     bool onImm(uint32_t imm, std::string *error);
+    /// Takes one work completion (counts its receive WQE in reposts_); false on an error.
+    bool onCompletion(const ibv_wc &wc, std::string *error, bool closing);
     bool deliver(EventSink &sink, std::string *error, bool closing);
     /// Whether writes into `r` are flushed before their owner hears of them ([fabric]
     /// gdr_flush: on: always; auto: CUDA memory; off: never).
@@ -197,7 +209,9 @@ private:
     uint64_t flushed_upto_ = 0;  ///< writes up to this sequence number are flushed
     bool flush_in_flight_ = false;
     uint64_t flushes_ = 0;
-    std::vector<ibv_wc> stash_;  ///< completions arm() found after arming
+    std::vector<ibv_wc> stash_;              ///< completions arm() found after arming
+    std::vector<uint32_t> reposts_;          ///< receive WQEs consumed per QP in this poll()
+    std::vector<ibv_recv_wr> recv_scratch_;  ///< postRecvs()'s work requests, reused
 };
 
 class VerbsTransport final : public RemoteTransport {
@@ -281,9 +295,15 @@ private:
     /// Receiving sides torn down since the last progress(): drained once, then destroyed.
     std::vector<std::unique_ptr<RecvSession>> closing_in_;
     uint64_t async_events_ = 0;
-    bool armed_ = false;       ///< a CQ was armed since the last drain of the channel
     int64_t reselect_at_ = 0;  ///< monotonic ms when reselect() is due; 0: not due
     std::string last_event_;
+    /// [ipc] poll_mode = "busy": the engine never sleeps, so no CQ is ever armed (an armed CQ
+    /// makes the HCA signal the completion channel for every completion) and no channel is
+    /// read: the data path makes no system call of ours.
+    bool busy_ = false;
+    /// A CQ was armed since the channel was last drained: only then can it hold events.
+    bool cq_armed_ = false;
+    std::vector<Completion> done_scratch_;  ///< progress()'s batch, reused (keeps its capacity)
 };
 
 }  // namespace tensorlane::sidecar
