@@ -1,9 +1,9 @@
 """CUDA tensors (registered by data_ptr()) and the stream-ordered calls.
 
-These need a GPU, PyTorch with CUDA, and a libtensorlane whose C ABI accepts CUDA memory.
-Each test skips, with the reason, when one of those is missing (CI here: no GPU; the GPU
-machine until the GPU issue lands: tl_register returns TL_ECUDA, the stream calls are not
-exported). A skip is never counted as a pass.
+These need a GPU, PyTorch with CUDA, and a libtensorlane whose C ABI accepts CUDA memory
+(a CUDA build: docs/gpu.md). Each test skips, with the reason, when one of those is missing
+(CI: no GPU; a library built without the CUDA toolkit: TL_ECUDA). A skip is never counted as a
+pass. On the GPU machine they run with its PyTorch (scripts/device-run.sh).
 """
 
 from __future__ import annotations
