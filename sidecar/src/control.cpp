@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "engine_impl.hpp"
-#include "tensorlane/sidecar/engine.hpp"
 #include "tensorlane/ipc/doorbell.hpp"
 #include "tensorlane/ipc/socket.hpp"
+#include "tensorlane/sidecar/engine.hpp"
 
 namespace tensorlane::sidecar {
 namespace {
