@@ -12,7 +12,8 @@ find_package(nlohmann_json 3.10 REQUIRED)
 find_package(prometheus-cpp CONFIG REQUIRED)  # the package ships no version file
 
 # CUDA: headers from the toolkit; the driver library is opened at run time (dlopen), so the
-# binaries run on machines with no GPU or driver and say so clearly.
+# binaries run on machines with no GPU or driver and say so clearly. Nothing links libcuda or
+# libcudart.
 find_package(CUDAToolkit QUIET)
 if(CUDAToolkit_FOUND)
   message(STATUS "tensorlane: CUDA toolkit ${CUDAToolkit_VERSION} found, building with CUDA support")
@@ -21,3 +22,14 @@ else()
   message(STATUS "tensorlane: CUDA toolkit not found, building without CUDA support")
   set(TENSORLANE_HAVE_CUDA OFF)
 endif()
+
+# Dependency headers are system headers (-isystem), so a newer compiler's warnings in them are
+# not ours: imported targets (spdlog, fmt, toml++, nlohmann-json, CLI11, GTest, benchmark,
+# pkg-config's libibverbs and libsodium) are SYSTEM by default, and CUDA's headers are added
+# with SYSTEM here. (-Werror stays on for CI and the dev presets; TensorlaneWarnings.cmake.)
+function(tensorlane_use_cuda_headers target)
+  if(TENSORLANE_HAVE_CUDA)
+    target_compile_definitions(${target} PRIVATE TENSORLANE_HAVE_CUDA=1)
+    target_include_directories(${target} SYSTEM PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
+  endif()
+endfunction()

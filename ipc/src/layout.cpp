@@ -51,6 +51,40 @@ bool validateSegment(const void *base, uint64_t mapped_bytes, SegmentGeometry *o
     return true;
 }
 
+void initStreamSegment(void *base, const StreamGeometry &g) {
+    auto *h = static_cast<StreamSegmentHeader *>(base);
+    h->version = kLayoutVersion;
+    h->ticket_slots = g.ticket_slots;
+    h->notify_slots = g.notify_slots;
+    h->ticket_offset = g.ticket_offset;
+    h->notify_offset = g.notify_offset;
+    h->total_bytes = g.total_bytes;
+    // The slots are zero because the segment is fresh from ftruncate.
+    // SYNC POINT: magic last, with release (as initSegment).
+    h->magic.store(kStreamSegmentMagic, std::memory_order_release);
+}
+
+bool validateStreamSegment(const void *base, uint64_t mapped_bytes, uint32_t ring_depth,
+                           StreamGeometry *out) {
+    if (mapped_bytes < sizeof(StreamSegmentHeader) || !isValidRingDepth(ring_depth)) {
+        return false;
+    }
+    const auto *h = static_cast<const StreamSegmentHeader *>(base);
+    // SYNC POINT: acquire pairs with initStreamSegment's release store of magic.
+    if (h->magic.load(std::memory_order_acquire) != kStreamSegmentMagic) {
+        return false;
+    }
+    const StreamGeometry g = StreamGeometry::forDepth(ring_depth);
+    if (h->version != kLayoutVersion || h->ticket_slots != g.ticket_slots ||
+        h->notify_slots != g.notify_slots || h->ticket_offset != g.ticket_offset ||
+        h->notify_offset != g.notify_offset || h->total_bytes != g.total_bytes ||
+        g.total_bytes > mapped_bytes) {
+        return false;
+    }
+    *out = g;
+    return true;
+}
+
 void copyName(char *dst, size_t dst_bytes, const char *src) {
     if (dst_bytes == 0) {
         return;

@@ -165,6 +165,24 @@ TL_API tl_status tl_nop_batch(tl_client *c, size_t n, tl_ticket *out, size_t *su
     return guarded([&] { return c->impl.nop(n, out, submitted); });
 }
 
+TL_API tl_status tl_write_on_stream(tl_client *c, tl_region src, uint64_t src_off, tl_remote dst,
+                                    uint64_t dst_off, uint64_t bytes, uint32_t imm, void *s,
+                                    tl_ticket *out) {
+    TL_REQUIRE_CLIENT(c);
+    tl_write_desc w{src, src_off, dst, dst_off, bytes, imm, 0};
+    return guarded([&] { return c->impl.writeOnStream(w, s, out); });
+}
+
+TL_API tl_status tl_stream_wait_ticket(tl_client *c, tl_ticket t, void *s) {
+    TL_REQUIRE_CLIENT(c);
+    return guarded([&] { return c->impl.streamWaitTicket(t, s); });
+}
+
+TL_API tl_status tl_stream_wait_notification(tl_client *c, tl_region r, uint32_t imm, void *s) {
+    TL_REQUIRE_CLIENT(c);
+    return guarded([&] { return c->impl.streamWaitNotification(r, imm, s); });
+}
+
 TL_API const char *tl_node_name(tl_client *c) {
     return c ? c->impl.nodeName().c_str() : "";
 }

@@ -36,9 +36,28 @@ tl_status fail(Code code, std::string message) {
     return toStatus(code);
 }
 
+std::string lastErrorText() {
+    return t_last_error;
+}
+
+void setLastErrorText(std::string text) {
+    t_last_error = std::move(text);
+}
+
 Client::~Client() {
-    // Mappings and fds close in reverse order of declaration; closing the socket is what tells
-    // the sidecar to release everything of ours.
+    // The keeper first (it uses the socket and the rings), then every stream still waiting on
+    // us is released; mappings and fds close in reverse order of declaration; closing the
+    // socket is what tells the sidecar to release everything of ours.
+    if (keeper_.joinable()) {
+        ipc::ring(keeper_stop_.get());
+        keeper_.join();
+    }
+    streams_.reset();
+    for (auto &[base, buf] : buffers_) {
+        if (buf.pinned) {
+            unpinHostForCuda(buf.mapping->data());
+        }
+    }
 }
 
 Code Client::connect(const std::string &path) {
@@ -104,7 +123,7 @@ Code Client::connect(const std::string &path) {
 }
 
 Code Client::call(void *msg, size_t bytes, ipc::ReplyMsg *reply, ipc::UniqueFd *fd_out,
-                  std::string *text_out) {
+                  std::string *text_out, int send_fd) {
     std::lock_guard lock(ctl_mu_);
     if (dead_.load(std::memory_order_acquire)) {
         t_last_error = "sidecar connection lost: " + dead_reason_;
@@ -112,7 +131,10 @@ Code Client::call(void *msg, size_t bytes, ipc::ReplyMsg *reply, ipc::UniqueFd *
     }
     auto *h = static_cast<ipc::MsgHeader *>(msg);
     h->seq = ctl_seq_++;
-    if (int rc = ipc::sendMessage(sock_.get(), msg, bytes)) {
+    const int out_fds[1] = {send_fd};
+    if (int rc = ipc::sendMessage(
+            sock_.get(), msg, bytes,
+            send_fd >= 0 ? std::span<const int>(out_fds, 1) : std::span<const int>())) {
         markDead(std::string("send: ") + std::strerror(rc));
         t_last_error = "sidecar connection lost: " + dead_reason_;
         return Code::kConnection;
@@ -184,10 +206,14 @@ tl_status Client::allocHost(size_t bytes, void **ptr, tl_region *out) {
         return fail(Code::kNoMemory, std::string("tl_alloc_host: mmap: ") + std::strerror(rc));
     }
     auto *base = static_cast<unsigned char *>(mapping->data());
+    // Page-locked for CUDA when this process uses it, so its own copies between this buffer
+    // and the GPU are DMA, not staged by the driver.
+    const bool pinned = pinHostForCuda(mapping->data(), mapping->size());
     {
         std::unique_lock lock(reg_mu_);
         regions_[reply.value0] = LocalRegion{base, bytes, 0};
-        buffers_[reinterpret_cast<uintptr_t>(base)] = HostBuffer{reply.value0, std::move(mapping)};
+        buffers_[reinterpret_cast<uintptr_t>(base)] =
+            HostBuffer{reply.value0, std::move(mapping), pinned};
     }
     *ptr = base;
     *out = reply.value0;
@@ -215,13 +241,17 @@ tl_status Client::registerMemory(void *ptr, size_t bytes, tl_region *out) {
         }
     }
     if (parent == 0) {
+#ifdef TENSORLANE_HAVE_CUDA
+        return registerCuda(ptr, bytes, out);
+#else
         if (probePointer(ptr) == PointerKind::kCudaDevice) {
             return fail(Code::kCuda,
-                        "tl_register: CUDA device memory is not supported by this version yet; "
-                        "use tl_alloc_host buffers");
+                        "tl_register: CUDA device memory needs a libtensorlane built with the "
+                        "CUDA toolkit; use tl_alloc_host buffers");
         }
         return fail(Code::kInvalid,
                     "tl_register: host memory must lie inside a buffer from tl_alloc_host");
+#endif
     }
     ipc::RegisterMsg m{};
     m.h = header(ipc::MsgType::kRegister);
@@ -256,14 +286,29 @@ tl_status Client::deregister(tl_region r) {
     if (c != Code::kOk) {
         return toStatus(c);
     }
+    {
+        std::lock_guard lock(comp_mu_);
+        if (streams_) {
+            streams_->dropRegion(r);  // the sidecar released the streams waiting on it
+        }
+    }
     std::unique_lock lock(reg_mu_);
     auto it = regions_.find(r);
-    if (it != regions_.end() && it->second.parent == 0) {
+    if (it != regions_.end() && it->second.cuda) {
+        std::lock_guard cl(cuda_mu_);
+        cuda_exports_.dropRegion(it->second.cuda_key);
+    } else if (it != regions_.end() && it->second.parent == 0) {
         // A tl_alloc_host buffer: its ranges went with it at the sidecar; unmap it here too.
         for (auto ri = regions_.begin(); ri != regions_.end();) {
             ri = ri->second.parent == r ? regions_.erase(ri) : std::next(ri);
         }
-        buffers_.erase(reinterpret_cast<uintptr_t>(it->second.base));
+        auto bi = buffers_.find(reinterpret_cast<uintptr_t>(it->second.base));
+        if (bi != buffers_.end()) {
+            if (bi->second.pinned) {
+                unpinHostForCuda(bi->second.mapping->data());
+            }
+            buffers_.erase(bi);
+        }
     }
     regions_.erase(r);
     return TL_OK;
@@ -355,7 +400,7 @@ tl_status Client::write(const tl_write_desc *w, size_t n, tl_ticket *out, size_t
                                    : "tl_write_batch: entry " + std::to_string(i) + ": " + why);
             }
             ipc::Request &r = reqs[i];
-            r.op = static_cast<uint32_t>(ipc::Op::kWrite);
+            r.op = static_cast<uint8_t>(ipc::Op::kWrite);
             r.imm = w[i].imm;
             r.src_region = w[i].src;
             r.src_offset = w[i].src_off;
@@ -372,7 +417,7 @@ tl_status Client::nop(size_t n, tl_ticket *out, size_t *submitted) {
         return fail(Code::kInvalid, "tl_nop: no ticket pointer");
     }
     ipc::Request r{};
-    r.op = static_cast<uint32_t>(ipc::Op::kNop);
+    r.op = static_cast<uint8_t>(ipc::Op::kNop);
     if (n == 1) {
         return submit(&r, 1, out, submitted);
     }
@@ -399,6 +444,15 @@ tl_status Client::submit(ipc::Request *reqs, size_t n, tl_ticket *out, size_t *s
         for (size_t i = 0; i < k; ++i) {
             reqs[i].ticket = next_ticket_;
             out[i] = next_ticket_;
+            uint16_t slot = 0;
+            // Once the client has a stream segment every write gets a slot, so that
+            // tl_stream_wait_ticket works on any ticket (the sidecar stores the ticket there
+            // when the write ends). Without a free slot it goes without one.
+            if (streams_ && reqs[i].op == static_cast<uint8_t>(ipc::Op::kWrite) &&
+                streams_->takeSlot(next_ticket_, false, &slot)) {
+                reqs[i].flags = ipc::kRequestHasSlot;
+                reqs[i].slot = slot;
+            }
             (void)requests_.push(reqs[i]);  // freeSlots() said there is room
             tickets_.addPending(next_ticket_++);
         }
@@ -411,12 +465,7 @@ tl_status Client::submit(ipc::Request *reqs, size_t n, tl_ticket *out, size_t *s
         *submitted = k;
     }
     if (k > 0) {
-        // SYNC POINT: seq_cst fence between publishing the slots and reading sidecar_sleeping;
-        // pairs with the fence in the sidecar's armSleep() (Dekker): one of us sees the other.
-        std::atomic_thread_fence(std::memory_order_seq_cst);
-        if (view_.header->sidecar_sleeping.value.load(std::memory_order_relaxed) != 0) {
-            ipc::ring(to_sidecar_.get());
-        }
+        ringSidecar();
     }
     if (k < n) {
         if (corrupt) {
@@ -428,12 +477,24 @@ tl_status Client::submit(ipc::Request *reqs, size_t n, tl_ticket *out, size_t *s
     return TL_OK;
 }
 
-void Client::drainLocked() {
+void Client::ringSidecar() {
+    // SYNC POINT: seq_cst fence between publishing the slots and reading sidecar_sleeping;
+    // pairs with the fence in the sidecar's armSleep() (Dekker): one of us sees the other.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (view_.header->sidecar_sleeping.value.load(std::memory_order_relaxed) != 0) {
+        ipc::ring(to_sidecar_.get());
+    }
+}
+
+void Client::drainLocked(bool all) {
     uint32_t released = 0;
     uint32_t n = completions_.available();
     for (uint32_t i = 0; i < n; ++i) {
         ipc::Completion c = completions_.read(i);
         tickets_.complete(c.ticket, static_cast<int32_t>(ipc::sanitizeCode(c.status)));
+        if (streams_) {
+            streams_->ticketEnded(c.ticket);
+        }
     }
     if (n) {
         completions_.release(n);
@@ -444,7 +505,7 @@ void Client::drainLocked() {
     // for this client takes over (it disconnects a client that never drains). The process
     // never grows without bound because its code forgot to wait for notifications.
     n = notifications_.available();
-    if (notes_.size() + n > maxNotes()) {
+    if (!all && notes_.size() + n > maxNotes()) {
         n = notes_.size() < maxNotes() ? static_cast<uint32_t>(maxNotes() - notes_.size()) : 0;
     }
     for (uint32_t i = 0; i < n; ++i) {

@@ -11,9 +11,12 @@
 #include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "cuda_memory.hpp"
+#include "cuda_streams.hpp"
 #include "tensorlane/ipc/control.hpp"
 #include "tensorlane/ipc/fd.hpp"
 #include "tensorlane/ipc/layout.hpp"
@@ -28,6 +31,10 @@ using ipc::Code;
 
 /// Sets this thread's tl_last_error and returns the code as a tl_status.
 tl_status fail(Code code, std::string message);
+/// This thread's tl_last_error text, and setting it back (around calls whose failure is not
+/// the caller's).
+std::string lastErrorText();
+void setLastErrorText(std::string text);
 inline tl_status toStatus(Code c) {
     return static_cast<tl_status>(c);
 }
@@ -53,25 +60,43 @@ public:
     tl_status waitNotification(tl_notification *out, int timeout_ms);
     tl_status sidecarStatus(std::string *json);
 
+    // Stream-ordered calls (cuda_client.cpp; DESIGN.md, "Stream-ordered calls").
+    tl_status writeOnStream(const tl_write_desc &w, void *stream, tl_ticket *out);
+    tl_status streamWaitTicket(tl_ticket t, void *stream);
+    tl_status streamWaitNotification(tl_region r, uint32_t imm, void *stream);
+
 private:
     struct LocalRegion {
         unsigned char *base = nullptr;
         uint64_t bytes = 0;
-        tl_region parent = 0;  ///< 0: a tl_alloc_host buffer itself
+        tl_region parent = 0;  ///< 0: a tl_alloc_host buffer itself (or CUDA memory)
+        bool cuda = false;
+        uint64_t cuda_key = 0;  ///< its allocation's CUDA buffer id
     };
     struct HostBuffer {
         tl_region region = 0;
         std::unique_ptr<ipc::Mapping> mapping;
+        bool pinned = false;  ///< registered with CUDA (cuMemHostRegister)
     };
 
-    /// One control call: send `msg`, wait for the reply with the same sequence number.
+    /// One control call: send `msg` (with `send_fd` if >= 0), wait for the reply with the same
+    /// sequence number.
     Code call(void *msg, size_t bytes, ipc::ReplyMsg *reply, ipc::UniqueFd *fd_out,
-              std::string *text_out = nullptr);
+              std::string *text_out = nullptr, int send_fd = -1);
+    /// tl_register of device memory (cuda_client.cpp).
+    tl_status registerCuda(void *ptr, size_t bytes, tl_region *out);
+    /// Creates the stream segment on first use and starts the keeper. TL_OK when it exists.
+    tl_status ensureStreams();
+    /// The keeper thread: releases every waiting stream when the sidecar goes away.
+    void keepStreams();
+    /// Rings the sidecar's doorbell after publishing requests, if it sleeps.
+    void ringSidecar();
     tl_status submit(ipc::Request *reqs, size_t n, tl_ticket *out, size_t *submitted);
     bool validWrite(const tl_write_desc &w, std::string *why) const;
     /// Moves completions and notifications from the rings into private tables (comp_mu_ held);
-    /// rings the sidecar when it freed slots while the sidecar sleeps.
-    void drainLocked();
+    /// rings the sidecar when it freed slots while the sidecar sleeps. `all`: every
+    /// notification in the ring, past the usual bound on notes_ (a subscription's count).
+    void drainLocked(bool all = false);
     /// Notifications kept in notes_ at most (the rest wait in the ring).
     size_t maxNotes() const { return size_t{4} * depth_; }
     /// Blocks until the rings may have news, the sidecar goes away, or `deadline` passes.
@@ -140,6 +165,14 @@ private:
     std::unordered_map<tl_region, LocalRegion> regions_;
     std::map<uintptr_t, HostBuffer> buffers_;          ///< by base address
     std::unordered_map<tl_remote, uint64_t> remotes_;  ///< handle → bytes
+
+    // CUDA (cuda_client.cpp).
+    std::mutex cuda_mu_;                      ///< serialises CUDA registrations and stream setup
+    CudaExports cuda_exports_;                ///< cuda_mu_
+    std::unique_ptr<ClientStreams> streams_;  ///< comp_mu_ (set once)
+    std::atomic<bool> streams_ready_{false};
+    ipc::UniqueFd keeper_stop_;
+    std::thread keeper_;
 };
 
 }  // namespace tensorlane::shim

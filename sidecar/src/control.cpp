@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "engine_impl.hpp"
-#include "tensorlane/sidecar/engine.hpp"
 #include "tensorlane/ipc/doorbell.hpp"
 #include "tensorlane/ipc/socket.hpp"
+#include "tensorlane/sidecar/engine.hpp"
 
 namespace tensorlane::sidecar {
 namespace {
@@ -271,7 +271,7 @@ void EngineImpl::reply(Session &s, uint64_t seq, Code status, uint64_t v0, uint6
 }
 
 void EngineImpl::handleControl(Session &s, const unsigned char *msg, size_t bytes,
-                               ipc::UniqueFd * /*fds*/, size_t nfds) {
+                               ipc::UniqueFd *fds, size_t nfds) {
     ipc::MsgHeader h{};
     if (bytes < sizeof(h)) {
         reply(s, 0, Code::kInvalid, 0, 0, "control message shorter than its header");
@@ -284,17 +284,41 @@ void EngineImpl::handleControl(Session &s, const unsigned char *msg, size_t byte
         reply(s, h.seq, Code::kInvalid, 0, 0, "control protocol mismatch");
         return;
     }
-    if (nfds != 0) {
-        // No client call passes fds yet (dma-buf arrives with the GPU issue); the UniqueFds
-        // that received them close them.
+    // Only the registration of CUDA memory carries an fd (the allocation's dma-buf); anything
+    // else with fds is refused, and the UniqueFds that received them close them.
+    const bool may_carry_fd = static_cast<ipc::MsgType>(h.type) == ipc::MsgType::kRegister;
+    if (nfds > (may_carry_fd ? 1u : 0u)) {
         reply(s, h.seq, Code::kInvalid, 0, 0, "unexpected file descriptors");
         return;
     }
     switch (static_cast<ipc::MsgType>(h.type)) {
         case ipc::MsgType::kAllocHost:
             return dispatch(s, h, msg, bytes, &EngineImpl::onAllocHost);
-        case ipc::MsgType::kRegister:
-            return dispatch(s, h, msg, bytes, &EngineImpl::onRegister);
+        case ipc::MsgType::kRegister: {
+            ipc::RegisterMsg m;
+            if (!readAs(msg, bytes, &m)) {
+                reply(s, h.seq, Code::kInvalid, 0, 0, "register message has the wrong size");
+                return;
+            }
+            if (m.kind == static_cast<uint32_t>(ipc::RegionKind::kCuda)) {
+                return onRegisterCuda(s, m, nfds != 0 ? std::move(fds[0]) : ipc::UniqueFd());
+            }
+            if (nfds != 0) {
+                reply(s, h.seq, Code::kInvalid, 0, 0, "unexpected file descriptors");
+                return;
+            }
+            return onRegister(s, m);
+        }
+        case ipc::MsgType::kStreamSetup:
+            if (bytes != sizeof(ipc::MsgHeader)) {
+                reply(s, h.seq, Code::kInvalid, 0, 0, "stream setup message has the wrong size");
+                return;
+            }
+            return onStreamSetup(s, h);
+        case ipc::MsgType::kStreamSubscribe:
+            return dispatch(s, h, msg, bytes, &EngineImpl::onStreamSubscribe);
+        case ipc::MsgType::kStreamCredit:
+            return dispatch(s, h, msg, bytes, &EngineImpl::onStreamCredit);
         case ipc::MsgType::kDeregister:
             return dispatch(s, h, msg, bytes, &EngineImpl::onDeregister);
         case ipc::MsgType::kExpose:
@@ -363,12 +387,6 @@ void EngineImpl::onAllocHost(Session &s, const ipc::AllocHostMsg &m) {
 }
 
 void EngineImpl::onRegister(Session &s, const ipc::RegisterMsg &m) {
-    if (m.kind == static_cast<uint32_t>(ipc::RegionKind::kCuda)) {
-        reply(s, m.h.seq, Code::kCuda, 0, 0,
-              "CUDA memory registration is not supported by this sidecar yet (host memory "
-              "from tl_alloc_host only)");
-        return;
-    }
     if (m.kind != static_cast<uint32_t>(ipc::RegionKind::kHost)) {
         reply(s, m.h.seq, Code::kInvalid, 0, 0, "unknown region kind " + std::to_string(m.kind));
         return;

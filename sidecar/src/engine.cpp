@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "cuda/runtime.hpp"
 #include "engine_impl.hpp"
 #include "logging.hpp"
 #include "metrics/metrics_server.hpp"
@@ -106,7 +107,20 @@ Status EngineImpl::init() {
         return {Code::kInternal, std::string("eventfd: ") + std::strerror(rc)};
     }
     max_mappings_ = mappingBudget();
+    // The CUDA driver is initialised here, before serving (cuInit may take a while); contexts
+    // and imports come later, on the transports' threads, when a GPU region first needs one.
+    if (CudaRuntime &cuda = CudaRuntime::get(); cuda.available()) {
+        std::string names;
+        for (int i = 0; i < cuda.deviceCount(); ++i) {
+            names += (i ? ", " : "") + cuda.deviceName(i);
+        }
+        log_->info("CUDA: {} device(s): {}", cuda.deviceCount(), names);
+    } else {
+        log_->info("CUDA memory cannot be registered: {}", cuda.why());
+    }
     local_ = std::make_unique<LocalTransport>(cfg_.node.name);
+    local_->setPolling(cfg_.ipc.poll_mode == config::PollMode::kBusy,
+                       cfg_.ipc.poll_mode == config::PollMode::kEvent ? 0 : cfg_.ipc.spin_us);
     if (Status st = local_->start(); !st.isOk()) {
         return st;
     }
@@ -317,6 +331,13 @@ size_t EngineImpl::pollEvents(int timeout_ms) {
 }
 
 bool EngineImpl::armSleep() {
+    // A GPU stream that is about to open a gate or take a hand-over is watched closely for a
+    // while (the GPU cannot ring our doorbell); after that in 1 ms naps (run()).
+    constexpr auto kStreamWatch = std::chrono::milliseconds(2);
+    if (!stream_sessions_.empty() && streamsUrgent() &&
+        std::chrono::steady_clock::now() - streams_moved_ < kStreamWatch) {
+        return false;
+    }
     // Work of our own first: queued writes a transport may take now, backlog a client has
     // made room for. A backlog that still does not fit is why we raise sidecar_sleeping on
     // that session too: the client rings to_sidecar after freeing slots (shim drainLocked).
@@ -400,7 +421,7 @@ void EngineImpl::run() {
             }
         }
         if (sleep) {
-            int timeout = kIdleTickMs;
+            int timeout = !stream_sessions_.empty() && streamsUrgent() ? 1 : kIdleTickMs;
             if (listen_paused_) {
                 const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
                     listen_paused_until_ - Clock::now());
@@ -418,6 +439,7 @@ void EngineImpl::run() {
             resumeListener();
         }
         work += drainRequests();
+        work += pollStreams();
         work += progressTransports();
         work += pumpQueues();
         work += publishAll();
@@ -507,6 +529,14 @@ void EngineImpl::destroySession(SessionId id) {
         }
         dropped = ended.size();
     }
+    if (s.streams) {
+        // Gated writes whose stream never reached them: they end like queued ones.
+        for (WriteOp &op : s.streams->takeHeld()) {
+            completed(op.op_id, Code::kConnection, "the client is gone");
+            ++dropped;
+        }
+        --mappings_;  // the stream segment
+    }
     size_t released = 0;
     for (auto &r : regions_.ofSession(id)) {
         releaseRegion(r);
@@ -538,6 +568,9 @@ void EngineImpl::releaseRegion(const std::shared_ptr<Region> &r) {
     }
     if (was_exposed && peers_) {
         peers_->regionRevoked(r->id);
+    }
+    if (Session *s = findSession(r->owner); s != nullptr && s->streams) {
+        s->streams->regionReleased(r->id);  // its stream waits are released, never left hanging
     }
     // Transports let go of it once no write uses it any more (DESIGN.md: "deregistered only
     // after the work in flight on it has ended").
@@ -603,7 +636,7 @@ void EngineImpl::completed(uint64_t op_id, Code status, std::string_view reason)
         log_->debug("session {} ticket {} failed: {} ({})", s->id, op.ticket, ipc::codeName(status),
                     reason);
     }
-    completeOrClose(*s, op.ticket, status, op.bytes);
+    completeOrClose(*s, op.ticket, status, op.bytes, op.slot);
 }
 
 void EngineImpl::arrived(RegionId region, uint32_t imm, uint64_t offset, uint64_t bytes,
@@ -617,6 +650,10 @@ void EngineImpl::arrived(RegionId region, uint32_t imm, uint64_t offset, uint64_
     Session *s = r ? findSession(r->owner) : nullptr;
     if (!s || s->closing) {
         ++counters_.notifications_dropped;
+        return;
+    }
+    if (s->streams && s->streams->divert(region, imm)) {
+        ++counters_.notifications;  // counted for tl_stream_wait_notification's flag
         return;
     }
     ipc::Notification n{};
@@ -667,6 +704,16 @@ std::string EngineImpl::statusJson() const {
     // The clients' regions: the sidecar's own probe region (4 KiB) is not counted.
     const bool probe = probe_region_ != 0;
     j["regions"] = regions_.size() - (probe ? 1 : 0);
+    {
+        CudaRuntime &cuda = CudaRuntime::get();
+        j["cuda"] = {{"available", cuda.available()},
+                     {"devices", cuda.deviceCount()},
+                     {"imports_open", cuda.openMappings()},
+                     {"imports_opened", cuda.importsOpened()}};
+        if (!cuda.available()) {
+            j["cuda"]["why"] = cuda.why();
+        }
+    }
     j["registered_bytes"] = regions_.registeredBytes() - (probe ? 4096 : 0);
     j["limits"] = {{"regions", cfg_.limits.regions},
                    {"registered_bytes", cfg_.limits.registered_bytes},

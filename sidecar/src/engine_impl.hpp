@@ -2,7 +2,7 @@
 // protocol) and requests.cpp (the request path).
 #pragma once
 
-#include <spdlog/spdlog.h>
+#include "spdlog_headers.hpp"  // first: fmt under its pragma
 
 #include <atomic>
 #include <chrono>
@@ -104,6 +104,17 @@ private:
     Status exposeProbeRegion();
     void onLookup(Session &s, const ipc::LookupMsg &m);
     void onStatus(Session &s, const ipc::StatusMsg &m);
+    // cuda_control.cpp: CUDA memory (docs/gpu.md)
+    void onRegisterCuda(Session &s, const ipc::RegisterMsg &m, ipc::UniqueFd dmabuf);
+    // stream_control.cpp: the stream-ordered calls
+    void onStreamSetup(Session &s, const ipc::MsgHeader &m);
+    void onStreamSubscribe(Session &s, const ipc::StreamSubscribeMsg &m);
+    void onStreamCredit(Session &s, const ipc::StreamCreditMsg &m);
+    /// Posts gated writes whose gate opened and hands over stream notifications; returns work.
+    size_t pollStreams();
+    /// Whether a session waits on its GPU (a held gate, a hand-over): the engine looks again
+    /// soon rather than sleeping long.
+    bool streamsUrgent() const;
     void releaseRegion(const std::shared_ptr<Region> &r);
     /// kNoMemory with the reason when one more region of `bytes` would exceed a quota.
     Status checkQuota(const Session &s, uint64_t new_bytes, bool new_mapping) const;
@@ -112,9 +123,10 @@ private:
     Status registerWithTransports(Region &r);
 
     // requests.cpp
-    /// Ends a request on the client's completion ring; a client whose backlog overflows is
-    /// disconnected.
-    void completeOrClose(Session &s, uint64_t ticket, Code status, uint64_t bytes);
+    /// Ends a request on the client's completion ring (and in its stream slot, if it has one);
+    /// a client whose backlog overflows is disconnected.
+    void completeOrClose(Session &s, uint64_t ticket, Code status, uint64_t bytes,
+                         uint32_t slot = kNoSlot);
     size_t drainRequests();
     /// Takes up to kBatch requests of one session while it has fewer than `cap` in flight.
     uint32_t drainSession(Session &s, uint64_t cap);
@@ -134,6 +146,7 @@ private:
         return it == sessions_.end() ? nullptr : it->second.get();
     }
 
+    static constexpr uint32_t kNoSlot = UINT32_MAX;
     struct PendingOp {
         SessionId session;
         uint64_t ticket;
@@ -142,6 +155,7 @@ private:
         std::shared_ptr<Region> dst;  ///< local writes: the target, also a user
         PeerId peer = kLocalPeer;
         int64_t accepted_ns = 0;  ///< steady clock at acceptance; 0 when writes are not timed
+        uint32_t slot = kNoSlot;  ///< its stream TicketSlot (Request.slot)
     };
     /// Accepted writes to one peer that its transport could not take yet, oldest first.
     struct PeerQueue {
@@ -198,6 +212,9 @@ private:
     // the server's threads wait on it.
     std::shared_ptr<SnapshotChannel> metrics_channel_;
     std::unique_ptr<MetricsServer> metrics_;
+    /// Sessions with stream segments (pollStreams looks at these only).
+    std::vector<SessionId> stream_sessions_;
+    std::chrono::steady_clock::time_point streams_moved_{};  ///< last gate or hand-over
 };
 
 }  // namespace tensorlane::sidecar

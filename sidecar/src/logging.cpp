@@ -1,8 +1,9 @@
+#include "spdlog_headers.hpp"  // first: fmt under its pragma
+
 #include "logging.hpp"
 
 #include <spdlog/async.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
 
 #include <mutex>
 #include <string>

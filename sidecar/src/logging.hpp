@@ -4,7 +4,7 @@
 // never the engine delayed.
 #pragma once
 
-#include <spdlog/logger.h>
+#include "spdlog_headers.hpp"  // first: fmt under its pragma
 
 #include <memory>
 #include <string_view>

@@ -19,7 +19,13 @@ constexpr uint32_t kBatch = 256;
 
 }  // namespace
 
-void EngineImpl::completeOrClose(Session &s, uint64_t ticket, Code status, uint64_t bytes) {
+void EngineImpl::completeOrClose(Session &s, uint64_t ticket, Code status, uint64_t bytes,
+                                 uint32_t slot) {
+    if (slot != kNoSlot && s.streams) {
+        // Before the completion: a stream in tl_stream_wait_ticket is released even when the
+        // write failed; the status is in the slot and in the completion.
+        s.streams->ended(slot, ticket, status);
+    }
     if (!s.complete(ticket, status, bytes)) {
         closeSession(s, "client does not drain its completion ring");
     }
@@ -36,13 +42,24 @@ void EngineImpl::reject(Session &s, const ipc::Request &r, Code code, const char
                    s.cred.pid, r.ticket, r.op, ipc::codeName(code), why,
                    n > 10 ? " [rate-limited]" : "");
     }
-    completeOrClose(s, r.ticket, code, 0);
+    const bool slotted =
+        (r.flags & ipc::kRequestHasSlot) != 0 && s.streams && s.streams->validSlot(r.slot);
+    completeOrClose(s, r.ticket, code, 0, slotted ? r.slot : kNoSlot);
 }
 
 void EngineImpl::handleRequest(Session &s, const ipc::Request &r) {
+    // Stream slots (docs/gpu.md): only with a stream segment, a slot in it, and a gate only
+    // with a slot. Anything else is a bad request.
+    if ((r.flags & ~ipc::kRequestFlagMask) != 0 ||
+        ((r.flags & ipc::kRequestGated) != 0 && (r.flags & ipc::kRequestHasSlot) == 0) ||
+        ((r.flags & ipc::kRequestHasSlot) != 0 && (!s.streams || !s.streams->validSlot(r.slot)))) {
+        reject(s, r, Code::kInvalid, "bad stream flags or slot");
+        return;
+    }
+    const uint32_t slot = (r.flags & ipc::kRequestHasSlot) != 0 ? r.slot : kNoSlot;
     switch (static_cast<ipc::Op>(r.op)) {
         case ipc::Op::kNop:
-            completeOrClose(s, r.ticket, Code::kOk, 0);
+            completeOrClose(s, r.ticket, Code::kOk, 0, slot);
             return;
         case ipc::Op::kWrite:
             break;
@@ -106,8 +123,14 @@ void EngineImpl::handleRequest(Session &s, const ipc::Request &r) {
     // Timed only with the metrics endpoint on: one clock read (vDSO, no syscall) per batch of
     // requests drained (drainRequests invalidates it).
     ops_.emplace(op.op_id, PendingOp{s.id, r.ticket, r.bytes, op.src, op.dst, op.peer,
-                                     stats_.timing() ? stats_.now() : 0});
+                                     stats_.timing() ? stats_.now() : 0, slot});
     ++s.in_flight;
+    if ((r.flags & ipc::kRequestGated) != 0) {
+        // tl_write_on_stream: it waits for the client's GPU stream (pollStreams).
+        s.streams->hold(std::move(op), slot, r.ticket);
+        streams_moved_ = std::chrono::steady_clock::now();
+        return;
+    }
     PeerQueue &q = queues_[op.peer];
     if (q.ops.empty()) {
         if (postNow(op)) {

@@ -5,9 +5,11 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <string>
 #include <unordered_map>
 
+#include "stream_sync.hpp"
 #include "tensorlane/ipc/fd.hpp"
 #include "tensorlane/ipc/layout.hpp"
 #include "tensorlane/ipc/shm.hpp"
@@ -76,6 +78,11 @@ struct Session {
     uint32_t publishes = 0;  ///< counts publish() calls, to pace the head checks
     std::string close_reason;
     SessionCounters counters;
+    /// Stream-ordered calls (created by the client's first one; docs/gpu.md).
+    std::unique_ptr<SessionStreams> streams;
+    /// The CUDA allocations this client exported, by its key (the allocation's CUDA buffer id):
+    /// a second region in one of them reuses the import. Weak: the regions own it.
+    std::unordered_map<uint64_t, std::weak_ptr<CudaImport>> cuda_allocs;
 
     /// Writes a completion (or backlogs it). False when the backlog bound is exceeded.
     bool complete(uint64_t ticket, Code status, uint64_t bytes);

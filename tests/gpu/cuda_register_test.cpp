@@ -1,77 +1,105 @@
-// GPU tier: with a CUDA driver and a device, a device pointer handed to tl_register is
-// recognised and refused with TL_ECUDA and a clear reason (GPU registration arrives with the GPU
-// issue); host buffers keep working. Skips, with the reason, where there is no driver or GPU.
-#include <dlfcn.h>
+// GPU tier: tl_register of CUDA memory: a piece of an allocation (not at its start), a second
+// piece without a new export, the bounds of the allocation, what CUDA memory cannot be shared,
+// and tl_alloc_host page-locked for CUDA. Skips, with the reason, where there is no driver or
+// GPU.
 #include <gtest/gtest.h>
 
 #include <string>
 
 #include "../sidecar/harness.hpp"
-#include "tensorlane/tensorlane.hpp"
+#include "gpu_support.hpp"
+#include "tensorlane/tensorlane.h"
+
+#ifdef TENSORLANE_HAVE_CUDA
 
 namespace {
 
-/// The few driver calls the test needs, opened at run time like the shim does.
-struct CudaDriver {
-    using Init = int (*)(unsigned);
-    using DeviceGetCount = int (*)(int *);
-    using DeviceGet = int (*)(int *, int);
-    using CtxCreate = int (*)(void **, unsigned, int);
-    using MemAlloc = int (*)(uint64_t *, size_t);
-    using MemFree = int (*)(uint64_t);
-    Init init = nullptr;
-    DeviceGetCount count = nullptr;
-    DeviceGet get = nullptr;
-    CtxCreate ctx_create = nullptr;
-    MemAlloc alloc = nullptr;
-    MemFree free = nullptr;
-    std::string why;
-
-    bool open() {
-        void *lib = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-        if (!lib) {
-            why = "no CUDA driver (libcuda.so.1) on this machine";
-            return false;
+class CudaRegister : public ::testing::Test {
+protected:
+    void SetUp() override {
+        if (!cuda.open()) {
+            GTEST_SKIP() << cuda.why;
         }
-        init = reinterpret_cast<Init>(::dlsym(lib, "cuInit"));
-        count = reinterpret_cast<DeviceGetCount>(::dlsym(lib, "cuDeviceGetCount"));
-        get = reinterpret_cast<DeviceGet>(::dlsym(lib, "cuDeviceGet"));
-        ctx_create = reinterpret_cast<CtxCreate>(::dlsym(lib, "cuCtxCreate_v2"));
-        alloc = reinterpret_cast<MemAlloc>(::dlsym(lib, "cuMemAlloc_v2"));
-        free = reinterpret_cast<MemFree>(::dlsym(lib, "cuMemFree_v2"));
-        int n = 0;
-        if (!init || !count || !get || !ctx_create || !alloc || !free || init(0) != 0 ||
-            count(&n) != 0 || n == 0) {
-            why = "the CUDA driver reports no usable GPU";
-            return false;
-        }
-        return true;
     }
+    tlgpu::Cuda cuda;
 };
+
+std::string statusOf(tl_client *c) {
+    std::string buf(1 << 16, '\0');
+    size_t len = 0;
+    if (tl_sidecar_status(c, buf.data(), buf.size(), &len) != TL_OK) {
+        return "";
+    }
+    buf.resize(std::min(len, buf.size()));
+    return buf;
+}
+
+TEST_F(CudaRegister, APieceOfAnAllocationRegistersAndASecondReusesTheExport) {
+    tltest::Sidecar sc;
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    tl_client *c = nullptr;
+    ASSERT_EQ(tl_connect(sc.socket().c_str(), &c), TL_OK) << tl_last_error();
+    CUdeviceptr block = 0;
+    ASSERT_EQ(cuda.cuMemAlloc(&block, 4 << 20), CUDA_SUCCESS);
+    tl_region a = 0, b = 0, bad = 0;
+    ASSERT_EQ(tl_register(c, reinterpret_cast<void *>(block + 4096), 65536, &a), TL_OK)
+        << tl_last_error();
+    ASSERT_EQ(tl_register(c, reinterpret_cast<void *>(block + (1 << 20)), 1 << 20, &b), TL_OK)
+        << tl_last_error();
+    EXPECT_NE(a, b);
+    // Past the end of the allocation: wrong on its face, refused by the shim.
+    EXPECT_EQ(tl_register(c, reinterpret_cast<void *>(block + (4 << 20) - 4096), 8192, &bad),
+              TL_EINVAL);
+    EXPECT_NE(std::string(tl_last_error()).find("past the end"), std::string::npos)
+        << tl_last_error();
+    const std::string status = statusOf(c);
+    EXPECT_NE(status.find("\"available\": true"), std::string::npos) << status;
+    EXPECT_EQ(tl_deregister(c, a), TL_OK);
+    EXPECT_EQ(tl_deregister(c, b), TL_OK);
+    // Every region of the allocation is gone: the next registration exports it again.
+    ASSERT_EQ(tl_register(c, reinterpret_cast<void *>(block), 4 << 20, &a), TL_OK)
+        << tl_last_error();
+    EXPECT_EQ(tl_deregister(c, a), TL_OK);
+    tl_disconnect(c);
+    cuda.cuMemFree(block);
+}
+
+TEST_F(CudaRegister, ManagedMemoryIsRefusedWithTheReason) {
+    tltest::Sidecar sc;
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    tl_client *c = nullptr;
+    ASSERT_EQ(tl_connect(sc.socket().c_str(), &c), TL_OK);
+    CUdeviceptr managed = 0;
+    // 64 KiB: far below what the card has free (README of the device: never more).
+    ASSERT_EQ(cuda.cuMemAllocManaged(&managed, 65536, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+    tl_region r = 0;
+    EXPECT_EQ(tl_register(c, reinterpret_cast<void *>(managed), 65536, &r), TL_ECUDA);
+    EXPECT_NE(std::string(tl_last_error()).find("managed"), std::string::npos) << tl_last_error();
+    tl_disconnect(c);
+    cuda.cuMemFree(managed);
+}
+
+TEST_F(CudaRegister, AllocHostIsPageLockedForCuda) {
+    tltest::Sidecar sc;
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    tl_client *c = nullptr;
+    ASSERT_EQ(tl_connect(sc.socket().c_str(), &c), TL_OK);
+    void *p = nullptr;
+    tl_region r = 0;
+    ASSERT_EQ(tl_alloc_host(c, 1 << 20, &p, &r), TL_OK) << tl_last_error();
+    unsigned flags = 0;
+    // Only memory registered with (or allocated by) CUDA has host flags.
+    EXPECT_EQ(cuda.cuMemHostGetFlags(&flags, p), CUDA_SUCCESS);
+    EXPECT_EQ(tl_deregister(c, r), TL_OK);
+    tl_disconnect(c);
+}
 
 }  // namespace
 
-TEST(CudaRegister, DevicePointerIsRefusedWithEcuda) {
-    CudaDriver cuda;
-    if (!cuda.open()) {
-        GTEST_SKIP() << cuda.why;
-    }
-    int dev = 0;
-    void *ctx = nullptr;
-    ASSERT_EQ(cuda.get(&dev, 0), 0);
-    ASSERT_EQ(cuda.ctx_create(&ctx, 0, dev), 0);
-    uint64_t dptr = 0;
-    ASSERT_EQ(cuda.alloc(&dptr, 1 << 20), 0);
+#else
 
-    tltest::Sidecar sc;
-    ASSERT_TRUE(sc.ready()) << sc.log();
-    auto client = tensorlane::Client::connect(sc.socket());
-    ASSERT_TRUE(client.ok());
-    tl_region r = 0;
-    EXPECT_EQ(tl_register(client->get(), reinterpret_cast<void *>(dptr), 1 << 20, &r), TL_ECUDA);
-    EXPECT_NE(std::string(tl_last_error()).find("CUDA"), std::string::npos) << tl_last_error();
-    // Host memory still registers on the same client.
-    auto host = client->allocHost(4096);
-    EXPECT_TRUE(host.ok());
-    cuda.free(dptr);
+TEST(CudaRegister, NeedsTheCudaToolkit) {
+    GTEST_SKIP() << "built without the CUDA toolkit: no CUDA support to test";
 }
+
+#endif

@@ -95,7 +95,7 @@ TEST(Control, MessageLayoutIsFixed) {
     EXPECT_EQ(sizeof(MsgHeader), 16u);
     EXPECT_EQ(sizeof(HelloMsg), 16u + 32u + kPeerNameBytes + kErrorBytes);
     EXPECT_EQ(offsetof(HelloMsg, node_name), 48u);
-    EXPECT_EQ(sizeof(RegisterMsg), 120u);
+    EXPECT_EQ(sizeof(RegisterMsg), 160u);
     EXPECT_LE(sizeof(ReplyMsg) + kMaxStatusText, kMaxControlMessage);
 }
 

@@ -1,9 +1,9 @@
 """CUDA tensors (registered by data_ptr()) and the stream-ordered calls.
 
-These need a GPU, PyTorch with CUDA, and a libtensorlane whose C ABI accepts CUDA memory.
-Each test skips, with the reason, when one of those is missing (CI here: no GPU; the GPU
-machine until the GPU issue lands: tl_register returns TL_ECUDA, the stream calls are not
-exported). A skip is never counted as a pass.
+These need a GPU, PyTorch with CUDA, and a libtensorlane whose C ABI accepts CUDA memory
+(a CUDA build: docs/gpu.md). Each test skips, with the reason, when one of those is missing
+(CI: no GPU; a library built without the CUDA toolkit: TL_ECUDA). A skip is never counted as a
+pass. On the GPU machine they run with its PyTorch (scripts/device-run.sh).
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ pytestmark = pytest.mark.skipif(
 
 
 def registered(client, tensor):
+    """The tensor's Region. Keep it: a Region nobody holds is closed (deregistered) when it is
+    collected, and then the tensor is no longer in a region of the client."""
     try:
         return client.register(tensor)
     except tensorlane.CudaError as e:
@@ -50,7 +52,7 @@ def test_cuda_to_cuda_across_nodes(client_a, client_b, name):
     recv = torch.zeros((256, 1024), dtype=torch.float32, device="cuda")
     client_b.expose(registered(client_b, recv), name)
     src = torch.randn((256, 1024), device="cuda")
-    registered(client_a, src)
+    src_region = registered(client_a, src)  # noqa: F841 (held: see registered())
     torch.cuda.synchronize()
     remote = client_a.lookup("node-b", name, timeout=5)
     client_a.write(src, remote, imm=11).wait(30)
@@ -63,7 +65,7 @@ def test_cuda_and_host_memory_both_ways(client_a, client_b, name):
     host = client_b.alloc_host_tensor(4096, torch.float32)
     client_b.expose(host, name)
     dev = torch.arange(4096, dtype=torch.float32, device="cuda")
-    registered(client_a, dev)
+    dev_region = registered(client_a, dev)  # noqa: F841 (held: see registered())
     torch.cuda.synchronize()
     client_a.write(dev, client_a.lookup("node-b", name, timeout=5)).wait(30)
     client_b.wait_notification(30)
@@ -81,7 +83,7 @@ def test_stream_ordered_write_and_waits(client_a, client_b, name):
     region = registered(client_b, recv)
     client_b.expose(region, name)
     src = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
-    registered(client_a, src)
+    src_region = registered(client_a, src)  # noqa: F841 (held: see registered())
     remote = client_a.lookup("node-b", name, timeout=5)
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):

@@ -68,10 +68,16 @@ TL_API tl_status tl_connect(const char *socket_path, tl_client **out);
 TL_API void tl_disconnect(tl_client *c);
 
 /** Allocates `bytes` of host memory shared with the sidecar and registers it as a region.
- *  tl_deregister of that region frees the memory. */
+ *  tl_deregister of that region frees the memory. In a process that uses CUDA the memory is
+ *  page-locked for it (cuMemHostRegister, portable), so its own copies to and from the GPU are
+ *  DMA. */
 TL_API tl_status tl_alloc_host(tl_client *c, size_t bytes, void **ptr, tl_region *out);
-/** Registers [ptr, ptr + bytes) as a region: host memory inside a tl_alloc_host buffer
- *  (CUDA memory arrives with GPU support; until then it is TL_ECUDA). */
+/** Registers [ptr, ptr + bytes) as a region: host memory inside a tl_alloc_host buffer, or CUDA
+ *  device memory anywhere inside a cuMemAlloc/cudaMalloc allocation (a tensor of PyTorch's
+ *  caching allocator is a piece of a larger one). The first region in an allocation exports it
+ *  to the sidecar (CUDA IPC handle and a dma-buf fd of all of it); later ones in the same
+ *  allocation only name it. TL_ECUDA for CUDA memory that cannot be shared (managed memory,
+ *  cuMemCreate allocations) or when the sidecar cannot use CUDA, with the reason. */
 TL_API tl_status tl_register(tl_client *c, void *ptr, size_t bytes, tl_region *out);
 /** Releases a region. Later writes into it from peers fail with TL_ENOENT at the writer. */
 TL_API tl_status tl_deregister(tl_client *c, tl_region r);
@@ -122,6 +128,27 @@ TL_API tl_status tl_nop_batch(tl_client *c, size_t n, tl_ticket *out, size_t *su
 TL_API const char *tl_node_name(tl_client *c);
 /** The sidecar's status as JSON text, copied into buf (NUL-terminated). *len gets the length. */
 TL_API tl_status tl_sidecar_status(tl_client *c, char *buf, size_t cap, size_t *len);
+
+/* ---- Stream-ordered calls (DESIGN.md; CUDA builds; `s` is a cudaStream_t / CUstream, NULL
+ * for the legacy default stream). None of them blocks the calling thread on the GPU. Without a
+ * CUDA build, or in a process that does not use CUDA, they return TL_ECUDA. ---- */
+
+/** tl_write that starts only after the work queued on `s` before it has finished (the stream
+ *  stores a flag that the sidecar watches). The ticket behaves like tl_write's. Not capturable
+ *  into a CUDA graph (TL_EINVAL): the write is submitted by this call. */
+TL_API tl_status tl_write_on_stream(tl_client *c, tl_region src, uint64_t src_off, tl_remote dst,
+                                    uint64_t dst_off, uint64_t bytes, uint32_t imm, void *s,
+                                    tl_ticket *out);
+/** Makes `s` wait until write `t` has ended (completed or failed: the stream is released
+ *  either way; tl_wait/tl_test still give its status, the ticket is not consumed). A ticket
+ *  that has ended already adds no wait. */
+TL_API tl_status tl_stream_wait_ticket(tl_client *c, tl_ticket t, void *s);
+/** Makes `s` wait until a write with `imm` has landed in region `r`: each call consumes one such
+ *  notification (in a CUDA graph, each replay consumes one more). Notifications for (r, imm)
+ *  go to these waits from the first call on, and no longer to tl_wait_notification (those that
+ *  had arrived and were not taken yet count for the waits). tl_deregister(r) releases the
+ *  streams waiting on it. */
+TL_API tl_status tl_stream_wait_notification(tl_client *c, tl_region r, uint32_t imm, void *s);
 
 #ifdef __cplusplus
 }

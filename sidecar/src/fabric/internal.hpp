@@ -2,7 +2,7 @@
 // sidecar: the logger, running helper programs, PCIe distance, and the QoS read-back parsers.
 #pragma once
 
-#include <spdlog/logger.h>
+#include "spdlog_headers.hpp"  // first: fmt under its pragma
 
 #include <array>
 #include <cstdint>

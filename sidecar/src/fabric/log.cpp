@@ -1,4 +1,4 @@
-#include <spdlog/spdlog.h>
+#include "spdlog_headers.hpp"  // first: fmt under its pragma
 
 #include <memory>
 

@@ -1,7 +1,7 @@
 // The peer subsystem's logger and a limiter for messages an outsider can trigger at will.
 #pragma once
 
-#include <spdlog/logger.h>
+#include "spdlog_headers.hpp"  // first: fmt under its pragma
 
 #include <cstdint>
 

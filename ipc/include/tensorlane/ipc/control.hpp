@@ -12,7 +12,8 @@
 namespace tensorlane::ipc {
 
 inline constexpr uint32_t kControlMagic = 0x4c43544cu;  // "TLCL"
-inline constexpr uint16_t kControlVersion = 1;
+/// 2: RegisterMsg for CUDA memory (allocation, device UUID, dma-buf fd), stream messages.
+inline constexpr uint16_t kControlVersion = 2;
 inline constexpr size_t kErrorBytes = 256;
 /// The largest datagram either side sends or accepts (status replies carry JSON text).
 inline constexpr size_t kMaxControlMessage = 64 * 1024;
@@ -26,6 +27,10 @@ enum class MsgType : uint16_t {
     kLookup = 6,
     kStatus = 7,  ///< reply is StatusReply (JSON)
     kReply = 8,
+    // The stream-ordered calls (docs/gpu.md), numbered apart from the first calls.
+    kStreamSetup = 16,      ///< a bare MsgHeader; reply carries the stream segment's fd
+    kStreamSubscribe = 17,  ///< StreamSubscribeMsg; reply value0: the NotifySlot index
+    kStreamCredit = 18,     ///< StreamCreditMsg
 };
 
 struct MsgHeader {
@@ -52,7 +57,17 @@ struct HelloMsg {
 /// Region kinds in RegisterMsg.
 enum class RegionKind : uint32_t {
     kHost = 1,  ///< a range of a buffer from AllocHost
-    kCuda = 2,  ///< device memory: IPC handle (+ dma-buf fd); arrives with the GPU issue
+    kCuda = 2,  ///< device memory: a range of a cuMemAlloc/cudaMalloc allocation
+};
+
+/// RegisterMsg.flags (kCuda).
+enum RegisterFlag : uint32_t {
+    /// The allocation `parent` was exported with an earlier registration of this client that
+    /// is still alive: no IPC handle or fd comes with this one. kNotFound if the sidecar no
+    /// longer knows it (then the client exports again).
+    kRegisterReuse = 1u << 0,
+    /// A dma-buf fd of the whole allocation comes with the message (SCM_RIGHTS).
+    kRegisterDmabuf = 1u << 1,
 };
 
 struct AllocHostMsg {
@@ -62,13 +77,36 @@ struct AllocHostMsg {
 
 struct RegisterMsg {
     MsgHeader h;
-    uint32_t kind;  ///< RegionKind
-    uint32_t reserved;
-    uint64_t parent;  ///< kHost: the AllocHost region the range lies in
-    uint64_t offset;  ///< kHost: offset in that buffer
+    uint32_t kind;    ///< RegionKind
+    uint32_t flags;   ///< RegisterFlag bits (kCuda)
+    uint64_t parent;  ///< kHost: the AllocHost region; kCuda: the allocation's key (its CUDA
+                      ///< buffer id, unique in the client's process for its lifetime)
+    uint64_t offset;  ///< where the range starts in that buffer or allocation
     uint64_t bytes;
-    uint64_t address;  ///< the client's virtual address (diagnostics, CUDA)
-    unsigned char cuda_ipc_handle[64];
+    uint64_t address;                   ///< the client's virtual address (diagnostics, CUDA)
+    unsigned char cuda_ipc_handle[64];  ///< CUipcMemHandle of the allocation (kCuda, exported)
+    uint64_t alloc_bytes;               ///< kCuda: size of the whole allocation
+    uint64_t alloc_address;             ///< kCuda: the client's address of its first byte
+    unsigned char device_uuid[16];      ///< kCuda: CUuuid of its device (ordinals differ)
+    int32_t device_ordinal;             ///< kCuda: the client's ordinal (diagnostics)
+    int32_t dmabuf_error;  ///< kCuda, no fd: the CUresult of cuMemGetHandleForAddressRange
+};
+
+/// kStreamSubscribe: tl_stream_wait_notification's first call for (region, imm).
+struct StreamSubscribeMsg {
+    MsgHeader h;
+    uint64_t region;
+    uint32_t imm;
+    uint32_t reserved;
+};
+
+/// kStreamCredit: notifications for a new subscription that had reached the client before the
+/// sidecar began to count them (the client took them out of its queue); the sidecar hands them
+/// over through the subscription's flag like later ones.
+struct StreamCreditMsg {
+    MsgHeader h;
+    uint32_t slot;
+    uint32_t count;
 };
 
 struct DeregisterMsg {
@@ -109,7 +147,7 @@ inline constexpr size_t kMaxStatusText = kMaxControlMessage - sizeof(ReplyMsg);
 
 static_assert(std::is_trivially_copyable_v<HelloMsg> && std::is_trivially_copyable_v<ReplyMsg>);
 static_assert(sizeof(HelloMsg) == 16 + 32 + 64 + 256);
-static_assert(sizeof(RegisterMsg) == 16 + 40 + 64);
+static_assert(sizeof(RegisterMsg) == 16 + 40 + 64 + 40);
 
 /// Copies a C string into a fixed field, always NUL-terminated (truncates).
 void copyName(char *dst, size_t dst_bytes, const char *src);

@@ -17,7 +17,9 @@
 namespace tensorlane::ipc {
 
 inline constexpr uint64_t kSegmentMagic = 0x314745534c4e4c54ull;  // "TLNLSEG1"
-inline constexpr uint32_t kLayoutVersion = 2;  ///< 2: per-slot sequence words (ring_seq)
+/// 2: per-slot sequence words (ring_seq); 3: Request.flags and Request.slot (stream-ordered
+/// calls) and the stream segment (StreamSegmentHeader).
+inline constexpr uint32_t kLayoutVersion = 3;
 inline constexpr uint32_t kMinRingDepth = 16;
 inline constexpr uint32_t kMaxRingDepth = 65536;
 inline constexpr size_t kPeerNameBytes = 64;  ///< tl_notification.peer, NUL included
@@ -29,9 +31,22 @@ enum class Op : uint32_t {
     kWrite = 2,  ///< write-with-immediate into a remote region
 };
 
+/// Request.flags bits. Anything else is answered with kInvalid.
+enum RequestFlag : uint8_t {
+    /// `slot` names this request's TicketSlot in the session's stream segment: the sidecar
+    /// stores the ticket there when the request ends (tl_stream_wait_ticket waits on it).
+    kRequestHasSlot = 1u << 0,
+    /// Stream-ordered (tl_write_on_stream): the write starts only once the client's GPU stream
+    /// has stored the ticket's low 32 bits (or a later one) into the slot's `gate`.
+    kRequestGated = 1u << 1,
+};
+inline constexpr uint8_t kRequestFlagMask = kRequestHasSlot | kRequestGated;
+
 /// One request, written by the client into the request ring.
 struct Request {
-    uint32_t op;          ///< Op
+    uint8_t op;           ///< Op
+    uint8_t flags;        ///< RequestFlag bits
+    uint16_t slot;        ///< TicketSlot index when flags has kRequestHasSlot
     uint32_t imm;         ///< delivered to the target's owner
     uint64_t ticket;      ///< echoed in the completion
     uint64_t src_region;  ///< the client's region id
@@ -43,6 +58,7 @@ struct Request {
 };
 static_assert(sizeof(Request) == 64 && std::is_trivially_copyable_v<Request>);
 static_assert(offsetof(Request, ticket) == 8 && offsetof(Request, bytes) == 48);
+static_assert(offsetof(Request, imm) == 4 && offsetof(Request, slot) == 2);
 static_assert(isRingEntry<Request>());
 
 /// The end of one request, written by the sidecar into the completion ring.
@@ -160,6 +176,101 @@ struct SegmentView {
         return v;
     }
 };
+
+// ---- The stream segment (stream-ordered calls; docs/gpu.md)
+//
+// A second, small segment per session, created by the sidecar on the client's first stream
+// call (MsgType::kStreamSetup) and registered by the client with the CUDA driver, so that its
+// GPU streams can store into it (cuStreamWriteValue32) and wait on it (cuStreamWaitValue32).
+// Every word has one writer at a time; values are compared cyclically (int32_t differences),
+// as CU_STREAM_WAIT_VALUE_GEQ compares them.
+
+inline constexpr uint64_t kStreamSegmentMagic = 0x314d5253534c4e4cull;  // "LNLSSRM1"
+/// Subscriptions (region, imm) one session may hold for tl_stream_wait_notification.
+inline constexpr uint32_t kStreamSubscriptions = 1024;
+
+/// One per request slot (Request.slot). The client resets both words to ticket - 1 before it
+/// gives the slot to a new ticket (both are quiet then: the previous ticket has ended and its
+/// gate was passed), so a stale value can never satisfy the new ticket.
+struct alignas(16) TicketSlot {
+    /// Written by the client's GPU stream (tl_write_on_stream): the ticket's low 32 bits once
+    /// the work queued before the write has finished. Read by the sidecar (acquire).
+    std::atomic<uint32_t> gate;
+    /// Written by the sidecar when the request ends (release, after `status`): the ticket's low
+    /// 32 bits. A stream in tl_stream_wait_ticket waits until it is >= the ticket.
+    std::atomic<uint32_t> done;
+    int32_t status;  ///< Code of the ended request (written before `done`)
+    uint32_t reserved;
+};
+static_assert(sizeof(TicketSlot) == 16 && std::atomic<uint32_t>::is_always_lock_free);
+
+/// One per subscription (region, imm) of tl_stream_wait_notification: a hand-over flag, so that
+/// a wait captured in a CUDA graph works on every replay. The sidecar stores 1 when a
+/// notification for the pair arrives and the flag is 0 (it counts the rest and hands them
+/// over one at a time); the GPU stream waits for 1 and then stores 0 (one notification
+/// consumed). Each value has exactly one writer, so none is lost.
+struct alignas(kCacheLine) NotifySlot {
+    std::atomic<uint32_t> flag;
+};
+static_assert(sizeof(NotifySlot) == kCacheLine);
+
+struct alignas(kCacheLine) StreamSegmentHeader {
+    std::atomic<uint64_t> magic;  ///< kStreamSegmentMagic, stored last (release)
+    uint32_t version;             ///< kLayoutVersion
+    uint32_t ticket_slots;        ///< TicketSlots (2 x the ring depth)
+    uint32_t notify_slots;        ///< NotifySlots (kStreamSubscriptions)
+    uint32_t reserved0;
+    uint64_t ticket_offset;  ///< from the segment's start
+    uint64_t notify_offset;
+    uint64_t total_bytes;
+};
+static_assert(sizeof(StreamSegmentHeader) == kCacheLine);
+
+/// Where everything sits in a stream segment for a given ring depth.
+struct StreamGeometry {
+    uint32_t ticket_slots = 0;
+    uint32_t notify_slots = 0;
+    uint64_t ticket_offset = 0;
+    uint64_t notify_offset = 0;
+    uint64_t total_bytes = 0;
+
+    /// Twice as many ticket slots as requests may be outstanding: a slot whose gated write
+    /// ended before its GPU stream reached the gate stays out of use until it does.
+    static constexpr StreamGeometry forDepth(uint32_t ring_depth) {
+        StreamGeometry g;
+        g.ticket_slots = 2 * ring_depth;
+        g.notify_slots = kStreamSubscriptions;
+        g.ticket_offset = sizeof(StreamSegmentHeader);
+        g.notify_offset = g.ticket_offset + uint64_t{g.ticket_slots} * sizeof(TicketSlot);
+        g.notify_offset = (g.notify_offset + kCacheLine - 1) & ~uint64_t{kCacheLine - 1};
+        const uint64_t end = g.notify_offset + uint64_t{g.notify_slots} * sizeof(NotifySlot);
+        g.total_bytes = (end + 4095) & ~uint64_t{4095};
+        return g;
+    }
+};
+static_assert(StreamGeometry::forDepth(kMaxRingDepth).ticket_slots <= 65536 * 2);
+
+/// Typed views of a mapped stream segment.
+struct StreamView {
+    StreamSegmentHeader *header = nullptr;
+    TicketSlot *tickets = nullptr;
+    NotifySlot *notify = nullptr;
+
+    static StreamView at(void *base, const StreamGeometry &g) {
+        auto *b = static_cast<unsigned char *>(base);
+        StreamView v;
+        v.header = reinterpret_cast<StreamSegmentHeader *>(b);
+        v.tickets = reinterpret_cast<TicketSlot *>(b + g.ticket_offset);
+        v.notify = reinterpret_cast<NotifySlot *>(b + g.notify_offset);
+        return v;
+    }
+};
+
+/// Initialises a zeroed stream segment and publishes it (magic last). Sidecar only.
+void initStreamSegment(void *base, const StreamGeometry &g);
+/// Checks a stream segment the client just mapped against what `ring_depth` gives.
+bool validateStreamSegment(const void *base, uint64_t mapped_bytes, uint32_t ring_depth,
+                           StreamGeometry *out);
 
 /// Initialises a zeroed segment and publishes it (magic last). Called by the sidecar only.
 void initSegment(void *base, const SegmentGeometry &g, uint64_t session_id);

@@ -16,6 +16,8 @@
 
 namespace tensorlane::sidecar {
 
+class CudaImport;  // sidecar/src/cuda/import.hpp
+
 using RegionId = uint64_t;
 using SessionId = uint64_t;
 
@@ -27,6 +29,15 @@ enum class MemoryKind : uint8_t {
 const char *toString(MemoryKind k);
 
 /// The CUDA side of a device-memory region: what the owner exported for its allocation.
+///
+/// For a transport that needs the memory (docs/gpu.md, "What a transport gets"):
+/// - `dmabuf` (may be empty): the owner's dma-buf fd of the WHOLE allocation, so
+///   ibv_reg_dmabuf_mr(pd, offset = 0, length = alloc_bytes, iova, fd, access) registers all of
+///   it once; the region is [alloc_offset, alloc_offset + bytes) of that.
+/// - `import->base(&dptr)`: the sidecar's own device address of the allocation's first byte
+///   (a cached CUDA IPC import, made on first use; transport threads only: it may take ms), so
+///   the region starts at dptr + alloc_offset (peermem fallback: ibv_reg_mr on that address).
+/// - `import->ordinal()`: the device as the sidecar numbers it (-1: not visible here).
 struct CudaMemory {
     int device = -1;                             ///< the owner's CUDA ordinal (diagnostics)
     std::array<unsigned char, 64> ipc_handle{};  ///< cudaIpcMemHandle_t of the allocation
@@ -35,6 +46,9 @@ struct CudaMemory {
     uint64_t alloc_bytes = 0;     ///< size of the whole allocation
     uint64_t alloc_offset = 0;    ///< where the region starts in it
     uint64_t client_address = 0;  ///< the owner's device address of the region (diagnostics)
+    /// The allocation's import, shared by every region in it; holds `dmabuf` too. Released
+    /// (mapping closed, fd closed) when the last region and the last transfer let go.
+    std::shared_ptr<CudaImport> import;
 };
 
 /// Memory the sidecar can read and write on behalf of a client: a host buffer from AllocHost

@@ -3,9 +3,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 
+#include "cuda/copier.hpp"
+#include "cuda/import.hpp"
+#include "cuda/runtime.hpp"
 #include "tensorlane/ipc/doorbell.hpp"
 
 #if defined(__x86_64__)
@@ -85,6 +89,17 @@ void storeFence() {
 
 }  // namespace
 
+/// A host buffer page-locked for CUDA copies; keeps its mapping until the pin is gone (members
+/// are destroyed in reverse: the pin first, then the mapping).
+struct LocalTransport::Pin {
+    std::shared_ptr<ipc::Mapping> mapping;
+    std::shared_ptr<void> pinned;  ///< empty: locking failed; copies then stage through the driver
+};
+
+struct LocalTransport::CopierHolder {
+    CudaCopier copier;
+};
+
 LocalTransport::LocalTransport(std::string node_name, size_t max_queued)
     : node_name_(std::move(node_name)), max_queued_(max_queued) {}
 
@@ -97,6 +112,15 @@ LocalTransport::~LocalTransport() {
     if (thread_.joinable()) {
         thread_.join();
     }
+}
+
+void LocalTransport::setPolling(bool busy, uint32_t spin_us) {
+    // Even a busy-polling sidecar's copy thread sleeps once local writes stop coming for a
+    // while: it would otherwise take a whole core from the engine and the clients (on a 2-core
+    // machine, three spinning threads slow a no-op round trip a hundredfold). While writes
+    // come, it stays awake, so each one costs no wake-up.
+    constexpr uint32_t kBusySpinUs = 500;
+    spin_us_ = busy ? std::max(spin_us, kBusySpinUs) : spin_us;
 }
 
 Status LocalTransport::start() {
@@ -114,33 +138,63 @@ Status LocalTransport::post(const WriteOp &op) {
     if (in_flight_ >= max_queued_) {
         return {Code::kAgain, "the local copy queue is full"};
     }
+    Job job;
+    job.op = op;
+    job.gpu = op.src->kind == MemoryKind::kCuda || op.dst->kind == MemoryKind::kCuda;
     {
         std::lock_guard lock(mu_);
-        jobs_[op.src->owner].push_back(Job{op, 0});
+        incoming_.push_back(std::move(job));
+        has_incoming_.store(true, std::memory_order_release);
+        if (sleeping_) {
+            cv_.notify_one();
+        }
     }
     ++in_flight_;
-    cv_.notify_one();
     return Status::ok();
 }
 
-bool LocalTransport::step(Job &job, Done *done) {
+void LocalTransport::deregisterRegion(RegionId r) {
+    std::lock_guard lock(mu_);
+    retired_.push_back(r);
+    has_incoming_.store(true, std::memory_order_release);
+    if (sleeping_) {
+        cv_.notify_one();
+    }
+}
+
+bool LocalTransport::arm() {
+    armed_.store(true, std::memory_order_relaxed);
+    // SYNC POINT: seq_cst fence between raising armed_ and reading done_ready_; the copy thread
+    // stores done_ready_, fences, then reads armed_ (Dekker): either we see its work here, or it
+    // sees that we may sleep and rings the eventfd.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    return !done_ready_.load(std::memory_order_relaxed);
+}
+
+Code LocalTransport::startCheck(const WriteOp &op, const char **why) {
+    // Checked when the copy starts: a target deregistered or unexposed after the post is not
+    // written. The shared_ptrs keep both ranges (and CUDA imports) alive for as long as we copy.
+    if (op.dst->revoked.load(std::memory_order_acquire) ||
+        !op.dst->exposed.load(std::memory_order_acquire)) {
+        *why = "target region is gone";
+        return Code::kNotFound;
+    }
+    const auto usable = [](const Region &r) {
+        return r.kind == MemoryKind::kCuda ? r.cuda.import != nullptr : r.base != nullptr;
+    };
+    if (!usable(*op.dst) || !usable(*op.src) || !op.dst->contains(op.dst_offset, op.bytes) ||
+        !op.src->contains(op.src_offset, op.bytes)) {
+        *why = "write out of bounds";
+        return Code::kInvalid;
+    }
+    return Code::kOk;
+}
+
+bool LocalTransport::stepHost(Job &job, Done *done) {
     const WriteOp &op = job.op;
     if (job.copied == 0) {
-        // Checked when the copy starts: a target deregistered or unexposed after the post is
-        // not written. The shared_ptrs keep both ranges mapped for as long as we copy.
-        Code code = Code::kOk;
         const char *why = "";
-        if (op.dst->revoked.load(std::memory_order_acquire) ||
-            !op.dst->exposed.load(std::memory_order_acquire)) {
-            code = Code::kNotFound;
-            why = "target region is gone";
-        } else if (op.dst->base == nullptr || op.src->base == nullptr ||
-                   !op.dst->contains(op.dst_offset, op.bytes) ||
-                   !op.src->contains(op.src_offset, op.bytes)) {
-            code = Code::kInvalid;
-            why = "write out of bounds";
-        }
-        if (code != Code::kOk) {
+        if (Code code = startCheck(op, &why); code != Code::kOk) {
             *done = Done{op.op_id, code, why, 0, 0, 0, 0};
             return true;
         }
@@ -170,42 +224,206 @@ bool LocalTransport::step(Job &job, Done *done) {
     return true;
 }
 
-void LocalTransport::run() {
-    std::unique_lock lock(mu_);
-    for (;;) {
-        cv_.wait(lock, [this] { return stop_ || !jobs_.empty(); });
-        if (stop_) {
-            return;
+Status LocalTransport::addressOf(const Region &r, uint64_t offset, uint64_t *addr,
+                                 std::shared_ptr<Pin> *pin) {
+    if (r.kind == MemoryKind::kCuda) {
+        uint64_t base = 0;
+        if (Status st = r.cuda.import->base(&base); !st.isOk()) {
+            return st;
         }
-        // The next session in turn (wrapping), its oldest write.
-        auto it = jobs_.lower_bound(next_turn_);
-        if (it == jobs_.end()) {
-            it = jobs_.begin();
+        *addr = base + r.cuda.alloc_offset + offset;
+        return Status::ok();
+    }
+    // Host memory: the whole buffer (the root region) is page-locked once, on first use, so
+    // the copy engine reaches it directly instead of through the driver's bounce buffers.
+    const RegionId root = r.parent != 0 ? r.parent : r.id;
+    auto it = pins_.find(root);
+    if (it == pins_.end()) {
+        auto p = std::make_shared<Pin>();
+        p->mapping = r.mapping;
+        if (r.mapping) {
+            // A failure leaves the copy correct, only staged by the driver: not an error.
+            (void)CudaRuntime::get().pinHost(r.mapping->data(), r.mapping->size(), &p->pinned);
         }
-        const SessionId sid = it->first;
-        Job &job = it->second.front();  // references into a deque survive push_back
-        lock.unlock();
-        Done done;
-        const bool finished = step(job, &done);
-        lock.lock();
-        next_turn_ = sid + 1;
-        if (!finished) {
-            continue;
-        }
-        auto &queue = jobs_[sid];
-        queue.pop_front();
-        if (queue.empty()) {
-            jobs_.erase(sid);
-        }
-        done_.push_back(done);
-        // SYNC POINT: the flag is set under the lock with the entry; arm() reads it (acquire) so
-        // an engine about to sleep sees finished work, and the eventfd wakes one already asleep.
-        done_ready_.store(true, std::memory_order_release);
-        ipc::ring(wake_.get());
+        it = pins_.emplace(root, std::move(p)).first;
+    }
+    *pin = it->second;
+    *addr = reinterpret_cast<uint64_t>(r.base + offset);
+    return Status::ok();
+}
+
+void LocalTransport::issueGpu(Job &job, uint32_t lane) {
+    const WriteOp &op = job.op;
+    job.issued = true;
+    const char *why = "";
+    if (Code code = startCheck(op, &why); code != Code::kOk) {
+        job.error = Status{code, why};
+        return;
+    }
+    uint64_t src = 0, dst = 0;
+    Status st = addressOf(*op.src, op.src_offset, &src, &job.pins[0]);
+    if (st.isOk()) {
+        st = addressOf(*op.dst, op.dst_offset, &dst, &job.pins[1]);
+    }
+    if (st.isOk()) {
+        // The stream of the device at the CUDA end (the target's when both are).
+        const CudaImport &gpu =
+            op.dst->kind == MemoryKind::kCuda ? *op.dst->cuda.import : *op.src->cuda.import;
+        st = copier_->copier.start(gpu.ordinal(), lane, dst, src, op.bytes, &job.handle);
+    }
+    if (!st.isOk()) {
+        job.error = st;
     }
 }
 
+LocalTransport::Done LocalTransport::finishGpu(Job &job, const Status &st) {
+    const WriteOp &op = job.op;
+    if (!st.isOk()) {
+        return Done{op.op_id, st.code(), st.message(), 0, 0, 0, 0};
+    }
+    if (op.dst->revoked.load(std::memory_order_acquire)) {
+        return Done{
+            op.op_id, Code::kNotFound, "target region was deregistered during the write", 0, 0, 0,
+            0};
+    }
+    // The event has completed: the copy engine's writes are done, in device memory for a CUDA
+    // target and in host memory for a host one, before the owner is told.
+    return Done{op.op_id, Code::kOk, "", op.dst_region, op.imm, op.dst_offset, op.bytes};
+}
+
+bool LocalTransport::turn(std::vector<Done> *done) {
+    bool moved = false;
+    for (auto it = jobs_.begin(); it != jobs_.end();) {
+        std::deque<Job> &q = it->second;
+        // GPU copies at the front that have finished, in order.
+        while (!q.empty() && q.front().gpu && q.front().issued) {
+            Job &j = q.front();
+            Status st = j.error;
+            if (st.isOk()) {
+                st = copier_->copier.poll(j.handle);
+                if (st.code() == Code::kAgain) {
+                    break;
+                }
+            }
+            done->push_back(finishGpu(j, st));
+            q.pop_front();
+            moved = true;
+        }
+        // The next job that has not started: GPU copies queue behind each other; a host copy
+        // only once nothing of this session is on the GPU any more.
+        size_t k = 0;
+        while (k < q.size() && q[k].gpu && q[k].issued) {
+            ++k;
+        }
+        if (k < q.size()) {
+            Job &j = q[k];
+            if (j.gpu && k < kMaxGpuInFlight) {
+                issueGpu(j, static_cast<uint32_t>(it->first));
+                moved = true;
+            } else if (!j.gpu && k == 0) {
+                Done d;
+                if (stepHost(j, &d)) {
+                    done->push_back(std::move(d));
+                    q.pop_front();
+                }
+                moved = true;
+            }
+        }
+        it = q.empty() ? jobs_.erase(it) : std::next(it);
+    }
+    return moved;
+}
+
+void LocalTransport::publish(std::vector<Done> *done) {
+    if (done->empty()) {
+        return;
+    }
+    {
+        std::lock_guard lock(mu_);
+        for (Done &d : *done) {
+            done_.push_back(std::move(d));
+        }
+        done_ready_.store(true, std::memory_order_relaxed);
+    }
+    done->clear();
+    // SYNC POINT: pairs with arm(): done_ready_ is stored, then armed_ read, across a seq_cst
+    // fence. An engine that is awake finds the work through done_ready_ without a syscall.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (armed_.load(std::memory_order_relaxed)) {
+        // Rung first, flagged second: progress() drains only after seeing the flag, so a drain
+        // can never run before the ring it is meant for and leave the eventfd readable.
+        ipc::ring(wake_.get());
+        rung_.store(true, std::memory_order_release);
+    }
+}
+
+void LocalTransport::run() {
+    using Clock = std::chrono::steady_clock;
+    copier_ = std::make_unique<CopierHolder>();
+    std::vector<Done> done;
+    std::vector<RegionId> retired;
+    auto last_work = Clock::now();
+    for (;;) {
+        {
+            std::unique_lock lock(mu_);
+            if (jobs_.empty() && incoming_.empty() && retired_.empty() && !stop_) {
+                const bool spin = Clock::now() - last_work < std::chrono::microseconds(spin_us_);
+                if (spin) {
+                    // Spin outside the lock: post() only takes it to hand over work.
+                    lock.unlock();
+                    while (!has_incoming_.load(std::memory_order_acquire) &&
+                           Clock::now() - last_work < std::chrono::microseconds(spin_us_)) {
+#if defined(__x86_64__)
+                        _mm_pause();
+#endif
+                    }
+                    continue;
+                }
+                sleeping_ = true;
+                cv_.wait(lock, [this] { return stop_ || !incoming_.empty() || !retired_.empty(); });
+                sleeping_ = false;
+            }
+            if (stop_) {
+                break;
+            }
+            for (Job &j : incoming_) {
+                const SessionId sid = j.op.src->owner;
+                jobs_[sid].push_back(std::move(j));
+            }
+            incoming_.clear();
+            retired.swap(retired_);
+            has_incoming_.store(false, std::memory_order_relaxed);
+        }
+        // Outside the lock: unlocking host memory may take a while, and post() must not wait.
+        for (RegionId r : retired) {
+            pins_.erase(r);  // copies still running hold their own reference
+        }
+        retired.clear();
+        if (turn(&done)) {
+            last_work = Clock::now();
+        }
+        publish(&done);
+    }
+    // Stopping: copies queued on the GPU are waited for, so no stream still writes into memory
+    // whose import goes away with us.
+    for (auto &[sid, q] : jobs_) {
+        for (Job &j : q) {
+            if (j.gpu && j.issued && j.error.isOk()) {
+                while (copier_->copier.poll(j.handle).code() == Code::kAgain) {
+                }
+            }
+        }
+    }
+    jobs_.clear();
+    pins_.clear();
+    copier_.reset();
+}
+
 size_t LocalTransport::progress(EventSink &sink) {
+    armed_.store(false, std::memory_order_relaxed);
+    if (rung_.load(std::memory_order_acquire) && rung_.exchange(false)) {
+        ipc::drain(wake_.get());  // only when it was rung: no syscall on the busy path
+    }
     if (!done_ready_.load(std::memory_order_acquire)) {
         return 0;
     }
@@ -215,12 +433,11 @@ size_t LocalTransport::progress(EventSink &sink) {
         done.swap(done_);
         done_ready_.store(false, std::memory_order_relaxed);
     }
-    ipc::drain(wake_.get());
     for (const Done &d : done) {
         --in_flight_;
         if (d.code == Code::kOk) {
-            // Same address space, the copy fenced: the bytes are visible. The owner first, then
-            // the writer, as DESIGN.md's data path requires.
+            // The bytes are in place and visible (a fenced memcpy, or a finished CUDA copy). The
+            // owner first, then the writer, as DESIGN.md's data path requires.
             sink.arrived(d.dst, d.imm, d.offset, d.bytes, node_name_);
         }
         sink.completed(d.op_id, d.code, d.why);

@@ -1,13 +1,20 @@
 // The local transport: both ends on this node. The sidecar copies directly between the two
-// regions (memcpy for host regions; CUDA copies arrive with the GPU work) on a copy thread of
-// its own, so a large write never holds the engine loop: other clients' rings, sockets and
-// remote peers are served while it copies.
+// regions on a copy thread of its own, so a large write never holds the engine loop: other
+// clients' rings, sockets and remote peers are served while it copies.
 //
-// The copy thread takes writes in 512 KiB slices, turn by turn over the writing sessions, so one
-// session's gigabyte does not make another's 4 KiB wait for it; within one session writes finish
-// in the order they were posted, so their notifications keep that order. Each finished write
-// reports arrived() (the owner's notification) and then completed() (the writer's ticket),
-// handed to the engine through a queue and an eventfd.
+// Host to host: memcpy, in 512 KiB slices, turn by turn over the writing sessions, so one
+// session's gigabyte does not make another's 4 KiB wait for it. With a CUDA region at either
+// end: cuMemcpyAsync on the sidecar's own streams (one lane per session, so sessions do not
+// queue behind each other on the GPU), between the sidecar's IPC import of the device memory
+// and its page-locked mapping of host memory (peer access over NVLink where two GPUs are
+// involved); an event behind each copy says when it has finished, and only then does the write
+// complete. Within one session writes finish in the order they were posted, so their
+// notifications keep that order: a session's GPU copies queue on one stream back to back, and a
+// host copy of that session starts only after its earlier GPU copies have finished.
+//
+// Each finished write reports arrived() (the owner's notification) and then completed() (the
+// writer's ticket), handed to the engine through a queue; the eventfd is rung only when the
+// engine may be asleep (it said so in arm()).
 #pragma once
 
 #include <atomic>
@@ -15,9 +22,11 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "tensorlane/ipc/fd.hpp"
@@ -34,6 +43,10 @@ public:
     LocalTransport(const LocalTransport &) = delete;
     LocalTransport &operator=(const LocalTransport &) = delete;
 
+    /// How the copy thread waits for work (before start()): it spins `spin_us` after its last
+    /// work before it sleeps (0: sleeps at once; `busy`: at least 500 us). The engine passes its
+    /// own [ipc] poll mode, so writes that follow each other cost no wake-up.
+    void setPolling(bool busy, uint32_t spin_us);
     /// Creates the eventfd and starts the copy thread.
     Status start();
 
@@ -41,28 +54,37 @@ public:
     Status connect(PeerId) override { return Status::ok(); }
     void disconnect(PeerId) override {}
     Status registerRegion(Region &) override { return Status::ok(); }
-    void deregisterRegion(RegionId) override {}
+    /// Lets go of the page-locking of a host buffer (on the copy thread).
+    void deregisterRegion(RegionId r) override;
     /// kInvalid without a resolved target; kAgain when max_queued writes are in the queue.
     Status post(const WriteOp &op) override;
     /// Reports the writes the copy thread finished.
     size_t progress(EventSink &sink) override;
     std::vector<int> pollFds() const override { return {wake_.get()}; }
-    bool arm() override { return !done_ready_.load(std::memory_order_acquire); }
+    bool arm() override;
     size_t inFlight() const override { return in_flight_; }
 
     /// Bytes copied per turn of the copy thread before it looks at other sessions' writes.
     static constexpr uint64_t kSliceBytes = 512 * 1024;
     static constexpr size_t kDefaultMaxQueued = 1024;
+    /// GPU copies of one session queued on its stream at once.
+    static constexpr size_t kMaxGpuInFlight = 64;
 
 private:
+    struct Pin;
     struct Job {
         WriteOp op;
-        uint64_t copied = 0;
+        uint64_t copied = 0;           ///< host copies: bytes done
+        bool gpu = false;              ///< a CUDA region at either end
+        bool issued = false;           ///< GPU: queued on a stream (or failed: `error`)
+        uint32_t handle = 0;           ///< GPU: the copier's handle
+        Status error;                  ///< GPU: why it could not be queued
+        std::shared_ptr<Pin> pins[2];  ///< host ends kept page-locked while the copy runs
     };
     struct Done {
         uint64_t op_id = 0;
         Code code = Code::kOk;
-        const char *why = "";
+        std::string why;
         RegionId dst = 0;
         uint32_t imm = 0;
         uint64_t offset = 0;
@@ -70,22 +92,46 @@ private:
     };
 
     void run();
-    /// Copies one slice of `job`; true when the job is finished (into `*done`).
-    bool step(Job &job, Done *done);
+    /// One unit of work for every session (a slice, a GPU copy queued, GPU copies finished).
+    /// True if anything moved.
+    bool turn(std::vector<Done> *done);
+    /// Copies one slice of a host job; true when it is finished (into `*done`).
+    bool stepHost(Job &job, Done *done);
+    /// Queues a GPU job's copy (or records why not).
+    void issueGpu(Job &job, uint32_t lane);
+    /// The GPU job at its session's front has ended: its Done.
+    Done finishGpu(Job &job, const Status &st);
+    /// The unified address of `offset` in `r` for a CUDA copy (importing or page-locking it).
+    Status addressOf(const Region &r, uint64_t offset, uint64_t *addr, std::shared_ptr<Pin> *pin);
+    /// Checks made when a write starts; kOk or why it cannot.
+    static Code startCheck(const WriteOp &op, const char **why);
+    void publish(std::vector<Done> *done);
 
     const std::string node_name_;
     const size_t max_queued_;
+    uint32_t spin_us_ = 0;
     ipc::UniqueFd wake_;
     size_t in_flight_ = 0;  ///< engine thread only
 
+    // Shared between the engine thread (post, progress, deregisterRegion) and the copy thread.
     std::mutex mu_;
     std::condition_variable cv_;
     bool stop_ = false;
-    /// Waiting and running writes, per writing session (FIFO within one), taken in turn.
-    std::map<SessionId, std::deque<Job>> jobs_;
-    SessionId next_turn_ = 0;
+    bool sleeping_ = false;  ///< the copy thread waits on cv_
+    std::vector<Job> incoming_;
+    std::vector<RegionId> retired_;
+    std::atomic<bool> has_incoming_{false};
     std::vector<Done> done_;
     std::atomic<bool> done_ready_{false};
+    std::atomic<bool> armed_{false};  ///< the engine may sleep: ring the eventfd
+    std::atomic<bool> rung_{false};   ///< the eventfd was rung and wants draining
+
+    // The copy thread's own.
+    std::map<SessionId, std::deque<Job>> jobs_;
+    std::unordered_map<RegionId, std::shared_ptr<Pin>> pins_;  ///< by host buffer (root region)
+    struct CopierHolder;
+    std::unique_ptr<CopierHolder> copier_;
+
     std::thread thread_;
 };
 

@@ -18,12 +18,42 @@ constexpr int kPumpRounds = 4;
 
 // ----- OutLink
 
-OutLink::OutLink(std::vector<Connection *> data, uint32_t chunk_bytes, size_t window)
-    : data_(std::move(data)), chunk_bytes_(chunk_bytes), window_(window) {}
+OutLink::OutLink(std::vector<Connection *> data, uint32_t chunk_bytes, size_t window,
+                 TcpStaging &staging)
+    : data_(std::move(data)),
+      chunk_bytes_(chunk_bytes),
+      window_(window),
+      staging_(staging),
+      conn_slots_(data_.size()) {}
+
+OutLink::~OutLink() {
+    // Copies still running give their slots back when they end; the rest are ours to return.
+    staging_.forget(this);
+    for (Staged &c : staged_) {
+        if (c.ready) {
+            staging_.give(c.slot);
+        }
+    }
+    for (auto &q : conn_slots_) {
+        for (int slot : q) {
+            staging_.give(slot);
+        }
+    }
+}
 
 Status OutLink::post(const WriteOp &op, int64_t now_ms) {
     if (inflight_.size() >= window_) {
         return {Code::kAgain, "too many writes in flight to this peer"};
+    }
+    if (op.src->kind == MemoryKind::kCuda) {
+        // A sidecar that cannot stage (no CUDA here) ends the write at once, never leaves it
+        // waiting for a slot that cannot come.
+        if (Status st = staging_.ensureStarted(); !st.isOk()) {
+            return st;
+        }
+        if (staging_.slotBytes() < chunk_bytes_) {
+            return {Code::kInternal, "GPU staging slots are smaller than a chunk"};
+        }
     }
     inflight_.push_back(InFlight{next_seq_++, op, 0, 0});
     // Send at once from the caller's thread: a small write then costs one sendmsg and no
@@ -41,24 +71,107 @@ OutLink::InFlight *OutLink::find(uint64_t seq) {
     return i < inflight_.size() ? &inflight_[i] : nullptr;
 }
 
+Connection *OutLink::roomyConnection(uint64_t watermark) {
+    for (size_t k = 0; k < data_.size(); ++k) {
+        Connection *c = data_[(next_conn_ + k) % data_.size()];
+        if (c->isOpen() && c->queuedBytes() < watermark) {
+            next_conn_ = (next_conn_ + k + 1) % data_.size();
+            return c;
+        }
+    }
+    return nullptr;
+}
+
+size_t OutLink::indexOf(const Connection &c) const {
+    for (size_t i = 0; i < data_.size(); ++i) {
+        if (data_[i] == &c) {
+            return i;
+        }
+    }
+    return data_.size();
+}
+
+void OutLink::cutStaged(InFlight &w, int slot) {
+    const uint32_t len =
+        static_cast<uint32_t>(std::min<uint64_t>(chunk_bytes_, w.op.bytes - w.cut));
+    Staged c;
+    c.cookie = next_cookie_++;
+    c.seq = w.seq;
+    c.header.region = w.op.remote_region;
+    c.header.write_offset = w.op.dst_offset;
+    c.header.total_bytes = w.op.bytes;
+    c.header.chunk_offset = w.cut;
+    c.header.imm = w.op.imm;
+    c.len = len;
+    c.slot = slot;
+    const Region &src = *w.op.src;
+    staging_.copy(this, c.cookie, slot, src.cuda.import,
+                  src.cuda.alloc_offset + w.op.src_offset + w.cut, len, /*to_device=*/false);
+    staged_.push_back(c);
+    w.cut += len;
+    ++w.unsent;
+    if (w.cut == w.op.bytes) {
+        ++cut_from_;
+    }
+}
+
+void OutLink::staged(uint64_t cookie, int slot, const Status &st) {
+    for (Staged &c : staged_) {
+        if (c.cookie == cookie) {
+            c.ready = true;
+            wants_pump_ = true;
+            if (!st.isOk() && staging_error_.empty()) {
+                // The receiver expects every byte of the write: a chunk that cannot be read from
+                // the GPU ends the session, and its writes fail with this reason.
+                staging_error_ = "copying a chunk out of GPU memory failed: " + st.message();
+            }
+            return;
+        }
+    }
+    staging_.give(slot);
+}
+
 int OutLink::pump(int64_t now_ms) {
+    wants_pump_ = false;
+    if (!staging_error_.empty()) {
+        return 0;  // nothing more leaves: the transport fails the session
+    }
     // Each connection holds at most two chunks of ours beyond what the socket took: enough to
     // keep it busy between two turns of the loop, and the cursor does the rest.
     const uint64_t watermark = 2 * (uint64_t{chunk_bytes_} + kChunkFrameOverhead + kFrameTagBytes);
     for (int round = 0; round < kPumpRounds; ++round) {
         bool cut = false;
-        while (cut_from_ < inflight_.size()) {
-            Connection *conn = nullptr;
-            for (size_t k = 0; k < data_.size(); ++k) {
-                Connection *c = data_[(next_conn_ + k) % data_.size()];
-                if (c->isOpen() && c->queuedBytes() < watermark) {
-                    conn = c;
-                    next_conn_ = (next_conn_ + k + 1) % data_.size();
+        for (;;) {
+            // GPU chunks are cut ahead into every free slot: their copies run while the sockets
+            // send what is ready.
+            while (cut_from_ < inflight_.size() && fromGpu(inflight_[cut_from_])) {
+                const int slot = staging_.take();
+                if (slot < 0) {
                     break;
                 }
+                cutStaged(inflight_[cut_from_], slot);
+                cut = true;
             }
+            auto ready = std::find_if(staged_.begin(), staged_.end(),
+                                      [](const Staged &c) { return c.ready; });
+            const bool host_next = cut_from_ < inflight_.size() && !fromGpu(inflight_[cut_from_]);
+            if (ready == staged_.end() && !host_next) {
+                break;
+            }
+            Connection *conn = roomyConnection(watermark);
             if (conn == nullptr) {
                 break;
+            }
+            uint8_t head[kChunkFrameOverhead];
+            if (ready != staged_.end()) {
+                // A staged chunk: its tag is taken now, over the bytes in the slot, and the slot
+                // goes back once the socket has taken the whole frame.
+                encodeChunkFrame(head, ready->seq, ready->header, ready->len);
+                conn->queueChunk(head, staging_.data(ready->slot), ready->len, ready->seq);
+                conn_slots_[indexOf(*conn)].push_back(ready->slot);
+                staged_.erase(ready);
+                cut = true;
+                continue;
             }
             InFlight &w = inflight_[cut_from_];
             const uint32_t len =
@@ -69,11 +182,11 @@ int OutLink::pump(int64_t now_ms) {
             h.total_bytes = w.op.bytes;
             h.chunk_offset = w.cut;
             h.imm = w.op.imm;
-            uint8_t head[kChunkFrameOverhead];
             encodeChunkFrame(head, w.seq, h, len);
             // Chunks rotate over the connections so a large write streams over all of them;
             // the target puts the notifications back in sequence order.
             conn->queueChunk(head, w.op.src->base + w.op.src_offset + w.cut, len, w.seq);
+            conn_slots_[indexOf(*conn)].push_back(-1);
             w.cut += len;
             ++w.unsent;
             cut = true;
@@ -98,8 +211,12 @@ int OutLink::pump(int64_t now_ms) {
     }
     // Work left and a socket with room: ask for EPOLLOUT, which fires at once while the socket
     // can take more, so the next turn of the loop cuts on. (A connection whose queue emptied
-    // stops asking for it by itself, and nothing else would call us back.)
-    if (cut_from_ < inflight_.size()) {
+    // stops asking for it by itself, and nothing else would call us back.) Chunks still being
+    // staged call us back through staged() instead.
+    const bool ready_left =
+        std::any_of(staged_.begin(), staged_.end(), [](const Staged &c) { return c.ready; });
+    const bool host_left = cut_from_ < inflight_.size() && !fromGpu(inflight_[cut_from_]);
+    if (ready_left || host_left) {
         for (Connection *c : data_) {
             if (c->isOpen() && c->queuedBytes() < watermark) {
                 c->setWantWrite(true);
@@ -110,7 +227,12 @@ int OutLink::pump(int64_t now_ms) {
 }
 
 void OutLink::noteSent(Connection &c) {
+    const size_t ci = indexOf(c);
     for (uint64_t seq : c.takeSent()) {
+        if (ci < conn_slots_.size() && !conn_slots_[ci].empty()) {
+            staging_.give(conn_slots_[ci].front());
+            conn_slots_[ci].pop_front();
+        }
         if (InFlight *w = find(seq); w != nullptr && w->unsent > 0) {
             --w->unsent;
         }
@@ -154,6 +276,21 @@ void OutLink::failAll(Code code, const std::string &reason, std::vector<Completi
     }
     inflight_.clear();
     cut_from_ = 0;
+    // The connections dropped their output first (closeSession): nothing points into the slots
+    // queued on them any more. Staged chunks still copying return theirs when they end.
+    for (auto &q : conn_slots_) {
+        for (int slot : q) {
+            staging_.give(slot);
+        }
+        q.clear();
+    }
+    staging_.forget(this);
+    for (Staged &c : staged_) {
+        if (c.ready) {
+            staging_.give(c.slot);
+        }
+    }
+    staged_.clear();
 }
 
 uint64_t OutLink::uncutBytes() const {
@@ -166,12 +303,23 @@ uint64_t OutLink::uncutBytes() const {
 
 // ----- InLink
 
-InLink::InLink(RegionTable &regions, std::string peer_name, uint32_t max_chunk, size_t window)
+InLink::InLink(RegionTable &regions, std::string peer_name, uint32_t max_chunk, size_t window,
+               TcpStaging &staging)
     : regions_(regions),
       peer_name_(std::move(peer_name)),
       max_chunk_(max_chunk),
       window_(window),
+      staging_(staging),
       scratch_(kScratchBytes) {}
+
+InLink::~InLink() {
+    // Copies still running give their slots back when they end; slots of chunks half read are
+    // ours to return (their connections are closed).
+    staging_.forget(this);
+    for (auto &[conn, rs] : rx_slots_) {
+        staging_.give(rs.slot);
+    }
+}
 
 int InLink::beginChunk(Connection &c, std::string *error) {
     FrameHeader h;
@@ -191,62 +339,90 @@ int InLink::beginChunk(Connection &c, std::string *error) {
     }
     const uint64_t chunk_len = h.length - kChunkHeaderBytes;
     const ChunkHeader ch = decodeChunkHeader(c.bufferedData() + kFrameHeaderBytes);
-    if (c.authenticated()) {
-        // The tag covers both headers and the data; the data is added as it lands.
-        c.rxAuth().begin();
-        c.rxAuth().update(c.bufferedData(), kChunkFrameOverhead);
-    }
-    c.consume(kChunkFrameOverhead);
-
     const uint64_t seq = h.arg;
     if (seq < next_deliver_ || seq - next_deliver_ >= window_) {
         *error = "write sequence number " + std::to_string(seq) + " outside the window [" +
                  std::to_string(next_deliver_) + ", +" + std::to_string(window_) + ")";
         return EPROTO;
     }
-    auto [it, inserted] = pending_.try_emplace(seq);
-    RxWrite &w = it->second;
-    if (inserted) {
+    // The write's record: the existing one, or a new one (not yet inserted: a chunk that must
+    // wait for a staging slot leaves no trace, and is decoded again when it is retried).
+    RxWrite fresh;
+    auto it = pending_.find(seq);
+    RxWrite *w = it != pending_.end() ? &it->second : &fresh;
+    if (it == pending_.end()) {
         if (ch.total_bytes == 0) {
-            pending_.erase(it);
             *error = "write of 0 bytes";
             return EPROTO;
         }
-        w.region_id = ch.region;
-        w.offset = ch.write_offset;
-        w.total = ch.total_bytes;
-        w.imm = ch.imm;
+        fresh.region_id = ch.region;
+        fresh.offset = ch.write_offset;
+        fresh.total = ch.total_bytes;
+        fresh.imm = ch.imm;
         // Checked once per write against the table: exposed, not revoked, in bounds. A write
-        // that fails is still read off the stream, and answered with kNotFound.
+        // that fails is still read off the stream, and answered with kNotFound (kCuda when this
+        // sidecar cannot stage into the GPU region).
         auto r = regions_.find(ch.region);
-        if (r && r->base != nullptr && r->exposed.load(std::memory_order_acquire) &&
-            !r->revoked.load(std::memory_order_acquire) && r->contains(w.offset, w.total)) {
-            w.region = std::move(r);
+        const bool usable =
+            r && (r->kind == MemoryKind::kCuda ? r->cuda.import != nullptr : r->base != nullptr);
+        if (usable && r->exposed.load(std::memory_order_acquire) &&
+            !r->revoked.load(std::memory_order_acquire) && r->contains(fresh.offset, fresh.total)) {
+            if (r->kind == MemoryKind::kCuda &&
+                (!staging_.ensureStarted().isOk() || staging_.slotBytes() < max_chunk_)) {
+                fresh.code = Code::kCuda;
+            } else {
+                fresh.region = std::move(r);
+            }
         } else {
-            w.code = Code::kNotFound;
+            fresh.code = Code::kNotFound;
         }
-    } else if (w.region_id != ch.region || w.offset != ch.write_offset ||
-               w.total != ch.total_bytes || w.imm != ch.imm) {
+    } else if (w->region_id != ch.region || w->offset != ch.write_offset ||
+               w->total != ch.total_bytes || w->imm != ch.imm) {
         *error = "chunk of write " + std::to_string(seq) + " disagrees with its first chunk";
         return EPROTO;
     }
     // Bytes claimed by chunks begun, not only those received: two chunks of the same write
     // arriving at once on two connections must not both fit, or the first could deliver and
     // free the record while the second still writes into it.
-    if (ch.chunk_offset > w.total || chunk_len > w.total - ch.chunk_offset ||
-        chunk_len > w.total - w.claimed) {
+    if (ch.chunk_offset > w->total || chunk_len > w->total - ch.chunk_offset ||
+        chunk_len > w->total - w->claimed) {
         *error = "chunk at " + std::to_string(ch.chunk_offset) + "+" + std::to_string(chunk_len) +
-                 " outside write " + std::to_string(seq) + " of " + std::to_string(w.total) +
-                 " bytes (" + std::to_string(w.claimed) + " already claimed)";
+                 " outside write " + std::to_string(seq) + " of " + std::to_string(w->total) +
+                 " bytes (" + std::to_string(w->claimed) + " already claimed)";
         return EPROTO;
     }
-    w.claimed += chunk_len;
+    const bool gpu = w->code == Code::kOk && w->region->kind == MemoryKind::kCuda;
+    int slot = -1;
+    if (gpu) {
+        slot = staging_.take();
+        if (slot < 0) {
+            blocked_ = true;
+            return EBUSY;  // nothing consumed: the header is read again with a slot
+        }
+    }
+    if (c.authenticated()) {
+        // The tag covers both headers and the data; the data is added as it lands.
+        c.rxAuth().begin();
+        c.rxAuth().update(c.bufferedData(), kChunkFrameOverhead);
+    }
+    c.consume(kChunkFrameOverhead);
+    if (it == pending_.end()) {
+        it = pending_.emplace(seq, std::move(fresh)).first;
+        w = &it->second;
+    }
+    w->claimed += chunk_len;
     c.rx.active = true;
-    c.rx.write = &w;
+    c.rx.write = w;
     c.rx.remaining = chunk_len;
     c.rx.length = chunk_len;
     c.rx.awaiting_tag = false;
-    c.rx.dest = w.code == Code::kOk ? w.region->base + w.offset + ch.chunk_offset : nullptr;
+    if (gpu) {
+        const Region &r = *w->region;
+        rx_slots_[&c] = RxSlot{slot, r.cuda.alloc_offset + w->offset + ch.chunk_offset, seq};
+        c.rx.dest = staging_.data(slot);
+    } else {
+        c.rx.dest = w->code == Code::kOk ? w->region->base + w->offset + ch.chunk_offset : nullptr;
+    }
     return 0;
 }
 
@@ -265,16 +441,49 @@ int InLink::finishChunk(Connection &c, int64_t now_ms, std::string *error) {
         const bool good = c.rxAuth().verify(c.bufferedData());
         c.consume(kFrameTagBytes);
         if (!good) {
-            // The bytes already landed in the region, but nobody is told: the write never
-            // completes and the session is dropped.
+            // The bytes already landed in the region (or its staging slot), but nobody is told:
+            // the write never completes and the session is dropped.
             *error = "a chunk fails its authentication tag (injected or corrupted on the way)";
             return EPROTO;
         }
     }
     auto *w = static_cast<RxWrite *>(c.rx.write);
-    w->received += c.rx.length;
+    const uint64_t len = c.rx.length;
+    if (auto rs = rx_slots_.find(&c); rs != rx_slots_.end()) {
+        const RxSlot slot = rs->second;
+        rx_slots_.erase(rs);
+        if (w->code == Code::kOk) {
+            // Authenticated in the slot; it counts once it is in device memory (staged()).
+            const uint64_t cookie = next_cookie_++;
+            copies_[cookie] = RxCopy{slot.seq, len};
+            staging_.copy(this, cookie, slot.slot, w->region->cuda.import, slot.device_offset,
+                          static_cast<uint32_t>(len), /*to_device=*/true);
+            c.rx = ChunkRx{};
+            return 0;
+        }
+        staging_.give(slot.slot);  // revoked while it arrived: the bytes were thrown away
+    }
+    w->received += len;
     c.rx = ChunkRx{};
     return 0;
+}
+
+void InLink::staged(uint64_t cookie, int slot, const Status &st) {
+    staging_.give(slot);
+    auto it = copies_.find(cookie);
+    if (it == copies_.end()) {
+        return;
+    }
+    const RxCopy cp = it->second;
+    copies_.erase(it);
+    auto w = pending_.find(cp.seq);
+    if (w == pending_.end()) {
+        return;
+    }
+    if (!st.isOk() && w->second.code == Code::kOk) {
+        w->second.code = Code::kCuda;  // the writer hears that the target could not take it
+    }
+    w->second.received += cp.len;
 }
 
 int InLink::onReadable(Connection &c, size_t budget, int64_t now_ms, std::string *error) {
@@ -292,6 +501,9 @@ int InLink::onReadable(Connection &c, size_t budget, int64_t now_ms, std::string
                 continue;
             }
             int rc = beginChunk(c, error);
+            if (rc == EBUSY) {
+                return 0;  // waits for a staging slot; the transport reads us again
+            }
             if (rc != 0) {
                 return rc;
             }

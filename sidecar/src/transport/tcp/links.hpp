@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "net/connection.hpp"
@@ -16,6 +17,7 @@
 #include "tensorlane/sidecar/status.hpp"
 #include "tensorlane/sidecar/transport.hpp"
 #include "transport/remote.hpp"
+#include "transport/tcp/staging.hpp"
 
 namespace tensorlane::sidecar {
 
@@ -25,11 +27,18 @@ namespace tensorlane::sidecar {
 /// from the oldest unfinished write only while a data connection has less than two chunks
 /// queued. So memory per peer is bounded whatever the writes' sizes (a 1 TiB write costs a
 /// handful of queue items, not 2^28), and the striping follows the sockets that drain.
-class OutLink {
+///
+/// A write from a GPU region is cut ahead into staging slots (as many as the pool has): each
+/// chunk is copied device-to-host by the stager and goes on a connection once it is there
+/// (its FrameAuth tag is taken over the staged bytes), and its slot comes back once the
+/// socket has taken the whole frame. So the copy of chunk k+1 overlaps the send of chunk k.
+class OutLink final : public StagingClient {
 public:
     /// `data` are the session's authenticated data connections (owned by the transport, which
-    /// keeps them for as long as this link).
-    OutLink(std::vector<Connection *> data, uint32_t chunk_bytes, size_t window);
+    /// keeps them for as long as this link); `staging` the send pool for GPU sources.
+    OutLink(std::vector<Connection *> data, uint32_t chunk_bytes, size_t window,
+            TcpStaging &staging);
+    ~OutLink() override;
 
     /// Queues `op` (its remote_region resolved) and starts sending. kAgain when `window` writes
     /// are already in flight. Never blocks.
@@ -56,29 +65,67 @@ public:
     /// Bytes posted and not yet cut into chunks (tests and status).
     uint64_t uncutBytes() const;
 
+    // StagingClient: a chunk's device-to-host copy ended.
+    void staged(uint64_t cookie, int slot, const Status &st) override;
+    /// A staged chunk became ready since the last pump (the transport pumps then).
+    bool wantsPump() const { return wants_pump_; }
+    /// Why staging failed (the transport fails the session); empty while all is well.
+    const std::string &stagingError() const { return staging_error_; }
+
 private:
     struct InFlight {
         uint64_t seq = 0;
         WriteOp op;
         uint64_t cut = 0;     ///< bytes cut into chunks so far
-        uint32_t unsent = 0;  ///< chunks queued on a connection and not yet written out
+        uint32_t unsent = 0;  ///< chunks cut and not yet written out (staged ones included)
+    };
+    /// A chunk of a GPU write, from its cut until it goes on a connection.
+    struct Staged {
+        uint64_t cookie = 0;
+        uint64_t seq = 0;
+        ChunkHeader header;
+        uint32_t len = 0;
+        int slot = -1;
+        bool ready = false;  ///< its bytes are in the slot
     };
     /// The write with this sequence number, or nullptr.
     InFlight *find(uint64_t seq);
+    /// The next connection with room for another chunk, or nullptr.
+    Connection *roomyConnection(uint64_t watermark);
+    size_t indexOf(const Connection &c) const;
+    static bool fromGpu(const InFlight &w) { return w.op.src->kind == MemoryKind::kCuda; }
+    /// Cuts the next chunk of the write at cut_from_ into `slot` and starts its copy.
+    void cutStaged(InFlight &w, int slot);
 
     std::vector<Connection *> data_;
     uint32_t chunk_bytes_;
     size_t window_;
+    TcpStaging &staging_;
     uint64_t next_seq_ = 1;
     size_t next_conn_ = 0;
     std::deque<InFlight> inflight_;
-    size_t cut_from_ = 0;  ///< index in inflight_ of the oldest write not cut completely
+    size_t cut_from_ = 0;        ///< index in inflight_ of the oldest write not cut completely
+    std::deque<Staged> staged_;  ///< GPU chunks cut and not yet on a connection, in cut order
+    /// Per data connection, the slot of each chunk queued on it (-1: none), in queue order:
+    /// takeSent() reports the chunks in that order, and then the slot is free again.
+    std::vector<std::deque<int>> conn_slots_;
+    uint64_t next_cookie_ = 1;
+    bool wants_pump_ = false;
+    std::string staging_error_;
 };
 
 /// The receiver's half for one peer session.
-class InLink {
+///
+/// A chunk for a GPU region is read into a staging slot of the receive pool (and authenticated
+/// there as it lands), then copied host-to-device by the stager while the next chunk arrives;
+/// the write counts as received only once all of its chunks are in device memory. With no slot
+/// free, the connection's next chunk waits (blocked(): the transport reads it again once a copy
+/// has ended).
+class InLink final : public StagingClient {
 public:
-    InLink(RegionTable &regions, std::string peer_name, uint32_t max_chunk, size_t window);
+    InLink(RegionTable &regions, std::string peer_name, uint32_t max_chunk, size_t window,
+           TcpStaging &staging);
+    ~InLink() override;
 
     /// Reads chunk frames from data connection `c`, at most about `budget` bytes. Returns 0
     /// (the socket is drained or the budget used), ECONNRESET/errno on a socket error, or EPROTO
@@ -95,6 +142,12 @@ public:
     uint64_t writesReceived() const { return writes_received_; }
     uint64_t bytesReceived() const { return bytes_received_; }
 
+    // StagingClient: a chunk's host-to-device copy ended.
+    void staged(uint64_t cookie, int slot, const Status &st) override;
+    /// A chunk waits for a staging slot (read the connections again after dispatch()).
+    bool blocked() const { return blocked_; }
+    void clearBlocked() { blocked_ = false; }
+
 private:
     struct RxWrite {
         std::shared_ptr<Region> region;  ///< keeps the memory mapped while bytes land
@@ -102,9 +155,20 @@ private:
         uint64_t offset = 0;
         uint64_t total = 0;
         uint64_t claimed = 0;   ///< bytes of chunks begun (at most total)
-        uint64_t received = 0;  ///< bytes of chunks finished and authenticated
+        uint64_t received = 0;  ///< bytes of chunks finished, authenticated (and on the GPU)
         uint32_t imm = 0;
         Code code = Code::kOk;
+    };
+    /// The chunk a connection reads into a staging slot.
+    struct RxSlot {
+        int slot = -1;
+        uint64_t device_offset = 0;  ///< from the allocation's first byte
+        uint64_t seq = 0;            ///< the write's sequence number
+    };
+    /// A chunk being copied into device memory.
+    struct RxCopy {
+        uint64_t seq = 0;
+        uint64_t len = 0;
     };
 
     /// Starts receiving the chunk whose frame header is buffered in `c`.
@@ -116,6 +180,11 @@ private:
     std::string peer_name_;
     uint32_t max_chunk_;
     uint64_t window_;
+    TcpStaging &staging_;
+    std::unordered_map<const Connection *, RxSlot> rx_slots_;
+    std::unordered_map<uint64_t, RxCopy> copies_;  ///< by cookie
+    uint64_t next_cookie_ = 1;
+    bool blocked_ = false;
     std::map<uint64_t, RxWrite> pending_;  ///< by sequence number; node addresses are stable
     uint64_t next_deliver_ = 1;
     std::vector<uint8_t> scratch_;  ///< where rejected writes' bytes are read to

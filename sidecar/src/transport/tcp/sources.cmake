@@ -2,4 +2,5 @@
 set(TENSORLANE_TCP_SOURCES
   src/transport/tcp/links.cpp
   src/transport/tcp/tcp_transport.cpp
+  src/transport/tcp/staging.cpp
 )

@@ -12,6 +12,9 @@ namespace {
 
 /// Bytes read from one data connection per event before the others get a turn.
 constexpr size_t kReadBudget = 16u << 20;
+/// Poller tokens of the staging pools' eventfds (below the connections' tokens).
+constexpr uint64_t kSendStagingToken = 1;
+constexpr uint64_t kRecvStagingToken = 2;
 
 std::string errnoText(int rc) {
     return rc == ECONNRESET ? std::string("connection closed by the peer")
@@ -21,7 +24,10 @@ std::string errnoText(int rc) {
 }  // namespace
 
 TcpTransport::TcpTransport(const config::Config &cfg, RegionTable &regions)
-    : cfg_(cfg), regions_(regions) {}
+    : cfg_(cfg),
+      regions_(regions),
+      send_staging_(cfg.tcp.chunk_bytes, kStagingSlots),
+      recv_staging_(cfg.tcp.chunk_bytes, kStagingSlots) {}
 
 TcpTransport::~TcpTransport() {
     // Connections deregister from the poller when destroyed: before the poller goes.
@@ -52,10 +58,18 @@ Status TcpTransport::post(const WriteOp &op) {
     if (it == peers_.end() || !it->second.out || !it->second.out->link) {
         return {Code::kPeer, "no tcp session to peer " + std::to_string(op.peer) + " is up"};
     }
-    if (!op.src || op.src->base == nullptr || !op.src->contains(op.src_offset, op.bytes)) {
+    const bool readable =
+        op.src && (op.src->kind == MemoryKind::kCuda ? op.src->cuda.import != nullptr
+                                                     : op.src->base != nullptr);
+    if (!readable || !op.src->contains(op.src_offset, op.bytes)) {
         return {Code::kInvalid, "the source range is not readable memory of the source region"};
     }
-    return it->second.out->link->post(op, monotonicMs());
+    Status st = it->second.out->link->post(op, monotonicMs());
+    if (op.src->kind == MemoryKind::kCuda) {
+        send_staging_.flush();
+        watchStaging(send_staging_, kSendStagingToken, &send_watched_);
+    }
+    return st;
 }
 
 Status TcpTransport::openSession(PeerId id, SessionSide side, const SessionInfo &info) {
@@ -69,8 +83,8 @@ Status TcpTransport::openSession(PeerId id, SessionSide side, const SessionInfo 
         p.in = std::make_unique<InSide>();
         p.in->info = info;
         p.in->data.resize(info.connections);
-        p.in->link =
-            std::make_unique<InLink>(regions_, info.peer_name, info.chunk_bytes, kMaxWindow);
+        p.in->link = std::make_unique<InLink>(regions_, info.peer_name, info.chunk_bytes,
+                                              kMaxWindow, recv_staging_);
     }
     return Status::ok();
 }
@@ -140,8 +154,9 @@ void TcpTransport::adoptConnection(PeerId id, SessionSide side, uint32_t index,
     for (auto &c : p.out->data) {
         conns.push_back(c.get());
     }
-    p.out->link = std::make_unique<OutLink>(std::move(conns), p.out->info.chunk_bytes,
-                                            std::min<size_t>(cfg_.tcp.window, kMaxWindow));
+    p.out->link =
+        std::make_unique<OutLink>(std::move(conns), p.out->info.chunk_bytes,
+                                  std::min<size_t>(cfg_.tcp.window, kMaxWindow), send_staging_);
     link_->transportReady(id);
 }
 
@@ -219,8 +234,16 @@ void TcpTransport::onEvent(Connection &c, uint32_t events, int64_t now) {
     if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) == 0) {
         return;
     }
+    readIn(p, id, c, now);
+}
+
+void TcpTransport::readIn(PeerData &p, PeerId id, Connection &c, int64_t now) {
     std::string error;
     const int rc = p.in->link->onReadable(c, kReadBudget, now, &error);
+    if (p.in->link->blocked()) {
+        // Waits for a receive slot: its pool's eventfd brings us back (dispatchStaging).
+        watchStaging(recv_staging_, kRecvStagingToken, &recv_watched_);
+    }
     if (rc == EPROTO) {
         fail(id, SessionSide::kIn, "protocol error on a data connection: " + error);
     } else if (rc == ECONNRESET) {
@@ -228,6 +251,63 @@ void TcpTransport::onEvent(Connection &c, uint32_t events, int64_t now) {
     } else if (rc != 0) {
         fail(id, SessionSide::kIn, "data connection: " + errnoText(rc));
     }
+}
+
+void TcpTransport::watchStaging(TcpStaging &staging, uint64_t token, bool *watched) {
+    if (!*watched && staging.wakeFd() >= 0) {
+        *watched = poller_.add(staging.wakeFd(), EPOLLIN, token) == 0;
+    }
+}
+
+size_t TcpTransport::dispatchStaging(int64_t now) {
+    // A pool starts on first use (a GPU write posted, a chunk for a GPU region): from then on
+    // its eventfd wakes the engine when copies end.
+    watchStaging(send_staging_, kSendStagingToken, &send_watched_);
+    watchStaging(recv_staging_, kRecvStagingToken, &recv_watched_);
+    size_t n = send_staging_.dispatch() + recv_staging_.dispatch();
+    if (n == 0) {
+        return 0;
+    }
+    std::vector<std::pair<PeerId, std::string>> failed_reasons;
+    for (auto &[id, p] : peers_) {
+        if (p.out && p.out->link) {
+            OutLink &link = *p.out->link;
+            if (!link.stagingError().empty()) {
+                failed_reasons.emplace_back(id, link.stagingError());
+                continue;
+            }
+            if (link.wantsPump()) {
+                if (int rc = link.pump(now); rc != 0) {
+                    failed_reasons.emplace_back(id, "data connection: " + errnoText(rc));
+                }
+            }
+        }
+    }
+    for (auto &[id, why] : failed_reasons) {
+        fail(id, SessionSide::kOut, why);
+    }
+    // Chunks that waited for a receive slot: their headers may sit in our buffer with the
+    // socket already drained, so epoll would never bring them back.
+    std::vector<PeerId> blocked;
+    for (auto &[id, p] : peers_) {
+        if (p.in && p.in->link && p.in->link->blocked()) {
+            blocked.push_back(id);
+        }
+    }
+    for (PeerId id : blocked) {
+        auto it = peers_.find(id);
+        if (it == peers_.end() || !it->second.in || !it->second.in->link) {
+            continue;
+        }
+        PeerData &p = it->second;
+        p.in->link->clearBlocked();
+        for (size_t i = 0; p.in && i < p.in->data.size(); ++i) {
+            if (Connection *c = p.in->data[i].get(); c != nullptr && c->isOpen()) {
+                readIn(p, id, *c, now);
+            }
+        }
+    }
+    return n;
 }
 
 size_t TcpTransport::deliver(EventSink &sink, int64_t now) {
@@ -294,6 +374,10 @@ size_t TcpTransport::progress(EventSink &sink) {
             onEvent(*c, evs[i].events, now);
         }
     }
+    dispatchStaging(now);
+    // Copies queued during this turn (chunks cut or landed) go to the stagers together.
+    send_staging_.flush();
+    recv_staging_.flush();
     size_t events = deliver(sink, now);
     if (now - last_stall_check_ms_ >= 100) {
         last_stall_check_ms_ = now;

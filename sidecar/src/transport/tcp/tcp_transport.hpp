@@ -17,6 +17,7 @@
 #include "tensorlane/config/config.hpp"
 #include "transport/remote.hpp"
 #include "transport/tcp/links.hpp"
+#include "transport/tcp/staging.hpp"
 
 namespace tensorlane::sidecar {
 
@@ -24,6 +25,8 @@ class TcpTransport final : public RemoteTransport {
 public:
     /// Writes in flight per peer session, at most (the receiver's reorder window).
     static constexpr size_t kMaxWindow = 4096;
+    /// Staging slots (one chunk each) for GPU regions, per direction.
+    static constexpr uint32_t kStagingSlots = 16;
 
     TcpTransport(const config::Config &cfg, RegionTable &regions);
     ~TcpTransport() override;
@@ -44,7 +47,9 @@ public:
     Status post(const WriteOp &op) override;
     size_t progress(EventSink &sink) override;
     std::vector<int> pollFds() const override { return {poller_.fd()}; }
-    bool arm() override { return completions_.empty(); }
+    bool arm() override {
+        return completions_.empty() && !send_staging_.ready() && !recv_staging_.ready();
+    }
     size_t inFlight() const override;
 
     // RemoteTransport
@@ -88,11 +93,22 @@ private:
     /// reading.
     void checkStalls(int64_t now);
     void fail(PeerId peer, SessionSide side, const std::string &reason);
+    /// Reads chunk data from an inbound data connection; fails the session on errors.
+    void readIn(PeerData &p, PeerId id, Connection &c, int64_t now);
+    /// Hands finished GPU staging copies to the links, then pumps the senders that have
+    /// staged chunks ready and reads again where a chunk waited for a slot.
+    size_t dispatchStaging(int64_t now);
+    /// Adds a staging pool's eventfd to the poller once it has started.
+    void watchStaging(TcpStaging &staging, uint64_t token, bool *watched);
 
     const config::Config cfg_;
     RegionTable &regions_;
     PeerLink *link_ = nullptr;
     Poller poller_;
+    TcpStaging send_staging_;
+    TcpStaging recv_staging_;
+    bool send_watched_ = false;
+    bool recv_watched_ = false;
     std::unordered_map<PeerId, PeerData> peers_;
     std::vector<Completion> completions_;
     /// Connections closed during this progress() call, destroyed at its end.

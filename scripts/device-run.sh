@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# The GPU machine's run in one call (issue 11): build the release preset there, run the tests
+# labelled gpu, the GPU benchmarks, then the rest of the tests, with logs and results in $OUT.
+#
+# The GPU machine (Ubuntu 24.04, GCC 13, CUDA 13) has no network and lacks some of the
+# project's dependencies, so they travel as Debian 12 packages:
+#   here:   scripts/device-run.sh fetch          # apt-get download into .debs/ (git-ignored)
+#   there:  scripts/device-run.sh run            # with `run`'s carry: [".debs"]
+set -euo pipefail
+
+usage() {
+    cat <<'USAGE'
+usage: scripts/device-run.sh fetch
+       scripts/device-run.sh run [--out DIR] [--jobs N] [--budget SECONDS] [--bench-min-time S]
+                                 [--bench-filter REGEX] [--no-rest] [--dry-run]
+
+  fetch                download the .debs the GPU machine lacks (toml++, CLI11, nlohmann-json,
+                       libsodium, Google Benchmark: -dev and runtime) into .debs/
+  run                  unpack them into a prefix, configure and build the release preset, run
+                       `ctest -L gpu` (one at a time: a test measures the GPU's free memory),
+                       build/release/tests/bench/gpu_bench, then the other tests, within the
+                       time budget
+  --out DIR            where logs and results go (default: $OUT, else /tmp/tensorlane-device)
+  --jobs N             build and test parallelism (default: nproc)
+  --budget SECONDS     stop starting steps after this long (default 540: the run tool allows 600)
+  --bench-min-time S   Google Benchmark --benchmark_min_time (default 0.2)
+  --bench-filter RE    only these benchmarks
+  --no-rest            skip the tests not labelled gpu
+  --dry-run            print the steps, change nothing
+USAGE
+}
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+debs="$root/.debs"
+packages=(libtomlplusplus-dev libtomlplusplus3 libcli11-dev nlohmann-json3-dev libsodium-dev
+          libsodium23 libbenchmark-dev libbenchmark1debian)
+
+if [ $# -lt 1 ]; then
+    usage >&2
+    exit 2
+fi
+cmd=$1
+shift
+out=${OUT:-/tmp/tensorlane-device}
+jobs=$(nproc)
+budget=540
+min_time=0.2
+filter=""
+rest=1
+dry_run=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --out) out=$2; shift ;;
+        --jobs) jobs=$2; shift ;;
+        --budget) budget=$2; shift ;;
+        --bench-min-time) min_time=$2; shift ;;
+        --bench-filter) filter=$2; shift ;;
+        --no-rest) rest=0 ;;
+        --dry-run) dry_run=1 ;;
+        -h|--help) usage; exit 0 ;;
+        *) usage >&2; exit 2 ;;
+    esac
+    shift
+done
+
+run() {
+    if [ "$dry_run" -eq 1 ]; then
+        printf 'would run: %s\n' "$*"
+    else
+        "$@"
+    fi
+}
+
+case "$cmd" in
+    fetch)
+        run mkdir -p "$debs"
+        if [ "$dry_run" -eq 0 ]; then
+            (cd "$debs" && apt-get download "${packages[@]}")
+            ls -l "$debs"
+        else
+            printf 'would run: (cd %s && apt-get download %s)\n' "$debs" "${packages[*]}"
+        fi
+        exit 0
+        ;;
+    run) ;;
+    -h|--help) usage; exit 0 ;;
+    *) usage >&2; exit 2 ;;
+esac
+
+start=$(date +%s)
+left() { echo $(( budget - ($(date +%s) - start) )); }
+mkdir -p "$out"
+summary="$out/summary.txt"
+note() { printf '%s\n' "$*" | tee -a "$summary"; }
+: >"$summary"
+
+prefix=/tmp/tensorlane-deps
+note "== device-run $(date -u +%FT%TZ) on $(hostname)"
+if [ "$dry_run" -eq 0 ]; then
+    shopt -s nullglob
+    found=("$debs"/*.deb)
+    if [ "${#found[@]}" -eq 0 ]; then
+        echo "device-run: no .debs in $debs (run 'scripts/device-run.sh fetch' here first)" >&2
+        exit 1
+    fi
+    mkdir -p "$prefix"
+    for f in "${found[@]}"; do
+        dpkg -x "$f" "$prefix"
+    done
+    # Their pkg-config files name /usr: point them at the prefix.
+    for pc in "$prefix"/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc "$prefix"/usr/share/pkgconfig/*.pc; do
+        sed -i "s|^prefix=/usr\$|prefix=$prefix/usr|" "$pc"
+    done
+fi
+export CMAKE_PREFIX_PATH="$prefix/usr"
+export PKG_CONFIG_PATH="$prefix/usr/lib/x86_64-linux-gnu/pkgconfig:$prefix/usr/share/pkgconfig"
+export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# The machine's rule (KINDS.md): keep NVLink multicast off everywhere.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+{
+    nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv || true
+    nvcc --version | tail -n 2 || true
+    gcc --version | head -n 1
+    cmake --version | head -n 1
+    python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())' || true
+    nproc
+} 2>&1 | tee -a "$summary"
+
+cd "$root"
+python=$(command -v python3 || true)
+note "== configure + build (release preset)"
+set +e
+run cmake --preset release ${python:+-DTENSORLANE_PYTHON=$python} >"$out/build.log" 2>&1
+rc=$?
+if [ "$rc" -eq 0 ]; then
+    run cmake --build build/release -j "$jobs" >>"$out/build.log" 2>&1
+    rc=$?
+fi
+set -e
+warnings=$(grep -c 'warning:' "$out/build.log" || true)
+note "build: exit $rc, $warnings warning line(s) (build.log)"
+if [ "$warnings" -gt 0 ]; then
+    grep -m 20 'warning:' "$out/build.log" | tee -a "$summary"
+fi
+if [ "$rc" -ne 0 ]; then
+    tail -n 40 "$out/build.log"
+    exit "$rc"
+fi
+
+note "== ctest -L gpu ($(left) s left)"
+set +e
+run timeout "$(left)" ctest --test-dir build/release -L gpu -j 1 --timeout 180 \
+    --output-on-failure >"$out/ctest-gpu.log" 2>&1
+grep -E '^(100%|[0-9]+%) tests passed|tests failed|Failed|\*\*\*|Skipped|Timeout' \
+    "$out/ctest-gpu.log" | tee -a "$summary"
+set -e
+
+note "== gpu_bench ($(left) s left)"
+bench_args=(--benchmark_min_time="$min_time" --benchmark_out="$out/gpu_bench.json"
+            --benchmark_out_format=json)
+if [ -n "$filter" ]; then
+    bench_args+=(--benchmark_filter="$filter")
+fi
+set +e
+run timeout "$(left)" build/release/tests/bench/gpu_bench "${bench_args[@]}" \
+    >"$out/gpu_bench.txt" 2>&1
+note "gpu_bench: exit $?"
+sed -n '/== gpu_bench summary/,$p' "$out/gpu_bench.txt" | tee -a "$summary"
+set -e
+
+if [ "$rest" -eq 1 ] && [ "$(left)" -gt 30 ]; then
+    note "== ctest, everything not labelled gpu ($(left) s left)"
+    set +e
+    run timeout "$(left)" ctest --test-dir build/release -LE gpu -j "$(( jobs / 2 ))" \
+        --timeout 120 --output-on-failure >"$out/ctest-rest.log" 2>&1
+    note "ctest (rest): exit $?"
+    grep -E 'tests passed|The following tests|^\s+[0-9]+ - ' "$out/ctest-rest.log" | tail -n 40 |
+        tee -a "$summary"
+    set -e
+fi
+note "== done in $(( $(date +%s) - start )) s"

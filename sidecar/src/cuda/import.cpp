@@ -1,0 +1,47 @@
+#include "cuda/import.hpp"
+
+namespace tensorlane::sidecar {
+
+CudaImport::CudaImport(const CudaIpcHandle &handle, int ordinal, uint64_t alloc_bytes,
+                       std::shared_ptr<ipc::UniqueFd> dmabuf)
+    : handle_(handle), ordinal_(ordinal), alloc_bytes_(alloc_bytes), dmabuf_(std::move(dmabuf)) {}
+
+CudaImport::~CudaImport() {
+    std::shared_ptr<CudaIpcMapping> m;
+    {
+        std::lock_guard lock(mu_);
+        m = std::move(mapping_);
+    }
+    if (m) {
+        // The closure owns what may be the last reference: the mapping is closed on the release
+        // thread, never on the thread that dropped the region.
+        CudaRuntime::get().defer([m = std::move(m)]() mutable { m.reset(); });
+    }
+}
+
+Status CudaImport::base(uint64_t *out) {
+    std::lock_guard lock(mu_);
+    if (!mapping_) {
+        if (!failed_.isOk()) {
+            return failed_;
+        }
+        if (ordinal_ < 0) {
+            failed_ = {Code::kCuda, "the owner's GPU is not visible to the sidecar"};
+            return failed_;
+        }
+        Status st = CudaRuntime::get().openIpc(handle_, ordinal_, &mapping_);
+        if (!st.isOk()) {
+            failed_ = st;
+            return st;
+        }
+    }
+    *out = mapping_->base();
+    return Status::ok();
+}
+
+bool CudaImport::imported() const {
+    std::lock_guard lock(mu_);
+    return mapping_ != nullptr;
+}
+
+}  // namespace tensorlane::sidecar

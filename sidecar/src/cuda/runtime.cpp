@@ -1,0 +1,249 @@
+#include "cuda/runtime.hpp"
+
+#ifdef TENSORLANE_HAVE_CUDA
+#include "cuda/driver.hpp"
+#endif
+
+namespace tensorlane::sidecar {
+
+CudaRuntime &CudaRuntime::get() {
+    // Deliberately leaked: imports may be released by any thread until the process ends, and
+    // the driver's own teardown at exit must not race a destructor of ours.
+    static CudaRuntime *rt = new CudaRuntime();
+    return *rt;
+}
+
+int CudaRuntime::ordinalOf(const CudaUuid &uuid) const {
+    for (size_t i = 0; i < devices_.size(); ++i) {
+        if (devices_[i].uuid == uuid) {
+            return static_cast<int>(i);
+        }
+    }
+    return -1;
+}
+
+std::string CudaRuntime::deviceName(int ordinal) const {
+    if (ordinal < 0 || ordinal >= deviceCount()) {
+        return "unknown device";
+    }
+    return devices_[ordinal].name + " (" + std::to_string(ordinal) + ")";
+}
+
+void CudaRuntime::defer(std::function<void()> fn) {
+    std::lock_guard lock(rel_mu_);
+    if (!rel_started_) {
+        rel_started_ = true;
+        // Detached: the runtime lives as long as the process (get()).
+        std::thread([this] { releaseLoop(); }).detach();
+    }
+    rel_queue_.push_back(std::move(fn));
+    rel_cv_.notify_one();
+}
+
+void CudaRuntime::releaseLoop() {
+    std::unique_lock lock(rel_mu_);
+    for (;;) {
+        rel_cv_.wait(lock, [this] { return !rel_queue_.empty(); });
+        std::function<void()> fn = std::move(rel_queue_.front());
+        rel_queue_.pop_front();
+        lock.unlock();
+        fn();
+        fn = nullptr;  // what it captured (the last reference to a mapping) goes here, too
+        lock.lock();
+    }
+}
+
+#ifdef TENSORLANE_HAVE_CUDA
+
+std::string CudaRuntime::errorText(int rc) {
+    return cudaDriver().errorText(static_cast<CUresult>(rc));
+}
+
+CudaRuntime::CudaRuntime() {
+    const CudaDriver &d = cudaDriver();
+    if (!d.ok) {
+        why_ = d.why;
+        return;
+    }
+    if (CUresult rc = d.cuInit(0); rc != CUDA_SUCCESS) {
+        why_ = "cuInit: " + d.errorText(rc);
+        return;
+    }
+    int n = 0;
+    if (CUresult rc = d.cuDeviceGetCount(&n); rc != CUDA_SUCCESS || n == 0) {
+        why_ = rc != CUDA_SUCCESS ? "cuDeviceGetCount: " + d.errorText(rc)
+                                  : std::string("the CUDA driver sees no GPU");
+        return;
+    }
+    for (int i = 0; i < n; ++i) {
+        CUdevice dev = 0;
+        CUuuid uuid{};
+        char name[128] = {};
+        Device entry;
+        if (d.cuDeviceGet(&dev, i) == CUDA_SUCCESS &&
+            d.cuDeviceGetUuid(&uuid, dev) == CUDA_SUCCESS) {
+            std::copy(uuid.bytes, uuid.bytes + 16, entry.uuid.begin());
+        }
+        if (d.cuDeviceGetName(name, sizeof(name) - 1, dev) == CUDA_SUCCESS) {
+            entry.name = name;
+        }
+        devices_.push_back(entry);
+    }
+    available_ = true;
+}
+
+Status CudaRuntime::context(int ordinal, void **ctx) {
+    if (!available_) {
+        return {Code::kCuda, why_};
+    }
+    if (ordinal < 0 || ordinal >= deviceCount()) {
+        return {Code::kCuda, "no CUDA device " + std::to_string(ordinal) + " in the sidecar"};
+    }
+    const CudaDriver &d = cudaDriver();
+    std::lock_guard lock(ctx_mu_);
+    Device &dev = devices_[ordinal];
+    if (dev.ctx == nullptr) {
+        CUdevice cu = 0;
+        CUcontext c = nullptr;
+        CUresult rc = d.cuDeviceGet(&cu, ordinal);
+        if (rc == CUDA_SUCCESS) {
+            rc = d.cuDevicePrimaryCtxRetain(&c, cu);
+        }
+        if (rc != CUDA_SUCCESS) {
+            return {Code::kCuda,
+                    "cuDevicePrimaryCtxRetain(" + deviceName(ordinal) + "): " + d.errorText(rc)};
+        }
+        dev.ctx = c;
+        // Peer access both ways with every device already in use, so one copy can read one GPU
+        // and write another (NVLink where there is one). Failure only makes such copies go
+        // through host memory, so it is not an error.
+        for (int j = 0; j < deviceCount(); ++j) {
+            if (j == ordinal || devices_[j].ctx == nullptr) {
+                continue;
+            }
+            CUdevice other = 0;
+            int can = 0;
+            if (d.cuDeviceGet(&other, j) != CUDA_SUCCESS ||
+                d.cuDeviceCanAccessPeer(&can, cu, other) != CUDA_SUCCESS || can == 0) {
+                continue;
+            }
+            {
+                CudaContextGuard g(d, c);
+                d.cuCtxEnablePeerAccess(static_cast<CUcontext>(devices_[j].ctx), 0);
+            }
+            {
+                CudaContextGuard g(d, static_cast<CUcontext>(devices_[j].ctx));
+                d.cuCtxEnablePeerAccess(c, 0);
+            }
+        }
+    }
+    *ctx = dev.ctx;
+    return Status::ok();
+}
+
+Status CudaRuntime::openIpc(const CudaIpcHandle &handle, int ordinal,
+                            std::shared_ptr<CudaIpcMapping> *out) {
+    if (!available_) {
+        return {Code::kCuda, why_};
+    }
+    std::lock_guard lock(ipc_mu_);
+    auto it = imports_.find(handle);
+    if (it != imports_.end()) {
+        if (auto m = it->second.lock()) {
+            *out = std::move(m);
+            return Status::ok();
+        }
+    }
+    void *ctx = nullptr;
+    if (Status st = context(ordinal, &ctx); !st.isOk()) {
+        return st;
+    }
+    const CudaDriver &d = cudaDriver();
+    CUipcMemHandle h{};
+    std::copy(handle.begin(), handle.end(), h.reserved);
+    CUdeviceptr base = 0;
+    CUresult rc;
+    {
+        CudaContextGuard g(d, static_cast<CUcontext>(ctx));
+        // Lazy peer access: a copy engine of another device may reach it later. If an earlier
+        // import of the same handle is still being closed on the release thread, the driver
+        // counts opens of one handle, so that close does not undo this open.
+        rc = d.cuIpcOpenMemHandle(&base, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+    }
+    if (rc != CUDA_SUCCESS) {
+        return {Code::kCuda, "cuIpcOpenMemHandle on " + deviceName(ordinal) + ": " +
+                                 d.errorText(rc) + " (is the owner alive, on this node?)"};
+    }
+    auto m = std::make_shared<CudaIpcMapping>(handle, ordinal, ctx, static_cast<uint64_t>(base));
+    imports_[handle] = m;
+    open_mappings_.fetch_add(1, std::memory_order_relaxed);
+    imports_opened_.fetch_add(1, std::memory_order_relaxed);
+    *out = std::move(m);
+    return Status::ok();
+}
+
+void CudaRuntime::closeIpc(CudaIpcMapping *m) {
+    const CudaDriver &d = cudaDriver();
+    {
+        std::lock_guard lock(ipc_mu_);
+        auto it = imports_.find(m->handle_);
+        // A newer import of the same handle may have taken the entry meanwhile: leave it.
+        if (it != imports_.end() && it->second.expired()) {
+            imports_.erase(it);
+        }
+    }
+    CudaContextGuard g(d, static_cast<CUcontext>(m->ctx_));
+    d.cuIpcCloseMemHandle(static_cast<CUdeviceptr>(m->base_));
+    open_mappings_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+Status CudaRuntime::pinHost(void *base, size_t bytes, std::shared_ptr<void> *out) {
+    void *ctx = nullptr;
+    if (Status st = context(0, &ctx); !st.isOk()) {
+        return st;
+    }
+    const CudaDriver &d = cudaDriver();
+    CUresult rc;
+    {
+        CudaContextGuard g(d, static_cast<CUcontext>(ctx));
+        rc = d.cuMemHostRegister(base, bytes, CU_MEMHOSTREGISTER_PORTABLE);
+    }
+    if (rc != CUDA_SUCCESS) {
+        return {Code::kCuda,
+                "cuMemHostRegister(" + std::to_string(bytes) + " bytes): " + d.errorText(rc)};
+    }
+    *out = std::shared_ptr<void>(base, [ctx](void *p) {
+        const CudaDriver &drv = cudaDriver();
+        CudaContextGuard g(drv, static_cast<CUcontext>(ctx));
+        drv.cuMemHostUnregister(p);
+    });
+    return Status::ok();
+}
+
+#else  // built without the CUDA toolkit
+
+std::string CudaRuntime::errorText(int rc) {
+    return "CUDA error " + std::to_string(rc);
+}
+
+CudaRuntime::CudaRuntime() {
+    why_ = "this sidecar was built without the CUDA toolkit";
+}
+Status CudaRuntime::context(int, void **) {
+    return {Code::kCuda, why_};
+}
+Status CudaRuntime::openIpc(const CudaIpcHandle &, int, std::shared_ptr<CudaIpcMapping> *) {
+    return {Code::kCuda, why_};
+}
+void CudaRuntime::closeIpc(CudaIpcMapping *) {}
+Status CudaRuntime::pinHost(void *, size_t, std::shared_ptr<void> *) {
+    return {Code::kCuda, why_};
+}
+
+#endif
+
+CudaIpcMapping::~CudaIpcMapping() {
+    CudaRuntime::get().closeIpc(this);
+}
+
+}  // namespace tensorlane::sidecar

@@ -1,0 +1,128 @@
+// GPU tier: a worker killed with GPU regions registered (imported by the sidecar for a local
+// copy, with their dma-buf fds): the sidecar drops its imports and fds, and the GPU memory in
+// use returns to its earlier level. A forgotten import or fd would keep the worker's memory
+// alive after its death.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <string>
+#include <thread>
+
+#include "../sidecar/harness.hpp"
+#include "gpu_support.hpp"
+#include "tensorlane/tensorlane.h"
+
+#ifdef TENSORLANE_HAVE_CUDA
+
+namespace {
+
+using tlgpu::Cuda;
+
+constexpr uint64_t kHeld = uint64_t{2} << 30;  // what the worker holds
+
+TL_GPU_WORKER(hold_gpu) {
+    // args: socket, ready file. Registers two pieces of a 2 GiB allocation, copies one into the
+    // other through the sidecar (so the sidecar imports it), says it is ready, and waits to be
+    // killed.
+    Cuda cuda;
+    if (!cuda.open()) {
+        std::fprintf(stderr, "worker: %s\n", cuda.why.c_str());
+        return 2;
+    }
+    CUdeviceptr block = 0;
+    tl_client *c = nullptr;
+    tl_region a = 0, b = 0;
+    tl_remote rb = 0;
+    tl_ticket t = 0;
+    const uint64_t half = kHeld / 2;
+    if (cuda.cuMemAlloc(&block, kHeld) != CUDA_SUCCESS ||
+        cuda.fill(block, half / 4, 1) != CUDA_SUCCESS || cuda.cuCtxSynchronize() != CUDA_SUCCESS ||
+        tl_connect(args[0].c_str(), &c) != TL_OK ||
+        tl_register(c, reinterpret_cast<void *>(block), half, &a) != TL_OK ||
+        tl_register(c, reinterpret_cast<void *>(block + half), half, &b) != TL_OK ||
+        tl_expose(c, b, "held") != TL_OK || tl_lookup(c, "node-a", "held", &rb, nullptr) != TL_OK ||
+        tl_write(c, a, 0, rb, 0, 64 << 20, 1, &t) != TL_OK || tl_wait(c, t, 30000) != TL_OK) {
+        std::fprintf(stderr, "worker: %s\n", tl_last_error());
+        return 3;
+    }
+    const int fd = ::open(args[1].c_str(), O_WRONLY | O_CREAT, 0644);
+    ::close(fd);
+    for (;;) {
+        ::pause();
+    }
+}
+
+uint64_t importsOpen(tl_client *c) {
+    std::string buf(1 << 16, '\0');
+    size_t len = 0;
+    if (tl_sidecar_status(c, buf.data(), buf.size(), &len) != TL_OK) {
+        return UINT64_MAX;
+    }
+    const auto at = buf.find("\"imports_open\":");
+    return at == std::string::npos ? UINT64_MAX : std::stoull(buf.substr(at + 15));
+}
+
+TEST(CudaRelease, AKilledWorkerLeavesNoImportNorFdAndItsGpuMemoryComesBack) {
+    Cuda cuda;
+    if (!cuda.open()) {
+        GTEST_SKIP() << cuda.why;
+    }
+    tltest::Sidecar sc;
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    tl_client *c = nullptr;
+    ASSERT_EQ(tl_connect(sc.socket().c_str(), &c), TL_OK);
+    {
+        // Warm the sidecar first (its CUDA context and streams), so that what it keeps of its
+        // own is in the baseline.
+        CUdeviceptr buf = 0;
+        ASSERT_EQ(cuda.cuMemAlloc(&buf, 2 << 20), CUDA_SUCCESS);
+        tl_region x = 0, y = 0;
+        tl_remote ry = 0;
+        tl_ticket t = 0;
+        ASSERT_EQ(tl_register(c, reinterpret_cast<void *>(buf), 1 << 20, &x), TL_OK)
+            << tl_last_error();
+        ASSERT_EQ(tl_register(c, reinterpret_cast<void *>(buf + (1 << 20)), 1 << 20, &y), TL_OK);
+        ASSERT_EQ(tl_expose(c, y, "warm"), TL_OK);
+        ASSERT_EQ(tl_lookup(c, "node-a", "warm", &ry, nullptr), TL_OK);
+        ASSERT_EQ(tl_write(c, x, 0, ry, 0, 1 << 20, 1, &t), TL_OK);
+        ASSERT_EQ(tl_wait(c, t, 30000), TL_OK) << tl_last_error() << sc.log().substr(0, 4000);
+        tl_notification n{};
+        ASSERT_EQ(tl_wait_notification(c, &n, 5000), TL_OK);
+        ASSERT_EQ(tl_deregister(c, x), TL_OK);
+        ASSERT_EQ(tl_deregister(c, y), TL_OK);
+        cuda.cuMemFree(buf);
+    }
+    ASSERT_TRUE(tlgpu::waitFor([&] { return importsOpen(c) == 0; })) << importsOpen(c);
+    const uint64_t baseline = cuda.freeBytes();
+    const int fds_before = sc.openFds();
+
+    tltest::TempDir dir;
+    const std::string ready = dir.file("ready");
+    pid_t worker = tlgpu::spawnWorker("hold_gpu", {sc.socket(), ready});
+    ASSERT_TRUE(tlgpu::waitFor([&] { return ::access(ready.c_str(), F_OK) == 0; },
+                               std::chrono::seconds(60)))
+        << "the worker did not get ready; sidecar log:\n"
+        << sc.log().substr(0, 6000);
+    const uint64_t held = cuda.freeBytes();
+    EXPECT_LT(held + (kHeld - (256 << 20)), baseline) << "the worker's memory is not in use?";
+    EXPECT_GE(importsOpen(c), 1u);
+
+    ::kill(worker, SIGKILL);
+    EXPECT_EQ(tlgpu::waitWorker(worker), 128 + SIGKILL);
+    // The sidecar sees the hang-up, releases the regions, closes the import (on its release
+    // thread) and the dma-buf fd; the driver then frees the dead worker's memory.
+    const bool back = tlgpu::waitFor([&] { return cuda.freeBytes() + (64 << 20) >= baseline; },
+                                     std::chrono::seconds(20));
+    EXPECT_TRUE(back) << "free " << cuda.freeBytes() << " bytes, before the worker " << baseline
+                      << ", while it lived " << held << "\n"
+                      << sc.log().substr(0, 6000);
+    EXPECT_TRUE(tlgpu::waitFor([&] { return importsOpen(c) == 0; })) << importsOpen(c);
+    EXPECT_TRUE(tlgpu::waitFor([&] { return sc.openFds() <= fds_before; }))
+        << sc.openFds() << " fds, " << fds_before << " before the worker";
+    tl_disconnect(c);
+}
+
+}  // namespace
+
+#endif

@@ -1,0 +1,285 @@
+// GPU tier: random data in one worker's GPU memory written into another worker's GPU buffer
+// through the local transport (one sidecar) and the tcp transport (two sidecars on loopback,
+// GPU staging at both ends, FrameAuth on), checked on the receiving GPU; GPU to host and host
+// to GPU both ways; tensors that do not start at the beginning of their allocations.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+
+#include "../sidecar/harness.hpp"
+#include "gpu_support.hpp"
+#include "tensorlane/tensorlane.h"
+
+#ifdef TENSORLANE_HAVE_CUDA
+
+namespace {
+
+using tlgpu::Cuda;
+
+constexpr int kWaitMs = 30000;
+
+/// Two sidecars that list each other (node-a, node-b), over tcp on loopback.
+struct TwoNodes {
+    tltest::TempDir dir;
+    std::unique_ptr<tltest::Sidecar> a, b;
+    TwoNodes() {
+        const std::string key = dir.file("peer.key");
+        tltest::writeFile(key, tltest::keyText('7'), 0600);
+        const uint16_t pa = tltest::freePort(), pb = tltest::freePort();
+        auto opts = [&](const char *name, uint16_t port, const char *peer, uint16_t peer_port) {
+            tltest::SidecarOptions o;
+            o.name = name;
+            o.listen = "127.0.0.1:" + std::to_string(port);
+            o.key_file = key;
+            o.tcp = "keepalive_ms = 200\npeer_timeout_ms = 3000\n";
+            o.peers.push_back({peer, "127.0.0.1:" + std::to_string(peer_port)});
+            return o;
+        };
+        a = std::make_unique<tltest::Sidecar>(opts("node-a", pa, "node-b", pb));
+        b = std::make_unique<tltest::Sidecar>(opts("node-b", pb, "node-a", pa));
+    }
+    bool ready() const { return a->ready() && b->ready(); }
+    std::string logs() const { return a->log().substr(0, 8000) + b->log().substr(0, 8000); }
+};
+
+/// A device buffer inside a larger allocation, `lead` bytes past its start.
+struct DeviceSpan {
+    Cuda *cuda = nullptr;
+    CUdeviceptr block = 0;
+    CUdeviceptr ptr = 0;
+    uint64_t bytes = 0;
+    bool make(Cuda &c, uint64_t n, uint64_t lead) {
+        cuda = &c;
+        bytes = n;
+        if (c.cuMemAlloc(&block, n + lead + 65536) != CUDA_SUCCESS) {
+            return false;
+        }
+        ptr = block + lead;
+        return true;
+    }
+    ~DeviceSpan() {
+        if (block != 0) {
+            cuda->cuMemFree(block);
+        }
+    }
+    void *p() const { return reinterpret_cast<void *>(ptr); }
+    uint64_t words() const { return bytes / 4; }
+};
+
+class CudaTransfer : public ::testing::Test {
+protected:
+    void SetUp() override {
+        if (!cuda.open()) {
+            GTEST_SKIP() << cuda.why;
+        }
+    }
+    /// Writes `bytes` of random data from a GPU region of `w` into a GPU region `r` exposed on
+    /// `node` (offsets inside their allocations), checks them on the GPU.
+    void gpuToGpu(tl_client *w, tl_client *r, const char *node, uint64_t bytes, uint32_t seed,
+                  const std::string &name) {
+        DeviceSpan src, dst;
+        ASSERT_TRUE(src.make(cuda, bytes, 4096 * 3));
+        ASSERT_TRUE(dst.make(cuda, bytes, 65536 + 256));
+        ASSERT_EQ(cuda.fill(src.ptr, src.words(), seed), CUDA_SUCCESS);
+        ASSERT_EQ(cuda.fill(dst.ptr, dst.words(), seed + 1), CUDA_SUCCESS);  // poison
+        ASSERT_EQ(cuda.cuCtxSynchronize(), CUDA_SUCCESS);
+        tl_region rs = 0, rd = 0;
+        ASSERT_EQ(tl_register(w, src.p(), bytes, &rs), TL_OK) << tl_last_error();
+        ASSERT_EQ(tl_register(r, dst.p(), bytes, &rd), TL_OK) << tl_last_error();
+        ASSERT_EQ(tl_expose(r, rd, name.c_str()), TL_OK) << tl_last_error();
+        tl_remote remote = 0;
+        ASSERT_EQ(tltest::lookupEventually(w, node, name.c_str(), &remote, nullptr,
+                                           std::chrono::seconds(20)),
+                  TL_OK)
+            << tl_last_error();
+        tl_ticket t = 0;
+        ASSERT_EQ(tl_write(w, rs, 0, remote, 0, bytes, seed, &t), TL_OK) << tl_last_error();
+        ASSERT_EQ(tl_wait(w, t, kWaitMs), TL_OK) << tl_last_error();
+        tl_notification n{};
+        ASSERT_EQ(tl_wait_notification(r, &n, kWaitMs), TL_OK) << tl_last_error();
+        EXPECT_EQ(n.region, rd);
+        EXPECT_EQ(n.imm, seed);
+        EXPECT_EQ(n.bytes, bytes);
+        EXPECT_EQ(cuda.mismatches(dst.ptr, dst.words(), seed), 0u) << bytes << " bytes";
+        EXPECT_EQ(tl_deregister(w, rs), TL_OK);
+        EXPECT_EQ(tl_deregister(r, rd), TL_OK);
+    }
+    Cuda cuda;
+};
+
+TEST_F(CudaTransfer, LocalGpuToGpuRandomData) {
+    tltest::Sidecar sc;
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    tl_client *w = nullptr, *r = nullptr;
+    ASSERT_EQ(tl_connect(sc.socket().c_str(), &w), TL_OK);
+    ASSERT_EQ(tl_connect(sc.socket().c_str(), &r), TL_OK);
+    uint32_t seed = 11;
+    for (uint64_t bytes : {uint64_t{4096}, uint64_t{(1 << 20) + 4 * 77}, uint64_t{64} << 20}) {
+        gpuToGpu(w, r, "node-a", bytes, seed++, "dst-" + std::to_string(bytes));
+    }
+    tl_disconnect(w);
+    tl_disconnect(r);
+}
+
+TL_GPU_WORKER(recv_and_check) {
+    // args: socket, name, bytes, seed. Exposes a GPU buffer (not at its allocation's start),
+    // waits for one write, checks it on its GPU: exit 0 when every word is right.
+    Cuda cuda;
+    if (!cuda.open()) {
+        std::fprintf(stderr, "worker: %s\n", cuda.why.c_str());
+        return 2;
+    }
+    const uint64_t bytes = std::stoull(args[2]);
+    const auto seed = static_cast<uint32_t>(std::stoul(args[3]));
+    DeviceSpan dst;
+    tl_client *c = nullptr;
+    tl_region rd = 0;
+    if (!dst.make(cuda, bytes, 8192) || cuda.fill(dst.ptr, dst.words(), seed + 7) != CUDA_SUCCESS ||
+        cuda.cuCtxSynchronize() != CUDA_SUCCESS || tl_connect(args[0].c_str(), &c) != TL_OK ||
+        tl_register(c, dst.p(), bytes, &rd) != TL_OK ||
+        tl_expose(c, rd, args[1].c_str()) != TL_OK) {
+        std::fprintf(stderr, "worker: setup: %s\n", tl_last_error());
+        return 3;
+    }
+    tl_notification n{};
+    if (tl_wait_notification(c, &n, kWaitMs) != TL_OK) {
+        std::fprintf(stderr, "worker: no notification: %s\n", tl_last_error());
+        return 4;
+    }
+    const uint64_t bad = cuda.mismatches(dst.ptr, dst.words(), seed);
+    if (bad != 0) {
+        std::fprintf(stderr, "worker: %llu of %llu words wrong\n",
+                     static_cast<unsigned long long>(bad),
+                     static_cast<unsigned long long>(dst.words()));
+        return 5;
+    }
+    tl_disconnect(c);
+    return 0;
+}
+
+TEST_F(CudaTransfer, LocalGpuToGpuAcrossWorkerProcesses) {
+    tltest::Sidecar sc;
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    const uint64_t bytes = (16 << 20) + 4096 + 12;
+    const uint32_t seed = 77;
+    pid_t worker = tlgpu::spawnWorker(
+        "recv_and_check", {sc.socket(), "across", std::to_string(bytes), std::to_string(seed)});
+    tl_client *w = nullptr;
+    ASSERT_EQ(tl_connect(sc.socket().c_str(), &w), TL_OK);
+    DeviceSpan src;
+    ASSERT_TRUE(src.make(cuda, bytes, 12288));
+    ASSERT_EQ(cuda.fill(src.ptr, src.words(), seed), CUDA_SUCCESS);
+    ASSERT_EQ(cuda.cuCtxSynchronize(), CUDA_SUCCESS);
+    tl_region rs = 0;
+    ASSERT_EQ(tl_register(w, src.p(), bytes, &rs), TL_OK) << tl_last_error();
+    tl_remote remote = 0;
+    ASSERT_EQ(
+        tltest::lookupEventually(w, "node-a", "across", &remote, nullptr, std::chrono::seconds(30)),
+        TL_OK)
+        << tl_last_error() << sc.log().substr(0, 4000);
+    tl_ticket t = 0;
+    ASSERT_EQ(tl_write(w, rs, 0, remote, 0, bytes, seed, &t), TL_OK) << tl_last_error();
+    EXPECT_EQ(tl_wait(w, t, kWaitMs), TL_OK) << tl_last_error();
+    EXPECT_EQ(tlgpu::waitWorker(worker), 0) << sc.log().substr(0, 4000);
+    tl_disconnect(w);
+}
+
+TEST_F(CudaTransfer, LocalGpuAndHostBothWays) {
+    tltest::Sidecar sc;
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    tl_client *c = nullptr;
+    ASSERT_EQ(tl_connect(sc.socket().c_str(), &c), TL_OK);
+    const uint64_t bytes = (3 << 20) + 40;
+    const uint64_t words = bytes / 4;
+    DeviceSpan dev, back;
+    ASSERT_TRUE(dev.make(cuda, bytes, 4096));
+    ASSERT_TRUE(back.make(cuda, bytes, 8192));
+    ASSERT_EQ(cuda.fill(dev.ptr, words, 5), CUDA_SUCCESS);
+    ASSERT_EQ(cuda.fill(back.ptr, words, 99), CUDA_SUCCESS);
+    ASSERT_EQ(cuda.cuCtxSynchronize(), CUDA_SUCCESS);
+    void *host = nullptr;
+    tl_region rh = 0, rdev = 0, rback = 0;
+    ASSERT_EQ(tl_alloc_host(c, bytes, &host, &rh), TL_OK) << tl_last_error();
+    ASSERT_EQ(tl_register(c, dev.p(), bytes, &rdev), TL_OK) << tl_last_error();
+    ASSERT_EQ(tl_register(c, back.p(), bytes, &rback), TL_OK) << tl_last_error();
+    ASSERT_EQ(tl_expose(c, rh, "host"), TL_OK);
+    ASSERT_EQ(tl_expose(c, rback, "back"), TL_OK);
+    tl_remote to_host = 0, to_back = 0;
+    ASSERT_EQ(tl_lookup(c, "node-a", "host", &to_host, nullptr), TL_OK);
+    ASSERT_EQ(tl_lookup(c, "node-a", "back", &to_back, nullptr), TL_OK);
+    tl_ticket t = 0;
+    ASSERT_EQ(tl_write(c, rdev, 0, to_host, 0, bytes, 1, &t), TL_OK) << tl_last_error();
+    ASSERT_EQ(tl_wait(c, t, kWaitMs), TL_OK) << tl_last_error();
+    EXPECT_EQ(tlgpu::hostMismatches(host, words, 5), 0u);
+    tlgpu::fillHost(host, words, 6);
+    ASSERT_EQ(tl_write(c, rh, 0, to_back, 0, bytes, 2, &t), TL_OK) << tl_last_error();
+    ASSERT_EQ(tl_wait(c, t, kWaitMs), TL_OK) << tl_last_error();
+    EXPECT_EQ(cuda.mismatches(back.ptr, words, 6), 0u);
+    tl_disconnect(c);
+}
+
+TEST_F(CudaTransfer, TcpGpuToGpuStagedAtBothEnds) {
+    TwoNodes nodes;
+    ASSERT_TRUE(nodes.ready()) << nodes.logs();
+    tl_client *w = nullptr, *r = nullptr;
+    ASSERT_EQ(tl_connect(nodes.a->socket().c_str(), &w), TL_OK);
+    ASSERT_EQ(tl_connect(nodes.b->socket().c_str(), &r), TL_OK);
+    // One chunk, several chunks (the staging pipeline, more chunks than slots) and an odd size.
+    uint32_t seed = 21;
+    for (uint64_t bytes : {uint64_t{8192}, uint64_t{(24 << 20) + 4 * 1001}}) {
+        gpuToGpu(w, r, "node-b", bytes, seed++, "tcp-" + std::to_string(bytes));
+        if (HasFatalFailure()) {
+            ADD_FAILURE() << nodes.logs();
+            break;
+        }
+    }
+    tl_disconnect(w);
+    tl_disconnect(r);
+}
+
+TEST_F(CudaTransfer, TcpGpuAndHostBothWays) {
+    TwoNodes nodes;
+    ASSERT_TRUE(nodes.ready()) << nodes.logs();
+    tl_client *a = nullptr, *b = nullptr;
+    ASSERT_EQ(tl_connect(nodes.a->socket().c_str(), &a), TL_OK);
+    ASSERT_EQ(tl_connect(nodes.b->socket().c_str(), &b), TL_OK);
+    const uint64_t bytes = (5 << 20) + 36;
+    const uint64_t words = bytes / 4;
+    DeviceSpan dev, back;
+    ASSERT_TRUE(dev.make(cuda, bytes, 4096));
+    ASSERT_TRUE(back.make(cuda, bytes, 4096));
+    ASSERT_EQ(cuda.fill(dev.ptr, words, 31), CUDA_SUCCESS);
+    ASSERT_EQ(cuda.fill(back.ptr, words, 1), CUDA_SUCCESS);
+    ASSERT_EQ(cuda.cuCtxSynchronize(), CUDA_SUCCESS);
+    void *host = nullptr;
+    tl_region rh = 0, rdev = 0, rback = 0;
+    ASSERT_EQ(tl_alloc_host(b, bytes, &host, &rh), TL_OK);
+    ASSERT_EQ(tl_expose(b, rh, "tcp-host"), TL_OK);
+    ASSERT_EQ(tl_register(a, dev.p(), bytes, &rdev), TL_OK) << tl_last_error();
+    ASSERT_EQ(tl_register(a, back.p(), bytes, &rback), TL_OK) << tl_last_error();
+    ASSERT_EQ(tl_expose(a, rback, "tcp-back"), TL_OK);
+    tl_remote to_host = 0, to_back = 0;
+    ASSERT_EQ(tltest::lookupEventually(a, "node-b", "tcp-host", &to_host, nullptr,
+                                       std::chrono::seconds(20)),
+              TL_OK)
+        << tl_last_error() << nodes.logs();
+    ASSERT_EQ(tltest::lookupEventually(b, "node-a", "tcp-back", &to_back, nullptr,
+                                       std::chrono::seconds(20)),
+              TL_OK)
+        << tl_last_error();
+    tl_ticket t = 0;
+    ASSERT_EQ(tl_write(a, rdev, 0, to_host, 0, bytes, 1, &t), TL_OK) << tl_last_error();
+    ASSERT_EQ(tl_wait(a, t, kWaitMs), TL_OK) << tl_last_error() << nodes.logs();
+    EXPECT_EQ(tlgpu::hostMismatches(host, words, 31), 0u);
+    tlgpu::fillHost(host, words, 32);
+    ASSERT_EQ(tl_write(b, rh, 0, to_back, 0, bytes, 2, &t), TL_OK) << tl_last_error();
+    ASSERT_EQ(tl_wait(b, t, kWaitMs), TL_OK) << tl_last_error() << nodes.logs();
+    EXPECT_EQ(cuda.mismatches(back.ptr, words, 32), 0u);
+    tl_disconnect(a);
+    tl_disconnect(b);
+}
+
+}  // namespace
+
+#endif
