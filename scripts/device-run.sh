@@ -12,10 +12,11 @@ usage() {
     cat <<'USAGE'
 usage: scripts/device-run.sh fetch
        scripts/device-run.sh run [--out DIR] [--jobs N] [--budget SECONDS] [--bench-min-time S]
-                                 [--bench-filter REGEX] [--no-rest] [--dry-run]
+                                 [--bench-filter REGEX] [--verbs-bench] [--no-rest] [--dry-run]
 
   fetch                download the .debs the GPU machine lacks (toml++, CLI11, nlohmann-json,
-                       libsodium, Google Benchmark: -dev and runtime) into .debs/
+                       libsodium, Google Benchmark, prometheus-cpp and civetweb, perftest: -dev
+                       and runtime) into .debs/
   run                  unpack them into a prefix, configure and build the release preset, run
                        `ctest -L gpu` (one at a time: a test measures the GPU's free memory),
                        build/release/tests/bench/gpu_bench, then the other tests, within the
@@ -25,6 +26,8 @@ usage: scripts/device-run.sh fetch
   --budget SECONDS     stop starting steps after this long (default 540: the run tool allows 600)
   --bench-min-time S   Google Benchmark --benchmark_min_time (default 0.2)
   --bench-filter RE    only these benchmarks
+  --verbs-bench        after gpu_bench, scripts/bench-verbs.sh (the sidecars' verbs transport
+                       against perftest on the simulated HCA; 2 rounds) on this host's cores
   --no-rest            skip the tests not labelled gpu
   --dry-run            print the steps, change nothing
 USAGE
@@ -32,8 +35,13 @@ USAGE
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 debs="$root/.debs"
+# prometheus-cpp's CMake package also asks for civetweb, zlib and curl (push is built in);
+# perftest (and what it links) lets the verbs transport be compared with ib_write_* there too.
 packages=(libtomlplusplus-dev libtomlplusplus3 libcli11-dev nlohmann-json3-dev libsodium-dev
-          libsodium23 libbenchmark-dev libbenchmark1debian)
+          libsodium23 libbenchmark-dev libbenchmark1debian prometheus-cpp-dev
+          libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libprometheus-cpp-push1.0
+          libcivetweb-dev libcivetweb1 civetweb libcurl4-openssl-dev zlib1g-dev perftest
+          libibumad3 librdmacm1 libpci3)
 
 if [ $# -lt 1 ]; then
     usage >&2
@@ -47,6 +55,7 @@ budget=540
 min_time=0.2
 filter=""
 rest=1
+verbs_bench=0
 dry_run=0
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -56,6 +65,7 @@ while [ $# -gt 0 ]; do
         --bench-min-time) min_time=$2; shift ;;
         --bench-filter) filter=$2; shift ;;
         --no-rest) rest=0 ;;
+        --verbs-bench) verbs_bench=1 ;;
         --dry-run) dry_run=1 ;;
         -h|--help) usage; exit 0 ;;
         *) usage >&2; exit 2 ;;
@@ -107,6 +117,21 @@ if [ "$dry_run" -eq 0 ]; then
     for f in "${found[@]}"; do
         dpkg -x "$f" "$prefix"
     done
+    # A -dev package's libX.so names the runtime of its own version (libz.so -> libz.so.1.2.13),
+    # which only the host has, in its own version: point such dangling links at the host's
+    # libX.so.N.
+    for link in "$prefix"/usr/lib/x86_64-linux-gnu/*.so; do
+        if [ -L "$link" ] && [ ! -e "$link" ]; then
+            target=$(readlink "$link")
+            major=$(printf '%s' "$target" | sed -E 's/^(.*\.so\.[0-9]+).*$/\1/')
+            for d in /usr/lib/x86_64-linux-gnu /lib/x86_64-linux-gnu; do
+                if [ -e "$d/$major" ]; then
+                    ln -sf "$d/$major" "$link"
+                    break
+                fi
+            done
+        fi
+    done
     # Their pkg-config files name /usr: point them at the prefix.
     for pc in "$prefix"/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc "$prefix"/usr/share/pkgconfig/*.pc; do
         sed -i "s|^prefix=/usr\$|prefix=$prefix/usr|" "$pc"
@@ -115,6 +140,7 @@ fi
 export CMAKE_PREFIX_PATH="$prefix/usr"
 export PKG_CONFIG_PATH="$prefix/usr/lib/x86_64-linux-gnu/pkgconfig:$prefix/usr/share/pkgconfig"
 export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PATH="$prefix/usr/bin:$PATH"
 # The machine's rule (KINDS.md): keep NVLink multicast off everywhere.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
@@ -168,6 +194,16 @@ run timeout "$(left)" build/release/tests/bench/gpu_bench "${bench_args[@]}" \
 note "gpu_bench: exit $?"
 sed -n '/== gpu_bench summary/,$p' "$out/gpu_bench.txt" | tee -a "$summary"
 set -e
+
+if [ "$verbs_bench" -eq 1 ] && [ "$(left)" -gt 60 ]; then
+    note "== bench-verbs.sh ($(left) s left)"
+    set +e
+    run timeout "$(( $(left) - 20 ))" scripts/bench-verbs.sh --no-build --rounds 2 --iters 3000 \
+        --poll-mode "event adaptive busy" --out "$out/bench-verbs" >"$out/bench-verbs.txt" 2>&1
+    note "bench-verbs: exit $?"
+    tail -n 30 "$out/bench-verbs.txt" | tee -a "$summary"
+    set -e
+fi
 
 if [ "$rest" -eq 1 ] && [ "$(left)" -gt 30 ]; then
     note "== ctest, everything not labelled gpu ($(left) s left)"

@@ -90,12 +90,12 @@ if [ "$quick" -eq 0 ]; then
     step "ASan+UBSan: simulated HCA"
     cmake --preset asan >/dev/null
     cmake --build build/asan --target "${simhca_targets[@]}" -j "$jobs"
-    ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build/asan -L '^simhca$' -E '^(Programs|SimEnv)\.|_NOT_BUILT$' \
+    ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build/asan -L '^simhca$' -E '^(Programs|SimEnv)\.|_NOT_BUILT$|^hw_check_script$' \
         -j "$jobs" --output-on-failure
     step "ThreadSanitizer: simulated HCA"
     cmake --build build/tsan --target "${simhca_targets[@]}" -j "$jobs"
     TSAN_OPTIONS="halt_on_error=1 exitcode=66" ctest --test-dir build/tsan -L '^simhca$' \
-        -E '^(Programs|SimEnv)\.|_NOT_BUILT$' -j "$jobs" --output-on-failure
+        -E '^(Programs|SimEnv)\.|_NOT_BUILT$|^hw_check_script$' -j "$jobs" --output-on-failure
 fi
 
 step "build (release preset, -Wall -Wextra -Werror)"

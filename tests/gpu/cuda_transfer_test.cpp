@@ -1,10 +1,13 @@
 // GPU tier: random data in one worker's GPU memory written into another worker's GPU buffer
-// through the local transport (one sidecar) and the tcp transport (two sidecars on loopback,
-// GPU staging at both ends, FrameAuth on), checked on the receiving GPU; GPU to host and host
-// to GPU both ways; tensors that do not start at the beginning of their allocations.
+// through the local transport (one sidecar), the tcp transport (two sidecars on loopback, GPU
+// staging at both ends, FrameAuth on) and the verbs transport (two sidecars on the simulated
+// HCA: GPU memory registered from the owner's dma-buf fd, else through the sidecar's IPC
+// mapping as nvidia-peermem would), checked on the receiving GPU; GPU to host and host to GPU
+// both ways; tensors that do not start at the beginning of their allocations.
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "../sidecar/harness.hpp"
@@ -19,11 +22,13 @@ using tlgpu::Cuda;
 
 constexpr int kWaitMs = 30000;
 
-/// Two sidecars that list each other (node-a, node-b), over tcp on loopback.
+/// Two sidecars that list each other (node-a, node-b), over tcp on loopback, or over the verbs
+/// transport with each on a simulated RoCE device of its own (tests/simhca, two loopback
+/// addresses): the production sidecar with the library swapped.
 struct TwoNodes {
     tltest::TempDir dir;
     std::unique_ptr<tltest::Sidecar> a, b;
-    TwoNodes() {
+    explicit TwoNodes(const std::string &transport = "tcp") {
         const std::string key = dir.file("peer.key");
         tltest::writeFile(key, tltest::keyText('7'), 0600);
         const uint16_t pa = tltest::freePort(), pb = tltest::freePort();
@@ -34,6 +39,10 @@ struct TwoNodes {
             o.key_file = key;
             o.tcp = "keepalive_ms = 200\npeer_timeout_ms = 3000\n";
             o.peers.push_back({peer, "127.0.0.1:" + std::to_string(peer_port)});
+            o.transport = transport;
+            if (transport == "verbs") {
+                o.rdma_ip = tltest::uniqueLoopback(name[5] == 'a' ? 21 : 22);
+            }
             return o;
         };
         a = std::make_unique<tltest::Sidecar>(opts("node-a", pa, "node-b", pb));
@@ -276,6 +285,99 @@ TEST_F(CudaTransfer, TcpGpuAndHostBothWays) {
     ASSERT_EQ(tl_write(b, rh, 0, to_back, 0, bytes, 2, &t), TL_OK) << tl_last_error();
     ASSERT_EQ(tl_wait(b, t, kWaitMs), TL_OK) << tl_last_error() << nodes.logs();
     EXPECT_EQ(cuda.mismatches(back.ptr, words, 32), 0u);
+    tl_disconnect(a);
+    tl_disconnect(b);
+}
+
+/// The verbs status of `peer` as `c`'s sidecar reports it.
+nlohmann::json verbsPeer(tl_client *c, const std::string &peer) {
+    std::string buf(1 << 16, '\0');
+    size_t len = 0;
+    if (tl_sidecar_status(c, buf.data(), buf.size(), &len) != TL_OK) {
+        return {};
+    }
+    buf.resize(std::min(len, buf.size() - 1));
+    auto j = nlohmann::json::parse(buf, nullptr, false);
+    if (j.is_discarded() || !j.contains("peers")) {
+        return {};
+    }
+    for (auto &p : j["peers"]) {
+        if (p.value("name", "") == peer) {
+            return p;
+        }
+    }
+    return {};
+}
+
+TEST_F(CudaTransfer, VerbsGpuToGpuOnTheSimulatedHca) {
+    TwoNodes nodes("verbs");
+    ASSERT_TRUE(nodes.ready()) << nodes.logs();
+    tl_client *w = nullptr, *r = nullptr;
+    ASSERT_EQ(tl_connect(nodes.a->socket().c_str(), &w), TL_OK);
+    ASSERT_EQ(tl_connect(nodes.b->socket().c_str(), &r), TL_OK);
+    uint32_t seed = 41;
+    for (uint64_t bytes : {uint64_t{4096}, uint64_t{(16 << 20) + 4 * 777}}) {
+        gpuToGpu(w, r, "node-b", bytes, seed++, "verbs-" + std::to_string(bytes));
+        if (HasFatalFailure()) {
+            ADD_FAILURE() << nodes.logs();
+            break;
+        }
+    }
+    // Both went over verbs (no silent fallback to tcp), and the sidecar says how it registered
+    // the GPU memory.
+    const auto pa = verbsPeer(w, "node-b");
+    EXPECT_EQ(pa.value("transport", ""), "verbs") << pa.dump();
+    const std::string how = pa.value("gpu_registration", "");
+    EXPECT_TRUE(how == "dma-buf" || how == "peermem") << pa.dump();
+    std::printf("verbs GPU memory registration on this host: %s\n", how.c_str());
+    if (pa.contains("send")) {
+        EXPECT_GE(pa["send"].value("writes_completed", 0), 2) << pa.dump();
+    } else {
+        ADD_FAILURE() << "no send session in " << pa.dump();
+    }
+    tl_disconnect(w);
+    tl_disconnect(r);
+}
+
+TEST_F(CudaTransfer, VerbsGpuAndHostBothWays) {
+    TwoNodes nodes("verbs");
+    ASSERT_TRUE(nodes.ready()) << nodes.logs();
+    tl_client *a = nullptr, *b = nullptr;
+    ASSERT_EQ(tl_connect(nodes.a->socket().c_str(), &a), TL_OK);
+    ASSERT_EQ(tl_connect(nodes.b->socket().c_str(), &b), TL_OK);
+    const uint64_t bytes = (3 << 20) + 44;
+    const uint64_t words = bytes / 4;
+    DeviceSpan dev, back;
+    ASSERT_TRUE(dev.make(cuda, bytes, 8192));
+    ASSERT_TRUE(back.make(cuda, bytes, 4096 + 512));
+    ASSERT_EQ(cuda.fill(dev.ptr, words, 51), CUDA_SUCCESS);
+    ASSERT_EQ(cuda.fill(back.ptr, words, 1), CUDA_SUCCESS);
+    ASSERT_EQ(cuda.cuCtxSynchronize(), CUDA_SUCCESS);
+    void *host = nullptr;
+    tl_region rh = 0, rdev = 0, rback = 0;
+    ASSERT_EQ(tl_alloc_host(b, bytes, &host, &rh), TL_OK);
+    ASSERT_EQ(tl_expose(b, rh, "verbs-host"), TL_OK);
+    ASSERT_EQ(tl_register(a, dev.p(), bytes, &rdev), TL_OK) << tl_last_error();
+    ASSERT_EQ(tl_register(a, back.p(), bytes, &rback), TL_OK) << tl_last_error();
+    ASSERT_EQ(tl_expose(a, rback, "verbs-back"), TL_OK);
+    tl_remote to_host = 0, to_back = 0;
+    ASSERT_EQ(tltest::lookupEventually(a, "node-b", "verbs-host", &to_host, nullptr,
+                                       std::chrono::seconds(20)),
+              TL_OK)
+        << tl_last_error() << nodes.logs();
+    ASSERT_EQ(tltest::lookupEventually(b, "node-a", "verbs-back", &to_back, nullptr,
+                                       std::chrono::seconds(20)),
+              TL_OK)
+        << tl_last_error();
+    tl_ticket t = 0;
+    ASSERT_EQ(tl_write(a, rdev, 0, to_host, 0, bytes, 1, &t), TL_OK) << tl_last_error();
+    ASSERT_EQ(tl_wait(a, t, kWaitMs), TL_OK) << tl_last_error() << nodes.logs();
+    EXPECT_EQ(tlgpu::hostMismatches(host, words, 51), 0u);
+    tlgpu::fillHost(host, words, 52);
+    ASSERT_EQ(tl_write(b, rh, 0, to_back, 0, bytes, 2, &t), TL_OK) << tl_last_error();
+    ASSERT_EQ(tl_wait(b, t, kWaitMs), TL_OK) << tl_last_error() << nodes.logs();
+    EXPECT_EQ(cuda.mismatches(back.ptr, words, 52), 0u);
+    EXPECT_EQ(verbsPeer(a, "node-b").value("transport", ""), "verbs");
     tl_disconnect(a);
     tl_disconnect(b);
 }

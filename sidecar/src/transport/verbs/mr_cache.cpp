@@ -1,7 +1,11 @@
 #include "transport/verbs/mr_cache.hpp"
 
+#include <cerrno>
+
 #include <atomic>
 #include <cstring>
+
+#include "cuda/import.hpp"
 
 namespace tensorlane::sidecar {
 
@@ -60,23 +64,35 @@ MrView MrCache::get(const Region &r, unsigned access, std::string *error) {
     Entry e;
     e.job = job.id;
     if (r.kind == MemoryKind::kCuda) {
+        // The iova is the owner's address of the allocation whichever path registers it (the
+        // HCA does not care what number names the memory; peers see the owner's addresses).
+        job.iova = r.cuda.client_address - r.cuda.alloc_offset;
+        job.length = r.cuda.alloc_bytes;
         if (r.cuda.dmabuf && r.cuda.dmabuf->get() >= 0) {
             // The owner's dma-buf fd of the whole allocation (DESIGN.md step 2): no
-            // nvidia-peermem needed. The iova is the owner's address of the allocation.
+            // nvidia-peermem needed.
             job.dmabuf_fd = r.cuda.dmabuf->get();
             job.dmabuf_offset = 0;
-            job.iova = r.cuda.client_address - r.cuda.alloc_offset;
-            job.length = r.cuda.alloc_bytes;
-            job.keepalive = r.cuda.dmabuf;
             e.dmabuf = true;
-        } else if (r.base != nullptr) {
-            // nvidia-peermem: the sidecar's own mapping of the allocation (IPC import).
-            job.addr = r.base - r.cuda.alloc_offset;
-            job.iova = reinterpret_cast<uint64_t>(job.addr);
-            job.length = r.cuda.alloc_bytes;
-        } else {
-            *error = "a CUDA region with neither a dma-buf fd nor an imported mapping";
+        }
+        if (r.cuda.import) {
+            // nvidia-peermem: the sidecar's own mapping of the allocation (an IPC import, made
+            // on the registrar's thread), when there is no fd or the host refuses dma-buf MRs.
+            std::shared_ptr<CudaImport> imp = r.cuda.import;
+            job.peermem_addr = [imp](void **addr) {
+                uint64_t base = 0;
+                if (Status st = imp->base(&base); !st.isOk() || base == 0) {
+                    return EFAULT;
+                }
+                *addr = reinterpret_cast<void *>(base);
+                return 0;
+            };
+            job.keepalive = imp;
+        } else if (!e.dmabuf) {
+            *error = "a CUDA region with neither a dma-buf fd nor an IPC handle";
             return {};
+        } else {
+            job.keepalive = r.cuda.dmabuf;
         }
     } else {
         std::shared_ptr<Region> root_region = regions_.find(root);
@@ -118,6 +134,7 @@ bool MrCache::complete(Registrar::Result &result) {
     }
     it->second.mr.reset(result.mr);
     it->second.error = result.error;
+    it->second.dmabuf = result.mr != nullptr && result.dmabuf;
     result.mr = nullptr;
     return true;
 }

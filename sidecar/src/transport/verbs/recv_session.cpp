@@ -463,6 +463,7 @@ std::string RecvSession::statusJson() const {
     j["gdr_flushes"] = flushes_;
     j["exposed"] = exposed_.size();
     j["mrs"] = mrs_.size();
+    j["dmabuf_mrs"] = mrs_.dmabufCount();
     return j.dump();
 }
 

@@ -64,15 +64,37 @@ void Registrar::run() {
         Result r;
         r.id = job.id;
         r.pd = job.pd;
-        if (job.dmabuf_fd >= 0) {
+        errno = 0;
+        if (job.dmabuf_fd >= 0 && dmabuf_ok_.load(std::memory_order_relaxed) != 0) {
             r.dmabuf = true;
             r.mr = ibv_reg_dmabuf_mr(job.pd.get(), job.dmabuf_offset, job.length, job.iova,
                                      job.dmabuf_fd, static_cast<int>(job.access));
-        } else {
-            r.mr = ibv_reg_mr_iova2(job.pd.get(), job.addr, job.length, job.iova, job.access);
+            // Registration calls return NULL and set errno (ibv_reg_mr(3)).
+            r.error = r.mr == nullptr ? (errno != 0 ? errno : EINVAL) : 0;
+            if (r.mr != nullptr) {
+                dmabuf_ok_.store(1, std::memory_order_relaxed);
+            } else if (job.peermem_addr && (r.error == EOPNOTSUPP || r.error == EPROTONOSUPPORT ||
+                                            r.error == ENOSYS || r.error == EINVAL)) {
+                // The kernel, the driver or the exporter cannot do dma-buf MRs here: every
+                // later CUDA registration takes the peermem path straight away.
+                dmabuf_ok_.store(0, std::memory_order_relaxed);
+                r.dmabuf = false;
+            }
         }
-        // Registration calls return NULL and set errno (ibv_reg_mr(3)).
-        r.error = r.mr == nullptr ? (errno != 0 ? errno : EINVAL) : 0;
+        if (r.mr == nullptr && !r.dmabuf) {
+            void *addr = job.addr;
+            int err = 0;
+            if (addr == nullptr && job.peermem_addr) {
+                err = job.peermem_addr(&addr);
+            }
+            if (err != 0 || addr == nullptr) {
+                r.error = err != 0 ? err : EINVAL;
+            } else {
+                errno = 0;
+                r.mr = ibv_reg_mr_iova2(job.pd.get(), addr, job.length, job.iova, job.access);
+                r.error = r.mr == nullptr ? (errno != 0 ? errno : EINVAL) : 0;
+            }
+        }
         lock.lock();
         results_.push_back(std::move(r));
         // SYNC POINT: set with the result under the lock; the engine's arm() reads it.

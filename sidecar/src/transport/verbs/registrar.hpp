@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -32,6 +33,11 @@ public:
         unsigned access = 0;
         int dmabuf_fd = -1;  ///< >= 0: ibv_reg_dmabuf_mr(offset, length, iova, fd)
         uint64_t dmabuf_offset = 0;
+        /// CUDA memory: the sidecar's own mapping of the allocation for ibv_reg_mr
+        /// (nvidia-peermem), made on this thread (an IPC import may take milliseconds). Used
+        /// when there is no dma-buf fd, or when this host cannot register dma-bufs (the first
+        /// refusal is remembered: the probe happens once). Returns 0 or an errno.
+        std::function<int(void **addr)> peermem_addr;
         std::shared_ptr<void> keepalive;  ///< the memory (or the fd) stays until done
     };
     struct Result {
@@ -49,6 +55,9 @@ public:
     std::vector<Result> take();
     int fd() const { return done_fd_.get(); }
     bool pending() const { return ready_.load(std::memory_order_acquire); }
+    /// What the dma-buf probe found: -1 not tried yet, 0 this host refuses dma-buf MRs (the
+    /// peermem path is used), 1 it registers them.
+    int dmabufSupported() const { return dmabuf_ok_.load(std::memory_order_relaxed); }
 
 private:
     void run();
@@ -59,6 +68,7 @@ private:
     std::vector<Result> results_;
     bool stop_ = false;
     std::atomic<bool> ready_{false};
+    std::atomic<int> dmabuf_ok_{-1};
     ipc::UniqueFd done_fd_;
     std::thread thread_;
 };

@@ -502,6 +502,7 @@ std::string SendSession::statusJson() const {
     j["errors"] = errors_;
     j["keys"] = keys_.size();
     j["mrs"] = mrs_.size();
+    j["dmabuf_mrs"] = mrs_.dmabufCount();
     j["credits_free"] = connected_ ? remote_.ring_slots - (next_seq_ - 1 - credited_) : 0;
     return j.dump();
 }

@@ -479,6 +479,9 @@ std::string VerbsTransport::peerStatusJson(PeerId peer) const {
         }
     }
     j["nic_counters"] = std::move(counters);
+    // How GPU memory is registered on this host (the probe runs on the first CUDA region).
+    const int dmabuf = registrar_.dmabufSupported();
+    j["gpu_registration"] = dmabuf < 0 ? "untried" : dmabuf == 1 ? "dma-buf" : "peermem";
     auto it = peers_.find(peer);
     if (it != peers_.end()) {
         if (it->second.out) {
