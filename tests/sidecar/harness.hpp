@@ -223,9 +223,9 @@ public:
                 // In front of the loader path the test runs with (a host whose dependencies
                 // live in a prefix, as on the GPU machine, keeps them).
                 const char *was = ::getenv("LD_LIBRARY_PATH");
-                const std::string path = std::string(TENSORLANE_SIMHCA_DIR) +
-                                         (was != nullptr && *was != '\0' ? ":" + std::string(was)
-                                                                          : std::string());
+                const std::string path =
+                    std::string(TENSORLANE_SIMHCA_DIR) +
+                    (was != nullptr && *was != '\0' ? ":" + std::string(was) : std::string());
                 ::setenv("LD_LIBRARY_PATH", path.c_str(), 1);
                 ::setenv("TENSORLANE_SYSFS_ROOT", sysfs_.c_str(), 1);
             }
