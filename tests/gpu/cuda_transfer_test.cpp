@@ -7,10 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <string>
 
 #include "../sidecar/harness.hpp"
+#include "../sidecar/status_json.hpp"
 #include "gpu_support.hpp"
 #include "tensorlane/tensorlane.h"
 
@@ -113,6 +113,50 @@ protected:
         EXPECT_EQ(cuda.mismatches(dst.ptr, dst.words(), seed), 0u) << bytes << " bytes";
         EXPECT_EQ(tl_deregister(w, rs), TL_OK);
         EXPECT_EQ(tl_deregister(r, rd), TL_OK);
+    }
+    /// GPU memory on node-a written into host memory on node-b, then that host memory written
+    /// back into another GPU buffer on node-a; `seed` and `seed + 1` are the two payloads.
+    void acrossNodesBothWays(TwoNodes &nodes, const std::string &name, uint64_t bytes,
+                             uint64_t lead_src, uint64_t lead_back, uint32_t seed) {
+        tl_client *a = nullptr, *b = nullptr;
+        ASSERT_EQ(tl_connect(nodes.a->socket().c_str(), &a), TL_OK);
+        ASSERT_EQ(tl_connect(nodes.b->socket().c_str(), &b), TL_OK);
+        const uint64_t words = bytes / 4;
+        DeviceSpan dev, back;
+        ASSERT_TRUE(dev.make(cuda, bytes, lead_src));
+        ASSERT_TRUE(back.make(cuda, bytes, lead_back));
+        ASSERT_EQ(cuda.fill(dev.ptr, words, seed), CUDA_SUCCESS);
+        ASSERT_EQ(cuda.fill(back.ptr, words, 1), CUDA_SUCCESS);
+        ASSERT_EQ(cuda.cuCtxSynchronize(), CUDA_SUCCESS);
+        void *host = nullptr;
+        tl_region rh = 0, rdev = 0, rback = 0;
+        const std::string host_name = name + "-host", back_name = name + "-back";
+        ASSERT_EQ(tl_alloc_host(b, bytes, &host, &rh), TL_OK);
+        ASSERT_EQ(tl_expose(b, rh, host_name.c_str()), TL_OK);
+        ASSERT_EQ(tl_register(a, dev.p(), bytes, &rdev), TL_OK) << tl_last_error();
+        ASSERT_EQ(tl_register(a, back.p(), bytes, &rback), TL_OK) << tl_last_error();
+        ASSERT_EQ(tl_expose(a, rback, back_name.c_str()), TL_OK);
+        tl_remote to_host = 0, to_back = 0;
+        ASSERT_EQ(tltest::lookupEventually(a, "node-b", host_name.c_str(), &to_host, nullptr,
+                                           std::chrono::seconds(20)),
+                  TL_OK)
+            << tl_last_error() << nodes.logs();
+        ASSERT_EQ(tltest::lookupEventually(b, "node-a", back_name.c_str(), &to_back, nullptr,
+                                           std::chrono::seconds(20)),
+                  TL_OK)
+            << tl_last_error();
+        tl_ticket t = 0;
+        ASSERT_EQ(tl_write(a, rdev, 0, to_host, 0, bytes, 1, &t), TL_OK) << tl_last_error();
+        ASSERT_EQ(tl_wait(a, t, kWaitMs), TL_OK) << tl_last_error() << nodes.logs();
+        EXPECT_EQ(tlgpu::hostMismatches(host, words, seed), 0u);
+        tlgpu::fillHost(host, words, seed + 1);
+        ASSERT_EQ(tl_write(b, rh, 0, to_back, 0, bytes, 2, &t), TL_OK) << tl_last_error();
+        ASSERT_EQ(tl_wait(b, t, kWaitMs), TL_OK) << tl_last_error() << nodes.logs();
+        EXPECT_EQ(cuda.mismatches(back.ptr, words, seed + 1), 0u);
+        // Over the transport asked for (no silent fallback to another).
+        EXPECT_EQ(tltest::peerStatus(a, "node-b").value("transport", ""), name);
+        tl_disconnect(a);
+        tl_disconnect(b);
     }
     Cuda cuda;
 };
@@ -250,63 +294,7 @@ TEST_F(CudaTransfer, TcpGpuToGpuStagedAtBothEnds) {
 TEST_F(CudaTransfer, TcpGpuAndHostBothWays) {
     TwoNodes nodes;
     ASSERT_TRUE(nodes.ready()) << nodes.logs();
-    tl_client *a = nullptr, *b = nullptr;
-    ASSERT_EQ(tl_connect(nodes.a->socket().c_str(), &a), TL_OK);
-    ASSERT_EQ(tl_connect(nodes.b->socket().c_str(), &b), TL_OK);
-    const uint64_t bytes = (5 << 20) + 36;
-    const uint64_t words = bytes / 4;
-    DeviceSpan dev, back;
-    ASSERT_TRUE(dev.make(cuda, bytes, 4096));
-    ASSERT_TRUE(back.make(cuda, bytes, 4096));
-    ASSERT_EQ(cuda.fill(dev.ptr, words, 31), CUDA_SUCCESS);
-    ASSERT_EQ(cuda.fill(back.ptr, words, 1), CUDA_SUCCESS);
-    ASSERT_EQ(cuda.cuCtxSynchronize(), CUDA_SUCCESS);
-    void *host = nullptr;
-    tl_region rh = 0, rdev = 0, rback = 0;
-    ASSERT_EQ(tl_alloc_host(b, bytes, &host, &rh), TL_OK);
-    ASSERT_EQ(tl_expose(b, rh, "tcp-host"), TL_OK);
-    ASSERT_EQ(tl_register(a, dev.p(), bytes, &rdev), TL_OK) << tl_last_error();
-    ASSERT_EQ(tl_register(a, back.p(), bytes, &rback), TL_OK) << tl_last_error();
-    ASSERT_EQ(tl_expose(a, rback, "tcp-back"), TL_OK);
-    tl_remote to_host = 0, to_back = 0;
-    ASSERT_EQ(tltest::lookupEventually(a, "node-b", "tcp-host", &to_host, nullptr,
-                                       std::chrono::seconds(20)),
-              TL_OK)
-        << tl_last_error() << nodes.logs();
-    ASSERT_EQ(tltest::lookupEventually(b, "node-a", "tcp-back", &to_back, nullptr,
-                                       std::chrono::seconds(20)),
-              TL_OK)
-        << tl_last_error();
-    tl_ticket t = 0;
-    ASSERT_EQ(tl_write(a, rdev, 0, to_host, 0, bytes, 1, &t), TL_OK) << tl_last_error();
-    ASSERT_EQ(tl_wait(a, t, kWaitMs), TL_OK) << tl_last_error() << nodes.logs();
-    EXPECT_EQ(tlgpu::hostMismatches(host, words, 31), 0u);
-    tlgpu::fillHost(host, words, 32);
-    ASSERT_EQ(tl_write(b, rh, 0, to_back, 0, bytes, 2, &t), TL_OK) << tl_last_error();
-    ASSERT_EQ(tl_wait(b, t, kWaitMs), TL_OK) << tl_last_error() << nodes.logs();
-    EXPECT_EQ(cuda.mismatches(back.ptr, words, 32), 0u);
-    tl_disconnect(a);
-    tl_disconnect(b);
-}
-
-/// The verbs status of `peer` as `c`'s sidecar reports it.
-nlohmann::json verbsPeer(tl_client *c, const std::string &peer) {
-    std::string buf(1 << 16, '\0');
-    size_t len = 0;
-    if (tl_sidecar_status(c, buf.data(), buf.size(), &len) != TL_OK) {
-        return {};
-    }
-    buf.resize(std::min(len, buf.size() - 1));
-    auto j = nlohmann::json::parse(buf, nullptr, false);
-    if (j.is_discarded() || !j.contains("peers")) {
-        return {};
-    }
-    for (auto &p : j["peers"]) {
-        if (p.value("name", "") == peer) {
-            return p;
-        }
-    }
-    return {};
+    acrossNodesBothWays(nodes, "tcp", (5 << 20) + 36, 4096, 4096, 31);
 }
 
 TEST_F(CudaTransfer, VerbsGpuToGpuOnTheSimulatedHca) {
@@ -325,7 +313,7 @@ TEST_F(CudaTransfer, VerbsGpuToGpuOnTheSimulatedHca) {
     }
     // Both went over verbs (no silent fallback to tcp), and the sidecar says how it registered
     // the GPU memory.
-    const auto pa = verbsPeer(w, "node-b");
+    const auto pa = tltest::peerStatus(w, "node-b");
     EXPECT_EQ(pa.value("transport", ""), "verbs") << pa.dump();
     const std::string how = pa.value("gpu_registration", "");
     EXPECT_TRUE(how == "dma-buf" || how == "peermem") << pa.dump();
@@ -342,44 +330,7 @@ TEST_F(CudaTransfer, VerbsGpuToGpuOnTheSimulatedHca) {
 TEST_F(CudaTransfer, VerbsGpuAndHostBothWays) {
     TwoNodes nodes("verbs");
     ASSERT_TRUE(nodes.ready()) << nodes.logs();
-    tl_client *a = nullptr, *b = nullptr;
-    ASSERT_EQ(tl_connect(nodes.a->socket().c_str(), &a), TL_OK);
-    ASSERT_EQ(tl_connect(nodes.b->socket().c_str(), &b), TL_OK);
-    const uint64_t bytes = (3 << 20) + 44;
-    const uint64_t words = bytes / 4;
-    DeviceSpan dev, back;
-    ASSERT_TRUE(dev.make(cuda, bytes, 8192));
-    ASSERT_TRUE(back.make(cuda, bytes, 4096 + 512));
-    ASSERT_EQ(cuda.fill(dev.ptr, words, 51), CUDA_SUCCESS);
-    ASSERT_EQ(cuda.fill(back.ptr, words, 1), CUDA_SUCCESS);
-    ASSERT_EQ(cuda.cuCtxSynchronize(), CUDA_SUCCESS);
-    void *host = nullptr;
-    tl_region rh = 0, rdev = 0, rback = 0;
-    ASSERT_EQ(tl_alloc_host(b, bytes, &host, &rh), TL_OK);
-    ASSERT_EQ(tl_expose(b, rh, "verbs-host"), TL_OK);
-    ASSERT_EQ(tl_register(a, dev.p(), bytes, &rdev), TL_OK) << tl_last_error();
-    ASSERT_EQ(tl_register(a, back.p(), bytes, &rback), TL_OK) << tl_last_error();
-    ASSERT_EQ(tl_expose(a, rback, "verbs-back"), TL_OK);
-    tl_remote to_host = 0, to_back = 0;
-    ASSERT_EQ(tltest::lookupEventually(a, "node-b", "verbs-host", &to_host, nullptr,
-                                       std::chrono::seconds(20)),
-              TL_OK)
-        << tl_last_error() << nodes.logs();
-    ASSERT_EQ(tltest::lookupEventually(b, "node-a", "verbs-back", &to_back, nullptr,
-                                       std::chrono::seconds(20)),
-              TL_OK)
-        << tl_last_error();
-    tl_ticket t = 0;
-    ASSERT_EQ(tl_write(a, rdev, 0, to_host, 0, bytes, 1, &t), TL_OK) << tl_last_error();
-    ASSERT_EQ(tl_wait(a, t, kWaitMs), TL_OK) << tl_last_error() << nodes.logs();
-    EXPECT_EQ(tlgpu::hostMismatches(host, words, 51), 0u);
-    tlgpu::fillHost(host, words, 52);
-    ASSERT_EQ(tl_write(b, rh, 0, to_back, 0, bytes, 2, &t), TL_OK) << tl_last_error();
-    ASSERT_EQ(tl_wait(b, t, kWaitMs), TL_OK) << tl_last_error() << nodes.logs();
-    EXPECT_EQ(cuda.mismatches(back.ptr, words, 52), 0u);
-    EXPECT_EQ(verbsPeer(a, "node-b").value("transport", ""), "verbs");
-    tl_disconnect(a);
-    tl_disconnect(b);
+    acrossNodesBothWays(nodes, "verbs", (3 << 20) + 44, 8192, 4096 + 512, 51);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "harness.hpp"
+#include "status_json.hpp"
 #include "tensorlane/tensorlane.hpp"
 #include "veth.hpp"
 
@@ -109,22 +110,7 @@ private:
 };
 
 nlohmann::json peerJson(tl_client *c, const std::string &peer) {
-    std::string buf(1 << 16, '\0');
-    size_t len = 0;
-    if (tl_sidecar_status(c, buf.data(), buf.size(), &len) != TL_OK) {
-        return {};
-    }
-    buf.resize(std::min(len, buf.size() - 1));
-    auto j = nlohmann::json::parse(buf, nullptr, false);
-    if (j.is_discarded()) {
-        return {};
-    }
-    for (auto &p : j["peers"]) {
-        if (p.value("name", "") == peer) {
-            return p;
-        }
-    }
-    return {};
+    return tltest::peerStatus(c, peer);
 }
 
 std::string sh_out(const std::string &cmd) {
