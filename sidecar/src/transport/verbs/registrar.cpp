@@ -86,6 +86,7 @@ void Registrar::run() {
             int err = 0;
             if (addr == nullptr && job.peermem_addr) {
                 err = job.peermem_addr(&addr);
+                peermem_used_.store(true, std::memory_order_relaxed);
             }
             if (err != 0 || addr == nullptr) {
                 r.error = err != 0 ? err : EINVAL;

@@ -58,6 +58,9 @@ public:
     /// What the dma-buf probe found: -1 not tried yet, 0 this host refuses dma-buf MRs (the
     /// peermem path is used), 1 it registers them.
     int dmabufSupported() const { return dmabuf_ok_.load(std::memory_order_relaxed); }
+    /// Whether a CUDA allocation has been registered through the peermem path (no fd from its
+    /// owner, or a host that refuses dma-buf MRs).
+    bool peermemUsed() const { return peermem_used_.load(std::memory_order_relaxed); }
 
 private:
     void run();
@@ -69,6 +72,7 @@ private:
     bool stop_ = false;
     std::atomic<bool> ready_{false};
     std::atomic<int> dmabuf_ok_{-1};
+    std::atomic<bool> peermem_used_{false};
     ipc::UniqueFd done_fd_;
     std::thread thread_;
 };

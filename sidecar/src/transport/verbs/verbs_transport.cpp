@@ -480,8 +480,12 @@ std::string VerbsTransport::peerStatusJson(PeerId peer) const {
     }
     j["nic_counters"] = std::move(counters);
     // How GPU memory is registered on this host (the probe runs on the first CUDA region).
+    // "dma-buf" once an fd registered; "peermem" once the IPC mapping did (no fd from the owner)
+    // or the host refused dma-buf MRs; "untried" before the first CUDA region.
     const int dmabuf = registrar_.dmabufSupported();
-    j["gpu_registration"] = dmabuf < 0 ? "untried" : dmabuf == 1 ? "dma-buf" : "peermem";
+    j["gpu_registration"] = dmabuf == 1                               ? "dma-buf"
+                            : dmabuf == 0 || registrar_.peermemUsed() ? "peermem"
+                                                                      : "untried";
     auto it = peers_.find(peer);
     if (it != peers_.end()) {
         if (it->second.out) {
