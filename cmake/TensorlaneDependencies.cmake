@@ -2,6 +2,8 @@
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(IBVERBS REQUIRED IMPORTED_TARGET libibverbs)
 pkg_check_modules(SODIUM REQUIRED IMPORTED_TARGET libsodium)
+# OpenSSL's libcrypto: its Poly1305 (vectorised) for the tcp frame tags (net/frame_auth.hpp).
+find_package(OpenSSL 3.0 REQUIRED COMPONENTS Crypto)
 find_package(Threads REQUIRED)
 find_package(Boost 1.74 REQUIRED)
 find_package(tomlplusplus REQUIRED)

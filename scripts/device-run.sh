@@ -41,7 +41,7 @@ packages=(libtomlplusplus-dev libtomlplusplus3 libcli11-dev nlohmann-json3-dev l
           libsodium23 libbenchmark-dev libbenchmark1debian prometheus-cpp-dev
           libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libprometheus-cpp-push1.0
           libcivetweb-dev libcivetweb1 civetweb libcurl4-openssl-dev zlib1g-dev perftest
-          libibumad3 librdmacm1 libpci3)
+          libibumad3 librdmacm1 libpci3 libssl-dev)
 
 if [ $# -lt 1 ]; then
     usage >&2

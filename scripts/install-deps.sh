@@ -34,7 +34,7 @@ packages=(
     build-essential g++ cmake ninja-build pkg-config git
     libibverbs-dev rdma-core ibverbs-utils
     libboost-dev libtomlplusplus-dev libspdlog-dev libcli11-dev nlohmann-json3-dev libsodium-dev
-    prometheus-cpp-dev
+    libssl-dev prometheus-cpp-dev
     libgtest-dev libgmock-dev libbenchmark-dev
     clang libclang-rt-14-dev clang-format shellcheck
     iproute2 procps python3

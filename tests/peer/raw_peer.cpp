@@ -24,7 +24,8 @@ RawConn::~RawConn() {
     }
 }
 
-RawConn::RawConn(RawConn &&o) noexcept : fd_(std::exchange(o.fd_, -1)), tx_(o.tx_), rx_(o.rx_) {}
+RawConn::RawConn(RawConn &&o) noexcept
+    : fd_(std::exchange(o.fd_, -1)), tx_(std::move(o.tx_)), rx_(std::move(o.rx_)) {}
 
 RawConn &RawConn::operator=(RawConn &&o) noexcept {
     if (this != &o) {
@@ -32,8 +33,8 @@ RawConn &RawConn::operator=(RawConn &&o) noexcept {
             ::close(fd_);
         }
         fd_ = std::exchange(o.fd_, -1);
-        tx_ = o.tx_;
-        rx_ = o.rx_;
+        tx_ = std::move(o.tx_);
+        rx_ = std::move(o.rx_);
     }
     return *this;
 }

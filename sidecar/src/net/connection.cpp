@@ -359,7 +359,7 @@ Connection::Parse Connection::nextFrame(uint32_t max_payload, FrameHeader *heade
         return Parse::kNeedMore;
     }
     if (tag != 0) {
-        rx_auth_.begin();
+        rx_auth_.begin(kFrameHeaderBytes + h.length);
         rx_auth_.update(bufferedData(), kFrameHeaderBytes + h.length);
         if (!rx_auth_.verify(bufferedData() + kFrameHeaderBytes + h.length)) {
             *error = frameTypeName(static_cast<uint8_t>(h.type)) +

@@ -1,10 +1,65 @@
 #include "net/frame_auth.hpp"
 
+#include <openssl/evp.h>
+
 #include <cstring>
+#include <utility>
 
 namespace tensorlane::sidecar {
 
-void FrameAuth::begin() {
+namespace {
+
+/// OpenSSL's Poly1305, fetched once per process (null when the provider has none).
+EVP_MAC *poly1305() {
+    static EVP_MAC *const mac = EVP_MAC_fetch(nullptr, "POLY1305", nullptr);
+    return mac;
+}
+
+}  // namespace
+
+void FrameAuth::CtxFree::operator()(evp_mac_ctx_st *c) const {
+    EVP_MAC_CTX_free(c);
+}
+
+FrameAuth::FrameAuth(const Key &key, Backend backend) : key_(key), enabled_(true) {
+    if (backend != Backend::kSodium && poly1305() != nullptr) {
+        ctx_.reset(EVP_MAC_CTX_new(poly1305()));
+    }
+}
+
+FrameAuth::~FrameAuth() {
+    sodium_memzero(key_.data(), key_.size());
+    sodium_memzero(&state_, sizeof state_);
+}
+
+FrameAuth::FrameAuth(FrameAuth &&other) noexcept
+    : key_(other.key_),
+      enabled_(other.enabled_),
+      failed_(other.failed_),
+      ossl_frame_(other.ossl_frame_),
+      counter_(other.counter_),
+      ctx_(std::move(other.ctx_)),
+      state_(other.state_) {
+    sodium_memzero(other.key_.data(), other.key_.size());
+    other.enabled_ = false;
+}
+
+FrameAuth &FrameAuth::operator=(FrameAuth &&other) noexcept {
+    if (this != &other) {
+        key_ = other.key_;
+        enabled_ = other.enabled_;
+        failed_ = other.failed_;
+        ossl_frame_ = other.ossl_frame_;
+        counter_ = other.counter_;
+        ctx_ = std::move(other.ctx_);
+        state_ = other.state_;
+        sodium_memzero(other.key_.data(), other.key_.size());
+        other.enabled_ = false;
+    }
+    return *this;
+}
+
+void FrameAuth::begin(size_t frame_bytes) {
     // RFC 8439 2.6: the Poly1305 key is the first 32 bytes of the ChaCha20 keystream for this
     // nonce. The nonce is the frame number, little-endian, in its first 8 of 12 bytes.
     uint8_t nonce[crypto_stream_chacha20_ietf_NONCEBYTES] = {};
@@ -12,31 +67,54 @@ void FrameAuth::begin() {
     ++counter_;
     uint8_t otk[crypto_onetimeauth_KEYBYTES];
     crypto_stream_chacha20_ietf(otk, sizeof otk, nonce, key_.data());
-    crypto_onetimeauth_init(&state_, otk);
+    failed_ = false;
+    ossl_frame_ = ctx_ != nullptr && frame_bytes >= kOpenSslFrom;
+    if (ossl_frame_) {
+        failed_ = EVP_MAC_init(ctx_.get(), otk, sizeof otk, nullptr) != 1;
+    } else {
+        crypto_onetimeauth_init(&state_, otk);
+    }
     sodium_memzero(otk, sizeof otk);
 }
 
 void FrameAuth::update(const uint8_t *data, size_t n) {
-    if (n != 0) {
+    if (n == 0) {
+        return;
+    }
+    if (ossl_frame_) {
+        failed_ = failed_ || EVP_MAC_update(ctx_.get(), data, n) != 1;
+    } else {
         crypto_onetimeauth_update(&state_, data, n);
     }
 }
 
+void FrameAuth::finalTag(uint8_t tag[kTagBytes]) {
+    if (ossl_frame_) {
+        size_t len = 0;
+        if (failed_ || EVP_MAC_final(ctx_.get(), tag, &len, kTagBytes) != 1 || len != kTagBytes) {
+            failed_ = true;
+            std::memset(tag, 0, kTagBytes);
+        }
+    } else {
+        crypto_onetimeauth_final(&state_, tag);
+    }
+}
+
 void FrameAuth::finish(uint8_t tag[kTagBytes]) {
-    crypto_onetimeauth_final(&state_, tag);
+    finalTag(tag);
 }
 
 bool FrameAuth::verify(const uint8_t tag[kTagBytes]) {
     uint8_t expect[kTagBytes];
-    crypto_onetimeauth_final(&state_, expect);
-    const bool ok = crypto_verify_16(expect, tag) == 0;
+    finalTag(expect);
+    const bool ok = !failed_ && crypto_verify_16(expect, tag) == 0;
     sodium_memzero(expect, sizeof expect);
     return ok;
 }
 
 void FrameAuth::sign(const uint8_t *head, size_t head_len, const uint8_t *data, size_t data_len,
                      uint8_t tag[kTagBytes]) {
-    begin();
+    begin(head_len + data_len);
     update(head, head_len);
     update(data, data_len);
     finish(tag);

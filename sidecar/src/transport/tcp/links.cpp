@@ -402,7 +402,7 @@ int InLink::beginChunk(Connection &c, std::string *error) {
     }
     if (c.authenticated()) {
         // The tag covers both headers and the data; the data is added as it lands.
-        c.rxAuth().begin();
+        c.rxAuth().begin(kChunkFrameOverhead + chunk_len);
         c.rxAuth().update(c.bufferedData(), kChunkFrameOverhead);
     }
     c.consume(kChunkFrameOverhead);
