@@ -73,11 +73,16 @@ void Registrar::run() {
             r.error = r.mr == nullptr ? (errno != 0 ? errno : EINVAL) : 0;
             if (r.mr != nullptr) {
                 dmabuf_ok_.store(1, std::memory_order_relaxed);
-            } else if (job.peermem_addr && (r.error == EOPNOTSUPP || r.error == EPROTONOSUPPORT ||
-                                            r.error == ENOSYS || r.error == EINVAL)) {
+            } else if (job.peermem_addr &&
+                       (r.error == EOPNOTSUPP || r.error == EPROTONOSUPPORT || r.error == ENOSYS)) {
                 // The kernel, the driver or the exporter cannot do dma-buf MRs here: every
                 // later CUDA registration takes the peermem path straight away.
                 dmabuf_ok_.store(0, std::memory_order_relaxed);
+                r.dmabuf = false;
+            } else if (job.peermem_addr && r.error == EINVAL &&
+                       dmabuf_ok_.load(std::memory_order_relaxed) != 1) {
+                // Older providers answer EINVAL for a verb they lack: this allocation tries
+                // peermem, later ones try the dma-buf again (EINVAL may also be about this one).
                 r.dmabuf = false;
             }
         }
