@@ -20,6 +20,8 @@
 //   PinnedD2H/SIZE          a baseline: cuMemcpyDtoHAsync into page-locked memory: bytes/s
 //   TcpGpuWrite/SIZE        tl_write GPU to GPU through two sidecars over TCP on loopback
 //                           (staged at both ends, integrity on), a window in flight: bytes/s
+//   VerbsGpuWrite/SIZE      the same over the verbs transport, each sidecar on a simulated
+//                           RoCE device (tests/simhca): the simulator's speed, reported only
 //   RegisterFirst           tl_register of a fresh 64 MiB allocation (export included): p50
 //   RegisterSecond          tl_register of a second tensor in an allocation already
 //                           registered: p50
@@ -268,8 +270,11 @@ LocalRig *localRig(benchmark::State &state, const std::string &mode) {
     return g_local.get();
 }
 
-/// Two sidecars over tcp on loopback, a sink worker on node-b, our client on node-a.
+/// Two sidecars on loopback, a sink worker on node-b, our client on node-a: over tcp, or over the
+/// verbs transport with each sidecar on a simulated RoCE device of its own (tests/simhca).
 struct TcpRig {
+    explicit TcpRig(std::string transport_name = "tcp") : transport(std::move(transport_name)) {}
+    std::string transport;
     tltest::TempDir dir;
     std::unique_ptr<tltest::Sidecar> a, b;
     pid_t sink = -1;
@@ -292,6 +297,10 @@ struct TcpRig {
             o.listen = "127.0.0.1:" + std::to_string(port);
             o.key_file = key;
             o.peers.push_back({peer, "127.0.0.1:" + std::to_string(peer_port)});
+            o.transport = transport;
+            if (transport == "verbs") {
+                o.rdma_ip = tltest::uniqueLoopback(name[5] == 'a' ? 31 : 32);
+            }
             if (integrity != nullptr && *integrity != '\0') {
                 o.extra_security = std::string("tcp_integrity = \"") + integrity + "\"\n";
             }
@@ -310,7 +319,7 @@ struct TcpRig {
             tl_register(c, reinterpret_cast<void *>(src.p), kMaxBytes, &rs) != TL_OK ||
             tltest::lookupEventually(c, "node-b", "tsink", &dst, nullptr,
                                      std::chrono::seconds(60)) != TL_OK) {
-            error = std::string("tcp rig: ") + tl_last_error();
+            error = transport + " rig: " + tl_last_error();
             return false;
         }
         return true;
@@ -326,7 +335,7 @@ struct TcpRig {
                 if (line.find("[warn") != std::string::npos ||
                     line.find("[error") != std::string::npos ||
                     line.find("CUDA") != std::string::npos) {
-                    std::fprintf(stderr, "tcp rig sidecar: %s\n", line.c_str());
+                    std::fprintf(stderr, "%s rig sidecar: %s\n", transport.c_str(), line.c_str());
                 }
             }
         }
@@ -338,7 +347,7 @@ struct TcpRig {
     }
 };
 
-std::unique_ptr<TcpRig> g_tcp;
+std::unique_ptr<TcpRig> g_tcp, g_verbs;
 
 // ---------------------------------------------------------------- local
 
@@ -669,17 +678,19 @@ void PinnedD2H(benchmark::State &state) {
     state.SetBytesProcessed(static_cast<int64_t>(bytes * state.iterations()));
 }
 
-void TcpGpuWrite(benchmark::State &state) {
+/// GPU to GPU through the two sidecars of `rig` (made on first use), a window in flight.
+void GpuWriteThrough(benchmark::State &state, std::unique_ptr<TcpRig> &rig_ptr,
+                     const char *transport) {
     const auto bytes = static_cast<uint64_t>(state.range(0));
-    if (!g_tcp) {
-        g_tcp = std::make_unique<TcpRig>();
-        if (!g_tcp->start()) {
-            state.SkipWithError(g_tcp->error.c_str());
-            g_tcp.reset();
+    if (!rig_ptr) {
+        rig_ptr = std::make_unique<TcpRig>(transport);
+        if (!rig_ptr->start()) {
+            state.SkipWithError(rig_ptr->error.c_str());
+            rig_ptr.reset();
             return;
         }
     }
-    TcpRig &rig = *g_tcp;
+    TcpRig &rig = *rig_ptr;
     // A window as `tensorlane bench` keeps: up to 16 writes, 256 MiB in flight at most.
     const size_t window =
         static_cast<size_t>(std::clamp<uint64_t>((uint64_t{256} << 20) / bytes, 2, 16));
@@ -703,6 +714,16 @@ void TcpGpuWrite(benchmark::State &state) {
         tl_wait(rig.c, t, kWaitMs);
     }
     state.SetBytesProcessed(static_cast<int64_t>(bytes * state.iterations()));
+}
+
+void TcpGpuWrite(benchmark::State &state) {
+    GpuWriteThrough(state, g_tcp, "tcp");
+}
+
+/// The same over the verbs transport on the simulated HCA (issue 11: report it, no goal; the
+/// simulator moves GPU memory with a cuMemcpy per packet, so this is the simulator's speed).
+void VerbsGpuWrite(benchmark::State &state) {
+    GpuWriteThrough(state, g_verbs, "verbs");
 }
 
 /// The same two sidecars, host memory to host memory: the tcp transport without GPU staging,
@@ -831,6 +852,7 @@ BENCHMARK(TcpStream)->Apply([](auto *b) { sizes(b, 1 << 20, 256 << 20); }) -> Us
 BENCHMARK(PinnedD2H)->Apply([](auto *b) { sizes(b, 1 << 20, 256 << 20); }) -> UseRealTime();
 BENCHMARK(TcpGpuWrite)->Apply([](auto *b) { sizes(b, 1 << 20, 256 << 20); }) -> UseRealTime();
 BENCHMARK(TcpHostWrite)->Apply([](auto *b) { sizes(b, 1 << 20, 256 << 20); }) -> UseRealTime();
+BENCHMARK(VerbsGpuWrite)->Apply([](auto *b) { sizes(b, 1 << 20, 64 << 20); }) -> UseRealTime();
 BENCHMARK(RegisterFirst)->Iterations(200)->UseRealTime();
 BENCHMARK(RegisterSecond)->Iterations(2000)->UseRealTime();
 
@@ -895,6 +917,11 @@ public:
                         ("tcp GPU->GPU " + human(s)).c_str(), tl / 1e9, base / 1e9, 100 * tl / base,
                         get("TcpHostWrite/" + n) / 1e9);
         }
+        for (int64_t s = 1 << 20; s <= (64 << 20); s *= 4) {
+            std::printf("%-34s %11.2f GB/s %14s %9s  (report: the simulated HCA)\n",
+                        ("verbs GPU->GPU " + human(s)).c_str(),
+                        get("VerbsGpuWrite/" + std::to_string(s)) / 1e9, "", "");
+        }
         std::printf("%-34s %11.2f us %14s %9s  (report)\n", "register, first in allocation",
                     get("RegisterFirst:p50") / 1e3, "", "");
         std::printf("%-34s %11.2f us %14s %9s  <= 20 us\n", "register, second in allocation",
@@ -933,6 +960,7 @@ int main(int argc, char **argv) {
     benchmark::RunSpecifiedBenchmarks(&summary);
     g_local.reset();
     g_tcp.reset();
+    g_verbs.reset();
     benchmark::Shutdown();
     return 0;
 }
