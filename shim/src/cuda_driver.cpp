@@ -2,9 +2,9 @@
 
 #ifdef TENSORLANE_HAVE_CUDA
 
-#include <dlfcn.h>
-
 #include <mutex>
+
+#include "tensorlane/ipc/cuda_dl.hpp"
 
 namespace tensorlane::shim {
 namespace {
@@ -15,43 +15,23 @@ namespace {
 #define TL_SHIM_CUDA_SYMBOL(x) TL_SHIM_CUDA_SYMBOL_(x)
 
 void load(CudaDriver *d) {
-    // RTLD_LOCAL: the driver's symbols stay out of the application's namespace; RTLD_NOW: a
-    // missing one is found here, not at the first call.
-    void *lib = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    void *lib = ipc::cudadl::openDriver(&d->why);
     if (lib == nullptr) {
-        d->why = "no CUDA driver (libcuda.so.1) on this machine";
         return;
     }
-#define TL_SHIM_CUDA_LOAD(name)                                                             \
-    d->name = reinterpret_cast<decltype(d->name)>(::dlsym(lib, TL_SHIM_CUDA_SYMBOL(name))); \
-    if (d->name == nullptr) {                                                               \
-        d->why = std::string("the CUDA driver lacks ") + TL_SHIM_CUDA_SYMBOL(name) +        \
-                 " (driver older than the toolkit this was built with?)";                   \
-        return;                                                                             \
+#define TL_SHIM_CUDA_LOAD(name)                                                  \
+    if (!ipc::cudadl::bind(lib, TL_SHIM_CUDA_SYMBOL(name), &d->name, &d->why)) { \
+        return;                                                                  \
     }
     TL_SHIM_CUDA_CALLS(TL_SHIM_CUDA_LOAD)
 #undef TL_SHIM_CUDA_LOAD
-    // The library stays loaded for the life of the process (never dlclose'd): pointers into it
-    // live in this table.
     d->ok = true;
 }
 
 }  // namespace
 
 std::string CudaDriver::errorText(CUresult rc) const {
-    const char *name = nullptr;
-    const char *text = nullptr;
-    if (cuGetErrorName != nullptr) {
-        cuGetErrorName(rc, &name);
-    }
-    if (cuGetErrorString != nullptr) {
-        cuGetErrorString(rc, &text);
-    }
-    std::string out = name != nullptr ? name : "CUDA error " + std::to_string(rc);
-    if (text != nullptr) {
-        out += std::string(" (") + text + ")";
-    }
-    return out;
+    return ipc::cudadl::errorText(*this, rc);
 }
 
 const CudaDriver &cudaDriver() {

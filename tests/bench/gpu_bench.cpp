@@ -678,6 +678,34 @@ void PinnedD2H(benchmark::State &state) {
     state.SetBytesProcessed(static_cast<int64_t>(bytes * state.iterations()));
 }
 
+/// Writes of `bytes` from `src` to `dst`, one per iteration, with a window in flight as
+/// `tensorlane bench` keeps: up to 16 writes, 256 MiB at most; bytes/s.
+void windowedWrites(benchmark::State &state, tl_client *c, tl_region src, tl_remote dst,
+                    uint64_t bytes) {
+    const size_t window =
+        static_cast<size_t>(std::clamp<uint64_t>((uint64_t{256} << 20) / bytes, 2, 16));
+    std::deque<tl_ticket> inflight;
+    for (auto _ : state) {
+        tl_ticket t = 0;
+        if (tl_write(c, src, 0, dst, 0, bytes, 1, &t) != TL_OK) {
+            state.SkipWithError(tl_last_error());
+            return;
+        }
+        inflight.push_back(t);
+        if (inflight.size() >= window) {
+            if (tl_wait(c, inflight.front(), kWaitMs) != TL_OK) {
+                state.SkipWithError(tl_last_error());
+                return;
+            }
+            inflight.pop_front();
+        }
+    }
+    for (tl_ticket t : inflight) {
+        tl_wait(c, t, kWaitMs);
+    }
+    state.SetBytesProcessed(static_cast<int64_t>(bytes * state.iterations()));
+}
+
 /// GPU to GPU through the two sidecars of `rig` (made on first use), a window in flight.
 void GpuWriteThrough(benchmark::State &state, std::unique_ptr<TcpRig> &rig_ptr,
                      const char *transport) {
@@ -691,29 +719,7 @@ void GpuWriteThrough(benchmark::State &state, std::unique_ptr<TcpRig> &rig_ptr,
         }
     }
     TcpRig &rig = *rig_ptr;
-    // A window as `tensorlane bench` keeps: up to 16 writes, 256 MiB in flight at most.
-    const size_t window =
-        static_cast<size_t>(std::clamp<uint64_t>((uint64_t{256} << 20) / bytes, 2, 16));
-    std::deque<tl_ticket> inflight;
-    for (auto _ : state) {
-        tl_ticket t = 0;
-        if (tl_write(rig.c, rig.rs, 0, rig.dst, 0, bytes, 1, &t) != TL_OK) {
-            state.SkipWithError(tl_last_error());
-            return;
-        }
-        inflight.push_back(t);
-        if (inflight.size() >= window) {
-            if (tl_wait(rig.c, inflight.front(), kWaitMs) != TL_OK) {
-                state.SkipWithError(tl_last_error());
-                return;
-            }
-            inflight.pop_front();
-        }
-    }
-    for (tl_ticket t : inflight) {
-        tl_wait(rig.c, t, kWaitMs);
-    }
-    state.SetBytesProcessed(static_cast<int64_t>(bytes * state.iterations()));
+    windowedWrites(state, rig.c, rig.rs, rig.dst, bytes);
 }
 
 void TcpGpuWrite(benchmark::State &state) {
@@ -755,28 +761,7 @@ void TcpHostWrite(benchmark::State &state) {
         }
         std::memset(host, 3, 256 << 20);
     }
-    const size_t window =
-        static_cast<size_t>(std::clamp<uint64_t>((uint64_t{256} << 20) / bytes, 2, 16));
-    std::deque<tl_ticket> inflight;
-    for (auto _ : state) {
-        tl_ticket t = 0;
-        if (tl_write(rig.c, rh, 0, dst, 0, bytes, 1, &t) != TL_OK) {
-            state.SkipWithError(tl_last_error());
-            return;
-        }
-        inflight.push_back(t);
-        if (inflight.size() >= window) {
-            if (tl_wait(rig.c, inflight.front(), kWaitMs) != TL_OK) {
-                state.SkipWithError(tl_last_error());
-                return;
-            }
-            inflight.pop_front();
-        }
-    }
-    for (tl_ticket t : inflight) {
-        tl_wait(rig.c, t, kWaitMs);
-    }
-    state.SetBytesProcessed(static_cast<int64_t>(bytes * state.iterations()));
+    windowedWrites(state, rig.c, rh, dst, bytes);
 }
 
 // ---------------------------------------------------------------- registration

@@ -1,8 +1,8 @@
 #include "cuda/driver.hpp"
 
-#include <dlfcn.h>
-
 #include <mutex>
+
+#include "tensorlane/ipc/cuda_dl.hpp"
 
 namespace tensorlane::sidecar {
 namespace {
@@ -12,40 +12,23 @@ namespace {
 #define TL_SIDECAR_CUDA_SYMBOL(x) TL_SIDECAR_CUDA_SYMBOL_(x)
 
 void load(CudaDriver *d) {
-    void *lib = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    void *lib = ipc::cudadl::openDriver(&d->why);
     if (lib == nullptr) {
-        d->why = "no CUDA driver (libcuda.so.1) on this machine";
         return;
     }
-#define TL_SIDECAR_CUDA_LOAD(name)                                                             \
-    d->name = reinterpret_cast<decltype(d->name)>(::dlsym(lib, TL_SIDECAR_CUDA_SYMBOL(name))); \
-    if (d->name == nullptr) {                                                                  \
-        d->why = std::string("the CUDA driver lacks ") + TL_SIDECAR_CUDA_SYMBOL(name) +        \
-                 " (a driver older than the toolkit this sidecar was built with)";             \
-        return;                                                                                \
+#define TL_SIDECAR_CUDA_LOAD(name)                                                  \
+    if (!ipc::cudadl::bind(lib, TL_SIDECAR_CUDA_SYMBOL(name), &d->name, &d->why)) { \
+        return;                                                                     \
     }
     TL_SIDECAR_CUDA_CALLS(TL_SIDECAR_CUDA_LOAD)
 #undef TL_SIDECAR_CUDA_LOAD
-    // Never dlclose'd: this table points into it for the life of the process.
     d->ok = true;
 }
 
 }  // namespace
 
 std::string CudaDriver::errorText(CUresult rc) const {
-    const char *name = nullptr;
-    const char *text = nullptr;
-    if (cuGetErrorName != nullptr) {
-        cuGetErrorName(rc, &name);
-    }
-    if (cuGetErrorString != nullptr) {
-        cuGetErrorString(rc, &text);
-    }
-    std::string out = name != nullptr ? name : "CUDA error " + std::to_string(rc);
-    if (text != nullptr) {
-        out += std::string(" (") + text + ")";
-    }
-    return out;
+    return ipc::cudadl::errorText(*this, rc);
 }
 
 const CudaDriver &cudaDriver() {

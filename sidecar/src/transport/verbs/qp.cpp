@@ -145,4 +145,26 @@ const char *qpStateName(ibv_qp_state s) {
     }
 }
 
+const char *qpStateNow(ibv_qp *qp) {
+    ibv_qp_attr a{};
+    ibv_qp_init_attr ia{};
+    return ibv_query_qp(qp, &a, IBV_QP_STATE, &ia) == 0 ? qpStateName(a.qp_state) : "?";
+}
+
+bool armCq(ibv_cq *cq, std::vector<ibv_wc> &stash) {
+    if (!stash.empty()) {
+        return false;
+    }
+    if (ibv_req_notify_cq(cq, 0) != 0) {
+        return false;
+    }
+    ibv_wc wcs[16];
+    const int n = ibv_poll_cq(cq, 16, wcs);
+    if (n > 0) {
+        stash.insert(stash.end(), wcs, wcs + n);
+        return false;
+    }
+    return true;
+}
+
 }  // namespace tensorlane::sidecar

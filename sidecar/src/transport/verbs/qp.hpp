@@ -9,6 +9,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "tensorlane/sidecar/status.hpp"
 #include "transport/verbs/objects.hpp"
@@ -64,5 +65,11 @@ Status qpToRts(ibv_qp *qp, const QpParams &p, uint32_t local_psn);
 void qpToError(ibv_qp *qp);
 /// "RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR", or "?".
 const char *qpStateName(ibv_qp_state s);
+/// The state `qp` is in now, by name ("?" when ibv_query_qp fails).
+const char *qpStateNow(ibv_qp *qp);
+/// Arms `cq`, then looks: true when it is armed with nothing in it. A completion that came
+/// before the arm is seen by the look and kept in `stash` for the next poll (false: do not
+/// sleep); one after it raises the channel (ibv_req_notify_cq(3)).
+bool armCq(ibv_cq *cq, std::vector<ibv_wc> &stash);
 
 }  // namespace tensorlane::sidecar

@@ -425,31 +425,14 @@ bool RecvSession::onMessage(VerbsMsg m, std::span<const uint8_t> payload, std::s
 }
 
 bool RecvSession::arm() {
-    if (!stash_.empty()) {
-        return false;
-    }
-    if (ibv_req_notify_cq(cq_.get(), 0) != 0) {
-        return false;
-    }
-    ibv_wc wcs[16];
-    const int n = ibv_poll_cq(cq_.get(), 16, wcs);
-    if (n > 0) {
-        stash_.insert(stash_.end(), wcs, wcs + n);
-        return false;
-    }
-    return true;
+    return armCq(cq_.get(), stash_);
 }
 
 std::string RecvSession::statusJson() const {
     nlohmann::json j;
     nlohmann::json qps = nlohmann::json::array();
     for (size_t i = 0; i < qps_.size(); ++i) {
-        ibv_qp_attr a{};
-        ibv_qp_init_attr ia{};
-        const char *state = "?";
-        if (ibv_query_qp(qps_[i].get(), &a, IBV_QP_STATE, &ia) == 0) {
-            state = qpStateName(a.qp_state);
-        }
+        const char *state = qpStateNow(qps_[i].get());
         char qpn[16];
         std::snprintf(qpn, sizeof qpn, "0x%06x", local_[i].qpn);
         qps.push_back({{"qpn", qpn}, {"state", state}});

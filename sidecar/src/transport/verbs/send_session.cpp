@@ -461,33 +461,14 @@ bool SendSession::arm() {
     if (!cq_) {
         return true;
     }
-    if (!stash_.empty()) {
-        return false;
-    }
-    // Arm first, then look: a completion that came before the arm is seen by the look (and
-    // kept for the next poll()), one after it raises the channel (ibv_req_notify_cq(3)).
-    if (ibv_req_notify_cq(cq_.get(), 0) != 0) {
-        return false;
-    }
-    ibv_wc wcs[16];
-    const int n = ibv_poll_cq(cq_.get(), 16, wcs);
-    if (n > 0) {
-        stash_.insert(stash_.end(), wcs, wcs + n);
-        return false;
-    }
-    return true;
+    return armCq(cq_.get(), stash_);
 }
 
 std::string SendSession::statusJson() const {
     nlohmann::json j;
     nlohmann::json qps = nlohmann::json::array();
     for (const QpState &q : qps_) {
-        ibv_qp_attr a{};
-        ibv_qp_init_attr ia{};
-        const char *state = "?";
-        if (ibv_query_qp(q.qp.get(), &a, IBV_QP_STATE, &ia) == 0) {
-            state = qpStateName(a.qp_state);
-        }
+        const char *state = qpStateNow(q.qp.get());
         char qpn[16];
         std::snprintf(qpn, sizeof qpn, "0x%06x", q.local.qpn);
         qps.push_back({{"qpn", qpn}, {"state", state}, {"outstanding", q.outstanding}});
