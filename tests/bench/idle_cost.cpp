@@ -15,10 +15,10 @@
 #include <signal.h>
 #include <sys/socket.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <iostream>
 
+#include "../simhca/loader_path.hpp"
 #include "bench_support.hpp"
 
 namespace {
@@ -72,14 +72,8 @@ int idleVerbs(double seconds, const std::string &mode) {
                       "\"\nnetdev = \"tlb" + std::to_string(i) + "\"\n[[peers]]\nname = \"" +
                       (i == 0 ? "node-b" : "node-a") +
                       "\"\naddress = \"127.0.0.1:" + std::to_string(peer_port) + "\"\n";
-            // The simulator in front of the loader path this runs with (which may hold the
-            // sidecar's own dependencies, as on the GPU machine).
-            const char *was = std::getenv("LD_LIBRARY_PATH");
-            std::string path = std::string("LD_LIBRARY_PATH=") + TENSORLANE_SIMHCA_DIR;
-            if (was != nullptr && *was != '\0') {
-                path += std::string(":") + was;
-            }
-            o.environment = {path, "TENSORLANE_SYSFS_ROOT=" + tree};
+            o.environment = {"LD_LIBRARY_PATH=" + tltest::simhcaLoaderPath(TENSORLANE_SIMHCA_DIR),
+                             "TENSORLANE_SYSFS_ROOT=" + tree};
             return o;
         };
         tlbench::Sidecar a(options(0, pa, pb));

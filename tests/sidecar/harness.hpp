@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "../simhca/loader_path.hpp"
 #include "tensorlane/tensorlane.h"
 
 namespace tltest {
@@ -220,13 +221,7 @@ public:
             if (opts_.transport != "tcp") {
                 // The production binary, unchanged, on the simulated HCA: the library swapped
                 // through the loader path, the devices read from the node's own tree.
-                // In front of the loader path the test runs with (a host whose dependencies
-                // live in a prefix, as on the GPU machine, keeps them).
-                const char *was = ::getenv("LD_LIBRARY_PATH");
-                const std::string path =
-                    std::string(TENSORLANE_SIMHCA_DIR) +
-                    (was != nullptr && *was != '\0' ? ":" + std::string(was) : std::string());
-                ::setenv("LD_LIBRARY_PATH", path.c_str(), 1);
+                ::setenv("LD_LIBRARY_PATH", simhcaLoaderPath(TENSORLANE_SIMHCA_DIR).c_str(), 1);
                 ::setenv("TENSORLANE_SYSFS_ROOT", sysfs_.c_str(), 1);
             }
             if (!opts_.netns.empty()) {
