@@ -29,6 +29,9 @@ namespace {
 constexpr int kRxBatch = 64;
 constexpr size_t kRxBufferBytes = 9216;  // a 9000-byte jumbo frame's datagram fits
 constexpr int64_t kCounterFlushNs = 100'000'000;
+// Hosts with at least this many CPUs to run on get the polling window by default.
+constexpr long kPollFromCpus = 8;
+constexpr int64_t kDefaultPollNs = 50'000;
 
 uint64_t routeKey(uint32_t ip, uint32_t qpn) {
     return (uint64_t{ip} << 24) | qpn;
@@ -53,6 +56,25 @@ thread_local std::vector<SimQp *> tl_acks;
 RxBuffers &rxBuffers() {
     static thread_local RxBuffers buffers;
     return buffers;
+}
+
+// How long the engine keeps polling after traffic before it sleeps in epoll:
+// TENSORLANE_SIMHCA_POLL_US, else 50 us on a host with 8 or more CPUs for this process and
+// none below that (docs/simhca.md, "Speed").
+int64_t pollWindowNs() {
+    if (const char *v = getenv("TENSORLANE_SIMHCA_POLL_US"); v != nullptr && *v != '\0') {
+        char *end = nullptr;
+        const long us = std::strtol(v, &end, 10);
+        if (end != nullptr && *end == '\0' && us >= 0 && us <= 1'000'000) {
+            return int64_t{us} * 1000;
+        }
+        log(LogLevel::kWarn, "TENSORLANE_SIMHCA_POLL_US=%s is not 0..1000000; using the default",
+            v);
+    }
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    const long cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    return cpus >= kPollFromCpus ? kDefaultPollNs : 0;
 }
 
 }  // namespace
@@ -383,6 +405,12 @@ void Engine::run() {
             log(LogLevel::kInfo, "engine runs without real-time priority (no CAP_SYS_NICE)");
         }
     }
+    // An HCA also never sleeps between packets. With cores to spare, the engine keeps polling
+    // for a short window after each packet or post, so a packet that comes back within it costs
+    // no wake-up (a cross-CPU wake-up is most of a small message's latency otherwise). Idle, it
+    // sleeps as before.
+    const int64_t poll_ns = pollWindowNs();
+    int64_t poll_until = 0;
     epoll_event events[16];
     while (!stop_.load()) {
         int64_t wake = nowNs() + 1'000'000'000;
@@ -396,12 +424,16 @@ void Engine::run() {
             }
         }
         next_wake_.store(wake, std::memory_order_relaxed);
-        const int64_t wait = std::max<int64_t>(0, wake - nowNs());
+        const int64_t before = nowNs();
+        const int64_t wait = before < poll_until ? 0 : std::max<int64_t>(0, wake - before);
         timespec ts{static_cast<time_t>(wait / 1'000'000'000),
                     static_cast<long>(wait % 1'000'000'000)};
         const int n = epoll_pwait2(epoll_fd_, events, 16, &ts, nullptr);
         next_wake_.store(0, std::memory_order_relaxed);
         std::shared_lock life(lifetime_);
+        if (n > 0 && poll_ns > 0) {
+            poll_until = nowNs() + poll_ns;  // traffic or a post: the answer comes soon
+        }
         for (int i = 0; i < n; ++i) {
             const uint64_t tag = events[i].data.u64;
             if (tag == kWakeTag) {

@@ -41,11 +41,11 @@ perf_pair() {  # perf_pair PROGRAM ARGS...: server on sim0, client on sim1; prin
     local prog=$1
     shift
     port=$((port + 1))
-    TENSORLANE_SYSFS_ROOT=$tree LD_LIBRARY_PATH=$simdir "$prog" -F -d sim0 -x 3 -p "$port" "$@" \
+    TENSORLANE_SYSFS_ROOT=$tree LD_LIBRARY_PATH=$simdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} "$prog" -F -d sim0 -x 3 -p "$port" "$@" \
         >/dev/null 2>&1 &
     local srv=$!
     sleep 0.4
-    TENSORLANE_SYSFS_ROOT=$tree LD_LIBRARY_PATH=$simdir "$prog" -F -d sim1 -x 3 -p "$port" "$@" \
+    TENSORLANE_SYSFS_ROOT=$tree LD_LIBRARY_PATH=$simdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} "$prog" -F -d sim1 -x 3 -p "$port" "$@" \
         127.0.0.1 2>/dev/null | grep -A1 '#bytes' | tail -n 1
     wait "$srv"
 }
