@@ -410,6 +410,10 @@ void Engine::run() {
     // no wake-up (a cross-CPU wake-up is most of a small message's latency otherwise). Idle, it
     // sleeps as before.
     const int64_t poll_ns = pollWindowNs();
+    if (poll_ns > 0) {
+        log(LogLevel::kInfo, "engine polls for %lld us after traffic before it sleeps",
+            static_cast<long long>(poll_ns / 1000));
+    }
     int64_t poll_until = 0;
     epoll_event events[16];
     while (!stop_.load()) {
