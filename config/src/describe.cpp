@@ -92,6 +92,11 @@ std::string describeText(const Config &cfg, const TransportChoice &choice) {
        << "reconnect_min_ms = " << t.reconnect_min_ms << "\n"
        << "reconnect_max_ms = " << t.reconnect_max_ms << "\n"
        << "window = " << t.window << " (writes in flight per peer)\n";
+    if (t.tag_threads) {
+        os << "tag_threads = " << *t.tag_threads << "\n";
+    } else {
+        os << "tag_threads = auto (none below 4 CPUs, else one per 4 CPUs, at most 4)\n";
+    }
 
     os << "\n[ipc]\n"
        << "ring_depth = " << cfg.ipc.ring_depth << "\n"
@@ -173,7 +178,8 @@ std::string describeJson(const Config &cfg, const TransportChoice &choice) {
                 {"connect_timeout_ms", t.connect_timeout_ms},
                 {"reconnect_min_ms", t.reconnect_min_ms},
                 {"reconnect_max_ms", t.reconnect_max_ms},
-                {"window", t.window}};
+                {"window", t.window},
+                {"tag_threads", t.tag_threads ? Json(*t.tag_threads) : Json("auto")}};
     j["ipc"] = {{"ring_depth", cfg.ipc.ring_depth},
                 {"poll_mode", toString(cfg.ipc.poll_mode)},
                 {"spin_us", cfg.ipc.spin_us}};

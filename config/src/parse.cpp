@@ -370,9 +370,10 @@ constexpr std::array<std::string_view, 18> kFabricKeys = {
     "trust",     "mtu",           "timeout",      "retry_cnt",
     "rnr_retry", "min_rnr_timer", "qps_per_peer", "tclass_override",
     "preflight", "gdr_flush"};
-constexpr std::array<std::string_view, 8> kTcpKeys = {
+constexpr std::array<std::string_view, 9> kTcpKeys = {
     "connections_per_peer", "chunk_bytes",      "keepalive_ms",     "peer_timeout_ms",
-    "connect_timeout_ms",   "reconnect_min_ms", "reconnect_max_ms", "window"};
+    "connect_timeout_ms",   "reconnect_min_ms", "reconnect_max_ms", "window",
+    "tag_threads"};
 constexpr std::array<std::string_view, 3> kIpcKeys = {"ring_depth", "poll_mode", "spin_us"};
 constexpr std::array<std::string_view, 4> kSecurityKeys = {"allowed_uids", "allowed_gids",
                                                            "peer_key_file", "tcp_integrity"};
@@ -473,6 +474,23 @@ void readTcp(const TableReader &r, TcpConfig &out) {
     r.range("keepalive_ms", 10, 60000, out.keepalive_ms);
     r.range("peer_timeout_ms", 100, 600000, out.peer_timeout_ms);
     r.range("connect_timeout_ms", 10, 60000, out.connect_timeout_ms);
+    if (const toml::node *n = r.node("tag_threads")) {
+        static const std::string kExpected = "\"auto\" or an integer 0-16";
+        if (n->is_string()) {
+            if (n->as_string()->get() == "auto") {
+                out.tag_threads.reset();
+            } else {
+                r.collector().add(n->source(), r.keyPath("tag_threads"), kExpected, foundTyped(*n));
+            }
+        } else {
+            uint32_t threads = 0;
+            if (r.integer(
+                    "tag_threads", kExpected, [](int64_t v) { return v >= 0 && v <= 16; },
+                    threads)) {
+                out.tag_threads = threads;
+            }
+        }
+    }
     const bool min_ok = r.range("reconnect_min_ms", 1, 60000, out.reconnect_min_ms);
     const bool max_ok = r.range("reconnect_max_ms", 1, 600000, out.reconnect_max_ms);
     if (!min_ok || !max_ok || out.reconnect_max_ms >= out.reconnect_min_ms) {

@@ -146,7 +146,8 @@ TEST(ConfigDescribe, JsonMirrorsTheTables) {
     EXPECT_EQ(j["limits"]["in_flight"], 1024);
     EXPECT_EQ(j["metrics"]["listen"], "");
     EXPECT_EQ(j["tcp"]["chunk_bytes"], 1048576);
-    EXPECT_EQ(j["tcp"].size(), 8u);
+    EXPECT_EQ(j["tcp"].size(), 9u);
+    EXPECT_EQ(j["tcp"]["tag_threads"], "auto");
     EXPECT_EQ(j["ipc"]["poll_mode"], "adaptive");
     EXPECT_EQ(j["ipc"].size(), 3u);
     EXPECT_EQ(j["security"]["allowed_uids"], nlohmann::json::array({1000}));

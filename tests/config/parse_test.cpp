@@ -48,6 +48,7 @@ TEST(ConfigDefaults, EmptyFileGivesEveryDefault) {
     EXPECT_EQ(c.tcp.connect_timeout_ms, 2000u);
     EXPECT_EQ(c.tcp.reconnect_min_ms, 100u);
     EXPECT_EQ(c.tcp.reconnect_max_ms, 5000u);
+    EXPECT_FALSE(c.tcp.tag_threads.has_value());
     EXPECT_EQ(c.ipc.ring_depth, 1024u);
     EXPECT_EQ(c.ipc.poll_mode, PollMode::kAdaptive);
     EXPECT_EQ(c.ipc.spin_us, 50u);
@@ -109,6 +110,7 @@ peer_timeout_ms = 3000
 connect_timeout_ms = 500
 reconnect_min_ms = 50
 reconnect_max_ms = 800
+tag_threads = 3
 [ipc]
 ring_depth = 256
 poll_mode = "event"
@@ -170,6 +172,7 @@ address = "[fe80::1%eth0]:2001"
     EXPECT_EQ(c.tcp.connect_timeout_ms, 500u);
     EXPECT_EQ(c.tcp.reconnect_min_ms, 50u);
     EXPECT_EQ(c.tcp.reconnect_max_ms, 800u);
+    EXPECT_EQ(c.tcp.tag_threads, 3u);
     EXPECT_EQ(c.ipc.ring_depth, 256u);
     EXPECT_EQ(c.ipc.poll_mode, PollMode::kEvent);
     EXPECT_EQ(c.ipc.spin_us, 0u);

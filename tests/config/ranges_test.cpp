@@ -85,6 +85,7 @@ INSTANTIATE_TEST_SUITE_P(
         plain("tcp", "connections_per_peer", 1, 16), plain("tcp", "chunk_bytes", 4096, 67108864),
         plain("tcp", "keepalive_ms", 10, 60000), plain("tcp", "peer_timeout_ms", 100, 600000),
         plain("tcp", "connect_timeout_ms", 10, 60000),
+        RangeCase{"tcp", "tag_threads", 0, 16, "\"auto\" or an integer 0-16", ""},
         // The cap must stay >= the start, so each edge is tried with the partner out of the way.
         plain("tcp", "reconnect_min_ms", 1, 60000, "reconnect_max_ms = 600000"),
         plain("tcp", "reconnect_max_ms", 1, 600000, "reconnect_min_ms = 1"),
@@ -147,6 +148,23 @@ TEST(ConfigRanges, GidIndexAutoOrNumber) {
               "found string \"x\"");
     EXPECT_EQ(onlyError(parse("[fabric]\ngid_index = \"AUTO\"\n")).key, "fabric.gid_index");
     EXPECT_EQ(onlyError(parse("[fabric]\ngid_index = true\n")).found, "boolean true");
+}
+
+TEST(ConfigRanges, TagThreadsAutoOrNumber) {
+    ParseResult r = parse("");
+    ASSERT_TRUE(r.ok());
+    EXPECT_FALSE(r.config->tcp.tag_threads.has_value());
+    r = parse("[tcp]\ntag_threads = \"auto\"\n");
+    ASSERT_TRUE(r.ok());
+    EXPECT_FALSE(r.config->tcp.tag_threads.has_value());
+    r = parse("[tcp]\ntag_threads = 0\n");
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r.config->tcp.tag_threads, 0u);
+    const Error e = onlyError(parse("[tcp]\ntag_threads = \"many\"\n"));
+    EXPECT_EQ(e.text(),
+              "test.toml:2:15: key 'tcp.tag_threads': expected \"auto\" or an integer 0-16, "
+              "found string \"many\"");
+    EXPECT_EQ(onlyError(parse("[tcp]\ntag_threads = 2.5\n")).key, "tcp.tag_threads");
 }
 
 TEST(ConfigRanges, ReconnectMaxBelowMinIsAnError) {

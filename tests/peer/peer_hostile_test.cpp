@@ -126,6 +126,38 @@ TEST(HostilePeer, ChunkWithABadTagIsRefused) {
     EXPECT_TRUE(evil2.control().closedWithin(3000));
 }
 
+TEST(HostilePeer, BigChunkWithABadTagIsRefusedWhenWorkersCheckIt) {
+    // A chunk big enough for the tag pool, with a wrong tag, then a good one of the same write:
+    // the pool's verdict ends the session and neither is ever counted or notified.
+    TempDir dir;
+    const auto key = dir.writeFile("peer.key", kSecret);
+    auto b = victim(key, freePort(), [](config::Config &c) { c.tcp.tag_threads = 2; });
+    ASSERT_TRUE(b->ok());
+    constexpr uint32_t kLen = 512u << 10;
+    auto dst = b->addRegion(2 * kLen, "recv");
+    RawClientPeer evil(kSecret, "node-evil", "node-b", b->port());
+    std::string why;
+    ASSERT_TRUE(evil.openSession(&why)) << why;
+    ASSERT_TRUE(evil.openData(0, &why) && evil.openData(1, &why)) << why;
+    std::vector<uint8_t> data(kLen, 0x5a);
+    ChunkHeader h;
+    h.region = evil.regions()[0].id;
+    h.total_bytes = 2 * kLen;
+    ASSERT_TRUE(evil.data(0).sendChunk(1, h, data.data(), kLen, /*corrupt_tag=*/true));
+    h.chunk_offset = kLen;
+    (void)evil.data(1).sendChunk(1, h, data.data(), kLen, /*corrupt_tag=*/false);
+    EXPECT_TRUE(evil.control().closedWithin(3000));
+    EXPECT_TRUE(peerLogHas({"node-evil", "authentication tag"}));
+    EXPECT_EQ(b->sink.count(Event::Kind::kArrived), 0u) << "an unauthenticated write was notified";
+    auto st = peerStatus(*b, "node-evil");
+    EXPECT_EQ(st["tag_threads"], 2);
+    EXPECT_GE(st["tags_offloaded"].get<uint64_t>(), 1u)
+        << "the chunk's tag was not checked by the pool";
+    // The node takes a well-behaved session again.
+    RawClientPeer again(kSecret, "node-evil", "node-b", b->port());
+    EXPECT_TRUE(again.openSession(&why)) << why;
+}
+
 TEST(HostilePeer, EarlyAckIsAProtocolErrorAndTheWriteFails) {
     // The target acknowledges a 64 MiB write after its first chunk. The writer used to report
     // TL_OK for data never sent (and its socket then read freed memory if the source went).
@@ -387,7 +419,7 @@ struct TamperResult {
     bool flipped = false;
 };
 
-TamperResult writeThroughTamperingProxy(bool integrity) {
+TamperResult writeThroughTamperingProxy(bool integrity, std::optional<uint32_t> tag_threads = 0) {
     TempDir dir;
     const auto key = dir.writeFile("peer.key", kSecret);
     const uint16_t pa = freePort(), pb = freePort();
@@ -396,7 +428,10 @@ TamperResult writeThroughTamperingProxy(bool integrity) {
     TamperingProxy proxy(pb, 1, 100000);
     NodeOptions oa{
         .name = "node-a", .port = pa, .key_file = key, .peers = {{"node-b", proxy.port()}}};
-    oa.tweak = [mode](config::Config &c) { c.security.tcp_integrity = mode; };
+    oa.tweak = [mode, tag_threads](config::Config &c) {
+        c.security.tcp_integrity = mode;
+        c.tcp.tag_threads = tag_threads;
+    };
     NodeOptions ob{.name = "node-b", .port = pb, .key_file = key, .peers = {{"node-a", pa}}};
     ob.tweak = oa.tweak;
     Node a(oa), b(ob);
@@ -424,6 +459,16 @@ TamperResult writeThroughTamperingProxy(bool integrity) {
 
 TEST(Integrity, AByteChangedOnTheWireIsCaughtAndNeverNotified) {
     TamperResult r = writeThroughTamperingProxy(true);
+    ASSERT_TRUE(r.flipped) << "the proxy did not see the byte it was to change";
+    ASSERT_TRUE(r.completion.has_value());
+    EXPECT_EQ(r.completion->code, Code::kPeer) << r.completion->reason;
+    EXPECT_FALSE(r.arrived) << "the owner was told about data that was changed on the way";
+    EXPECT_TRUE(peerLogHas({"node-a", "authentication tag"}));
+}
+
+TEST(Integrity, AByteChangedOnTheWireIsCaughtWithTheTagsOnWorkerThreads) {
+    // The same with both ends' chunk tags signed and checked by two workers each.
+    TamperResult r = writeThroughTamperingProxy(true, 2);
     ASSERT_TRUE(r.flipped) << "the proxy did not see the byte it was to change";
     ASSERT_TRUE(r.completion.has_value());
     EXPECT_EQ(r.completion->code, Code::kPeer) << r.completion->reason;

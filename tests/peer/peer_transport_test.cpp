@@ -334,6 +334,103 @@ TEST_P(Peers, RevokedRegionRejectsWritesAndNothingIsWritten) {
     EXPECT_EQ(0, std::memcmp(victim->base, before.data(), before.size()));
 }
 
+TEST_F(PeerTcp, TagsOnWorkerThreadsDeliverEveryByteIntactAndInOrder) {
+    // Both ends hand their big chunks' tags to two workers each: writes of every size, many in
+    // flight at once over three connections, each lands intact and is notified in order.
+    startNodes(2, [](config::Config &c) {
+        c.tcp.connections_per_peer = 3;
+        c.tcp.chunk_bytes = 256u << 10;
+        c.tcp.tag_threads = 2;
+    });
+    Node &a = node(0);
+    Node &b = node(1);
+    constexpr size_t kBytes = 24u << 20;
+    auto dst = b.addRegion(kBytes, "tagged");
+    auto src = a.addRegion(kBytes);
+    fillRandom(src->base, kBytes, 21);
+    auto [ls, remote] = a.lookup("node-b", "tagged");
+    ASSERT_TRUE(ls.isOk()) << ls.message();
+    // Sizes below, at and above the pool's threshold, and across chunk boundaries.
+    const std::vector<size_t> sizes = {
+        100,        65535,          65536 - 56, 65536,          300001,
+        256u << 10, (1u << 20) + 7, 5u << 20,   (3u << 20) - 1, 12345};
+    std::vector<uint64_t> ops;
+    uint64_t at = 0;
+    for (int round = 0; round < 2; ++round) {
+        for (size_t i = 0; i < sizes.size(); ++i) {
+            ASSERT_LE(at + sizes[i], kBytes);
+            auto [ps, op] = a.post("node-b", src, at, remote.id, at, sizes[i],
+                                   static_cast<uint32_t>(1000 + ops.size()));
+            ASSERT_TRUE(ps.isOk()) << ps.message();
+            ops.push_back(op);
+            at += sizes[i];
+        }
+    }
+    for (uint64_t op : ops) {
+        auto done = a.sink.completion(op, 20s);
+        ASSERT_TRUE(done.has_value());
+        ASSERT_EQ(done->code, Code::kOk) << done->reason;
+    }
+    EXPECT_EQ(0, std::memcmp(dst->base, src->base, at));
+    const auto arrivals = b.sink.arrivals();
+    ASSERT_EQ(arrivals.size(), ops.size());
+    for (size_t i = 0; i < arrivals.size(); ++i) {
+        EXPECT_EQ(arrivals[i].imm, 1000 + i) << "notification " << i << " out of order";
+    }
+    auto sa = peerStatus(a, "node-b");
+    auto sb = peerStatus(b, "node-a");
+    EXPECT_EQ(sa["tag_threads"], 2);
+    EXPECT_EQ(sb["tag_threads"], 2);
+    // Chunks of 64 KiB and more went to the pool on both ends (signed at a, checked at b).
+    EXPECT_GE(sa["tags_offloaded"].get<uint64_t>(), 20u);
+    EXPECT_GE(sb["tags_offloaded"].get<uint64_t>(), 20u);
+}
+
+TEST_F(PeerTcp, RevokingARegionWhileItsChunksAreCheckedKeepsTheSession) {
+    // A region revoked while big chunks land in it and their tags are being checked on the
+    // workers: the checks finish over the bytes as they landed (never over memory its owner has
+    // taken back), so no good chunk fails its tag and the session stays up.
+    startNodes(2, [](config::Config &c) {
+        c.tcp.chunk_bytes = 1u << 20;
+        c.tcp.tag_threads = 2;
+    });
+    Node &a = node(0);
+    Node &b = node(1);
+    constexpr size_t kBytes = 32u << 20;
+    auto src = a.addRegion(kBytes);
+    fillRandom(src->base, kBytes, 22);
+    for (int round = 0; round < 6; ++round) {
+        const std::string name = "doomed" + std::to_string(round);
+        auto doomed = b.addRegion(kBytes, name);
+        auto [ls, remote] = lookupEventually(a, "node-b", name);
+        ASSERT_TRUE(ls.isOk()) << ls.message();
+        auto [ps, op] = a.post("node-b", src, 0, remote.id, 0, kBytes, 7);
+        ASSERT_TRUE(ps.isOk()) << ps.message();
+        std::this_thread::sleep_for(std::chrono::milliseconds(1 + round * 2));
+        b.revoke(doomed->id);
+        // Its owner takes the memory back at once: a tag still being computed over it would now
+        // fail.
+        std::memset(doomed->base, 0xee, kBytes);
+        auto done = a.sink.completion(op, 20s);
+        ASSERT_TRUE(done.has_value());
+        // Landed before the revocation (kOk) or refused (kNotFound); never a failed session.
+        EXPECT_TRUE(done->code == Code::kOk || done->code == Code::kNotFound)
+            << "round " << round << ": " << done->reason;
+    }
+    EXPECT_FALSE(peerLogHas({"authentication tag"}))
+        << "a good chunk failed its tag after its region was revoked";
+    // The same session still carries writes.
+    auto keep = b.addRegion(1u << 20, "kept");
+    auto [ls, remote] = lookupEventually(a, "node-b", "kept");
+    ASSERT_TRUE(ls.isOk()) << ls.message();
+    auto [ps, op] = a.post("node-b", src, 0, remote.id, 0, 1u << 20, 8);
+    ASSERT_TRUE(ps.isOk()) << ps.message();
+    auto done = a.sink.completion(op, 10s);
+    ASSERT_TRUE(done.has_value());
+    EXPECT_EQ(done->code, Code::kOk) << done->reason;
+    EXPECT_EQ(0, std::memcmp(keep->base, src->base, 1u << 20));
+}
+
 TEST_F(PeerTcp, TargetRejectsWritesIntoRegionsItNoLongerExposes) {
     // The writer's descriptor is stale (the revocation has not reached it): the target itself
     // refuses the write, answers kNotFound, and writes nothing.

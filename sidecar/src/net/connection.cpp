@@ -143,6 +143,7 @@ void Connection::enableAuth(const FrameAuth::Key &tx_key, const FrameAuth::Key &
 
 Connection::~Connection() {
     close();
+    dropOutput();  // no tag job may go on reading what the queue points at
 }
 
 void Connection::close() {
@@ -192,15 +193,34 @@ void Connection::queueChunk(const uint8_t *head, const uint8_t *data, uint32_t l
     item.data_len = len;
     item.tag_id = tag_id;
     if (tx_auth_.enabled()) {
-        // One pass over the source, right before it goes out (the data is warm for the send).
-        tx_auth_.sign(head, kChunkFrameOverhead, data, len, item.tag.data());
         item.tag_len = kFrameTagBytes;
+        if (tags_ != nullptr && tags_->offloads(kChunkFrameOverhead + len)) {
+            // The frame number is taken now, in queue order; a worker computes the tag while
+            // the socket takes the headers and the data.
+            auto job = std::make_shared<TagJob>();
+            job->otk = tx_auth_.nextKey();
+            std::copy(head, head + kChunkFrameOverhead, job->head.begin());
+            job->head_len = static_cast<uint32_t>(kChunkFrameOverhead);
+            job->data = data;
+            job->len = len;
+            item.job = job;
+            tags_->submit(std::move(job));
+        } else {
+            // One pass over the source, right before it goes out (warm for the send).
+            tx_auth_.sign(head, kChunkFrameOverhead, data, len, item.tag.data());
+        }
     }
     out_bytes_ += item.size();
     out_.push_back(std::move(item));
 }
 
 void Connection::dropOutput() {
+    for (OutItem &item : out_) {
+        if (item.job && tags_ != nullptr) {
+            tags_->cancelOrWait(*item.job);
+        }
+    }
+    waiting_tag_ = false;
     out_.clear();
     out_bytes_ = 0;
     sent_.clear();
@@ -211,9 +231,11 @@ int Connection::flush(int64_t now_ms, size_t budget) {
         return EBADF;
     }
     size_t written_total = 0;
+    waiting_tag_ = false;
     while (!out_.empty() && written_total < budget) {
         iovec iov[kMaxIovPerWrite];
         size_t n = 0;
+        bool at_tag = false;  // stopped before a tag the pool has not finished
         for (auto it = out_.begin(); it != out_.end() && n + 3 <= kMaxIovPerWrite; ++it) {
             const uint8_t *head = it->big.empty() ? it->head.data() : it->big.data();
             const size_t head_len = it->big.empty() ? it->head_len : it->big.size();
@@ -231,8 +253,20 @@ int Connection::flush(int64_t now_ms, size_t budget) {
                 skip -= it->data_len;
             }
             if (it->tag_len > skip) {
+                if (it->job) {
+                    if (!it->job->done.load(std::memory_order_acquire)) {
+                        at_tag = true;
+                        break;
+                    }
+                    it->tag = it->job->tag;
+                    it->job.reset();
+                }
                 iov[n++] = {it->tag.data() + skip, it->tag_len - skip};
             }
+        }
+        if (n == 0) {
+            waiting_tag_ = at_tag;  // all before the tag has gone; the pool wakes us
+            break;
         }
         // sendmsg rather than writev for MSG_NOSIGNAL: a peer that reset the connection must
         // give EPIPE here, not a SIGPIPE that kills the sidecar.
@@ -272,7 +306,7 @@ int Connection::flush(int64_t now_ms, size_t budget) {
         last_tx_ms = now_ms;
         last_out_progress_ms = now_ms;
     }
-    setWantWrite(!out_.empty());
+    setWantWrite(!out_.empty() && !waiting_tag_);
     return 0;
 }
 

@@ -20,6 +20,7 @@
 
 #include "net/frame.hpp"
 #include "net/frame_auth.hpp"
+#include "net/tag_pool.hpp"
 #include "tensorlane/ipc/fd.hpp"
 #include "tensorlane/sidecar/transport.hpp"
 
@@ -74,6 +75,10 @@ struct ChunkRx {
     uint64_t remaining = 0;     ///< bytes of this chunk still to come
     uint64_t length = 0;        ///< the chunk's data bytes
     bool awaiting_tag = false;  ///< all data came; its FrameAuth tag is next
+    /// Set when the chunk's tag is checked by a TagPool worker: its key and headers, the data
+    /// from `start` (submitted once the tag has come). Null: checked here as the data lands.
+    std::shared_ptr<TagJob> job;
+    uint8_t *start = nullptr;
 };
 
 /// A connected, non-blocking TCP socket registered with a Poller. Move-only by pointer: the
@@ -102,6 +107,10 @@ public:
     bool authenticated() const { return rx_auth_.enabled(); }
     /// The receiving direction's tag state (the chunk reader updates it as data lands).
     FrameAuth &rxAuth() { return rx_auth_; }
+    /// Where big chunk frames get their tags (null: on this thread). The pool must outlive the
+    /// connection.
+    void setTagPool(TagPool *pool) { tags_ = pool; }
+    TagPool *tagPool() const { return tags_; }
 
     // Routing fields, set by the owner.
     ConnRole role;
@@ -114,7 +123,8 @@ public:
     void queueFrame(FrameType type, uint64_t arg, std::span<const uint8_t> payload = {});
     /// Queues a chunk frame: its header is copied, `data` is sent from where it lies (it must
     /// stay valid until sent or dropOutput()). `tag_id` (non-zero) is reported by takeSent()
-    /// once the whole frame has been written to the socket.
+    /// once the whole frame has been written to the socket. A big frame's tag is computed by
+    /// the tag pool: flush() sends up to it and goes on once it is there.
     void queueChunk(const uint8_t *head, const uint8_t *data, uint32_t len, uint64_t tag_id = 0);
     /// The tag_ids of chunks written out completely since the last call.
     std::vector<uint64_t> takeSent() { return std::exchange(sent_, {}); }
@@ -122,8 +132,12 @@ public:
     int flush(int64_t now_ms, size_t budget = SIZE_MAX);
     bool hasOutput() const { return !out_.empty(); }
     uint64_t queuedBytes() const { return out_bytes_; }
-    /// Forgets queued output (the connection is being torn down).
+    /// Forgets queued output (the connection is being torn down); tags still being computed
+    /// over it are waited for, so its memory may go once this returns.
     void dropOutput();
+    /// The queue's head waits for a tag from the pool (the pool's wake-up brings us back;
+    /// EPOLLOUT is not asked for meanwhile).
+    bool waitingForTag() const { return waiting_tag_; }
 
     // ----- input
     enum class Parse { kFrame, kNeedMore, kBad };
@@ -168,6 +182,7 @@ private:
         size_t data_len = 0;
         std::array<uint8_t, kFrameTagBytes> tag{};  ///< after `data`, when tag_len
         uint32_t tag_len = 0;
+        std::shared_ptr<TagJob> job;  ///< computing `tag` in the pool (null once copied)
         uint64_t tag_id = 0;
         size_t sent = 0;
         size_t size() const { return (big.empty() ? head_len : big.size()) + data_len + tag_len; }
@@ -187,6 +202,8 @@ private:
     size_t frame_bytes_ = 0;  ///< what the frame nextFrame() returned spans
     FrameAuth tx_auth_;
     FrameAuth rx_auth_;
+    TagPool *tags_ = nullptr;
+    bool waiting_tag_ = false;
 };
 
 }  // namespace tensorlane::sidecar

@@ -17,67 +17,54 @@ EVP_MAC *poly1305() {
 
 }  // namespace
 
-void FrameAuth::CtxFree::operator()(evp_mac_ctx_st *c) const {
+// ----- FrameMac
+
+void FrameMac::CtxFree::operator()(evp_mac_ctx_st *c) const {
     EVP_MAC_CTX_free(c);
 }
 
-FrameAuth::FrameAuth(const Key &key, Backend backend) : key_(key), enabled_(true) {
+FrameMac::FrameMac(Backend backend) {
     if (backend != Backend::kSodium && poly1305() != nullptr) {
         ctx_.reset(EVP_MAC_CTX_new(poly1305()));
     }
 }
 
-FrameAuth::~FrameAuth() {
-    sodium_memzero(key_.data(), key_.size());
+FrameMac::~FrameMac() {
     sodium_memzero(&state_, sizeof state_);
 }
 
-FrameAuth::FrameAuth(FrameAuth &&other) noexcept
-    : key_(other.key_),
-      enabled_(other.enabled_),
-      failed_(other.failed_),
+FrameMac::FrameMac(FrameMac &&other) noexcept
+    : failed_(other.failed_),
       ossl_frame_(other.ossl_frame_),
-      counter_(other.counter_),
       ctx_(std::move(other.ctx_)),
       state_(other.state_) {
-    sodium_memzero(other.key_.data(), other.key_.size());
-    other.enabled_ = false;
+    sodium_memzero(&other.state_, sizeof other.state_);
+    other.ossl_frame_ = false;
 }
 
-FrameAuth &FrameAuth::operator=(FrameAuth &&other) noexcept {
+FrameMac &FrameMac::operator=(FrameMac &&other) noexcept {
     if (this != &other) {
-        key_ = other.key_;
-        enabled_ = other.enabled_;
         failed_ = other.failed_;
         ossl_frame_ = other.ossl_frame_;
-        counter_ = other.counter_;
         ctx_ = std::move(other.ctx_);
         state_ = other.state_;
-        sodium_memzero(other.key_.data(), other.key_.size());
-        other.enabled_ = false;
+        sodium_memzero(&other.state_, sizeof other.state_);
+        other.ossl_frame_ = false;
     }
     return *this;
 }
 
-void FrameAuth::begin(size_t frame_bytes) {
-    // RFC 8439 2.6: the Poly1305 key is the first 32 bytes of the ChaCha20 keystream for this
-    // nonce. The nonce is the frame number, little-endian, in its first 8 of 12 bytes.
-    uint8_t nonce[crypto_stream_chacha20_ietf_NONCEBYTES] = {};
-    std::memcpy(nonce, &counter_, sizeof counter_);
-    ++counter_;
-    uint8_t otk[crypto_onetimeauth_KEYBYTES];
-    crypto_stream_chacha20_ietf(otk, sizeof otk, nonce, key_.data());
+void FrameMac::init(const OneTimeKey &otk, size_t frame_bytes) {
     failed_ = false;
     ossl_frame_ = ctx_ != nullptr && frame_bytes >= kOpenSslFrom;
     if (ossl_frame_) {
-        failed_ = EVP_MAC_init(ctx_.get(), otk, sizeof otk, nullptr) != 1;
+        failed_ = EVP_MAC_init(ctx_.get(), otk.data(), otk.size(), nullptr) != 1;
     } else {
-        crypto_onetimeauth_init(&state_, otk);
+        crypto_onetimeauth_init(&state_, otk.data());
     }
-    sodium_memzero(otk, sizeof otk);
 }
 
-void FrameAuth::update(const uint8_t *data, size_t n) {
+void FrameMac::update(const uint8_t *data, size_t n) {
     if (n == 0) {
         return;
     }
@@ -88,7 +75,7 @@ void FrameAuth::update(const uint8_t *data, size_t n) {
     }
 }
 
-void FrameAuth::finalTag(uint8_t tag[kTagBytes]) {
+void FrameMac::final(uint8_t tag[kTagBytes]) {
     if (ossl_frame_) {
         size_t len = 0;
         if (failed_ || EVP_MAC_final(ctx_.get(), tag, &len, kTagBytes) != 1 || len != kTagBytes) {
@@ -100,16 +87,62 @@ void FrameAuth::finalTag(uint8_t tag[kTagBytes]) {
     }
 }
 
-void FrameAuth::finish(uint8_t tag[kTagBytes]) {
-    finalTag(tag);
-}
-
-bool FrameAuth::verify(const uint8_t tag[kTagBytes]) {
+bool FrameMac::verify(const uint8_t tag[kTagBytes]) {
     uint8_t expect[kTagBytes];
-    finalTag(expect);
+    final(expect);
     const bool ok = !failed_ && crypto_verify_16(expect, tag) == 0;
     sodium_memzero(expect, sizeof expect);
     return ok;
+}
+
+// ----- FrameAuth
+
+FrameAuth::FrameAuth(const Key &key, Backend backend) : key_(key), enabled_(true), mac_(backend) {}
+
+FrameAuth::~FrameAuth() {
+    sodium_memzero(key_.data(), key_.size());
+}
+
+FrameAuth::FrameAuth(FrameAuth &&other) noexcept
+    : key_(other.key_),
+      enabled_(other.enabled_),
+      counter_(other.counter_),
+      mac_(std::move(other.mac_)) {
+    sodium_memzero(other.key_.data(), other.key_.size());
+    other.enabled_ = false;
+}
+
+FrameAuth &FrameAuth::operator=(FrameAuth &&other) noexcept {
+    if (this != &other) {
+        key_ = other.key_;
+        enabled_ = other.enabled_;
+        counter_ = other.counter_;
+        mac_ = std::move(other.mac_);
+        sodium_memzero(other.key_.data(), other.key_.size());
+        other.enabled_ = false;
+    }
+    return *this;
+}
+
+FrameMac::OneTimeKey FrameAuth::nextKey() {
+    // RFC 8439 2.6: the Poly1305 key is the first 32 bytes of the ChaCha20 keystream for this
+    // nonce. The nonce is the frame number, little-endian, in its first 8 of 12 bytes.
+    uint8_t nonce[crypto_stream_chacha20_ietf_NONCEBYTES] = {};
+    std::memcpy(nonce, &counter_, sizeof counter_);
+    ++counter_;
+    FrameMac::OneTimeKey otk;
+    crypto_stream_chacha20_ietf(otk.data(), otk.size(), nonce, key_.data());
+    return otk;
+}
+
+void FrameAuth::begin(size_t frame_bytes) {
+    FrameMac::OneTimeKey otk = nextKey();
+    mac_.init(otk, frame_bytes);
+    sodium_memzero(otk.data(), otk.size());
+}
+
+void FrameAuth::beginWith(const FrameMac::OneTimeKey &otk, size_t frame_bytes) {
+    mac_.init(otk, frame_bytes);
 }
 
 void FrameAuth::sign(const uint8_t *head, size_t head_len, const uint8_t *data, size_t data_len,

@@ -17,6 +17,11 @@
 // OpenSSL's costs about 120 ns more to start a frame, so frames under kOpenSslFrom bytes (control
 // frames) take libsodium's, bigger ones (data chunks) OpenSSL's; where OpenSSL's provider offers
 // no POLY1305 every frame takes libsodium's. `tests/peer/frame_auth_bench` measures both.
+//
+// FrameMac is one frame's Poly1305 under its one-time key; FrameAuth numbers the frames of one
+// direction and derives their keys. The key of a frame can be taken out (nextKey()) and its
+// tag computed by another thread with a FrameMac of its own (net/tag_pool.hpp): the frame
+// numbers stay in wire order however the tags are computed.
 #pragma once
 
 #include <sodium.h>
@@ -31,14 +36,57 @@ struct evp_mac_ctx_st;
 
 namespace tensorlane::sidecar {
 
-class FrameAuth {
+/// One frame's Poly1305 tag under its one-time key (RFC 8439 2.5), computed in pieces. Each
+/// thread that tags needs its own (it holds an OpenSSL context).
+class FrameMac {
 public:
-    static constexpr size_t kKeyBytes = 32;
     static constexpr size_t kTagBytes = 16;
-    using Key = std::array<uint8_t, kKeyBytes>;
+    using OneTimeKey = std::array<uint8_t, crypto_onetimeauth_KEYBYTES>;
 
     /// Which Poly1305 runs: OpenSSL's where it can be had, else libsodium's.
     enum class Backend { kAuto, kOpenSsl, kSodium };
+    /// Frames of at least this many bytes (header and payload) use OpenSSL's Poly1305.
+    static constexpr size_t kOpenSslFrom = 2048;
+
+    explicit FrameMac(Backend backend = Backend::kAuto);
+    ~FrameMac();
+    FrameMac(FrameMac &&other) noexcept;
+    FrameMac &operator=(FrameMac &&other) noexcept;
+    FrameMac(const FrameMac &) = delete;
+    FrameMac &operator=(const FrameMac &) = delete;
+
+    /// Whether big frames run in OpenSSL (tests, status).
+    bool usesOpenSsl() const { return ctx_ != nullptr; }
+    /// Starts a frame under `otk`; `frame_bytes`, when known, picks the faster implementation
+    /// for its size (the tag does not depend on it).
+    void init(const OneTimeKey &otk, size_t frame_bytes = std::numeric_limits<size_t>::max());
+    /// Adds bytes of the frame, in order.
+    void update(const uint8_t *data, size_t n);
+    /// Writes the frame's tag.
+    void final(uint8_t tag[kTagBytes]);
+    /// Whether `tag` is the frame's tag (constant time).
+    bool verify(const uint8_t tag[kTagBytes]);
+
+private:
+    struct CtxFree {
+        void operator()(evp_mac_ctx_st *c) const;
+    };
+
+    bool failed_ = false;      ///< OpenSSL refused a step of this frame: its tag never verifies
+    bool ossl_frame_ = false;  ///< this frame runs in ctx_ (else in state_)
+    std::unique_ptr<evp_mac_ctx_st, CtxFree> ctx_;  ///< OpenSSL's Poly1305, or null
+    crypto_onetimeauth_state state_{};              ///< libsodium's
+};
+
+/// The frames of one direction of one connection: their numbers and one-time keys, and the
+/// tag of the current frame.
+class FrameAuth {
+public:
+    static constexpr size_t kKeyBytes = 32;
+    static constexpr size_t kTagBytes = FrameMac::kTagBytes;
+    using Key = std::array<uint8_t, kKeyBytes>;
+    using Backend = FrameMac::Backend;
+    static constexpr size_t kOpenSslFrom = FrameMac::kOpenSslFrom;
 
     FrameAuth() = default;
     explicit FrameAuth(const Key &key, Backend backend = Backend::kAuto);
@@ -49,41 +97,36 @@ public:
     FrameAuth &operator=(const FrameAuth &) = delete;
 
     /// Whether this one computes big frames with OpenSSL (tests, status).
-    bool usesOpenSsl() const { return ctx_ != nullptr; }
+    bool usesOpenSsl() const { return mac_.usesOpenSsl(); }
 
     /// False for connections without integrity (before the handshake, or tcp_integrity none).
     bool enabled() const { return enabled_; }
-    /// Frames of at least this many bytes (header and payload) use OpenSSL's Poly1305.
-    static constexpr size_t kOpenSslFrom = 2048;
 
-    /// Starts the tag of the next frame (consumes one frame number); `frame_bytes`, when known,
-    /// picks the faster implementation for its size (the tag does not depend on it).
+    /// The one-time key of the next frame (consumes its number): its tag may then be computed
+    /// anywhere, with any FrameMac (wipe the key after use).
+    FrameMac::OneTimeKey nextKey();
+    /// Starts the tag of the next frame here (consumes one frame number).
     void begin(size_t frame_bytes = std::numeric_limits<size_t>::max());
+    /// Starts the tag of a frame whose key nextKey() took, here.
+    void beginWith(const FrameMac::OneTimeKey &otk,
+                   size_t frame_bytes = std::numeric_limits<size_t>::max());
     /// Adds bytes of the frame (its header first, then its payload, in order).
-    void update(const uint8_t *data, size_t n);
+    void update(const uint8_t *data, size_t n) { mac_.update(data, n); }
     /// Writes the frame's tag.
-    void finish(uint8_t tag[kTagBytes]);
+    void finish(uint8_t tag[kTagBytes]) { mac_.final(tag); }
     /// Whether `tag` is the frame's tag (constant time).
-    bool verify(const uint8_t tag[kTagBytes]);
+    bool verify(const uint8_t tag[kTagBytes]) { return mac_.verify(tag); }
     /// The tag of one whole frame in one go.
     void sign(const uint8_t *head, size_t head_len, const uint8_t *data, size_t data_len,
               uint8_t tag[kTagBytes]);
-    /// Frames tagged so far.
+    /// Frames numbered so far.
     uint64_t frames() const { return counter_; }
 
 private:
-    struct CtxFree {
-        void operator()(evp_mac_ctx_st *c) const;
-    };
-    void finalTag(uint8_t tag[kTagBytes]);
-
     Key key_{};
     bool enabled_ = false;
-    bool failed_ = false;      ///< OpenSSL refused a step of this frame: its tag never verifies
-    bool ossl_frame_ = false;  ///< this frame runs in ctx_ (else in state_)
     uint64_t counter_ = 0;
-    std::unique_ptr<evp_mac_ctx_st, CtxFree> ctx_;  ///< OpenSSL's Poly1305, or null
-    crypto_onetimeauth_state state_{};              ///< libsodium's, when ctx_ is null
+    FrameMac mac_{Backend::kSodium};  ///< replaced by the keyed constructor
 };
 
 }  // namespace tensorlane::sidecar

@@ -3,4 +3,5 @@ set(TENSORLANE_NET_SOURCES
   src/net/connection.cpp
   src/net/frame_auth.cpp
   src/net/socket.cpp
+  src/net/tag_pool.cpp
 )

@@ -110,6 +110,9 @@ struct TcpConfig {
     uint32_t reconnect_max_ms = 5000;
     /// Writes in flight to one peer before its queue holds the rest, 1-4096.
     uint32_t window = 1024;
+    /// Threads that compute and check the frame tags of big chunks off the engine thread,
+    /// 0-16; unset ("auto"): none on a host with fewer than 4 CPUs, else one per 4, at most 4.
+    std::optional<uint32_t> tag_threads;
 };
 
 /// [ipc]: the shared-memory rings between workers and the sidecar.

@@ -304,15 +304,23 @@ uint64_t OutLink::uncutBytes() const {
 // ----- InLink
 
 InLink::InLink(RegionTable &regions, std::string peer_name, uint32_t max_chunk, size_t window,
-               TcpStaging &staging)
+               TcpStaging &staging, TagPool *tags)
     : regions_(regions),
       peer_name_(std::move(peer_name)),
       max_chunk_(max_chunk),
       window_(window),
       staging_(staging),
+      tags_(tags),
       scratch_(kScratchBytes) {}
 
 InLink::~InLink() {
+    // No worker may go on reading a region or a slot once we are gone.
+    for (Verifying &v : verifying_) {
+        tags_->cancelOrWait(*v.job);
+        if (v.slot.slot >= 0) {
+            staging_.give(v.slot.slot);
+        }
+    }
     // Copies still running give their slots back when they end; slots of chunks half read are
     // ours to return (their connections are closed).
     staging_.forget(this);
@@ -400,10 +408,23 @@ int InLink::beginChunk(Connection &c, std::string *error) {
             return EBUSY;  // nothing consumed: the header is read again with a slot
         }
     }
+    std::shared_ptr<TagJob> job;
     if (c.authenticated()) {
-        // The tag covers both headers and the data; the data is added as it lands.
-        c.rxAuth().begin(kChunkFrameOverhead + chunk_len);
-        c.rxAuth().update(c.bufferedData(), kChunkFrameOverhead);
+        // The tag covers both headers and the data. A big chunk that lands in memory is checked
+        // by the pool once it is all there; else the data is added as it lands.
+        const bool lands = w->code == Code::kOk;
+        if (lands && tags_ != nullptr && tags_->offloads(kChunkFrameOverhead + chunk_len) &&
+            verifying_.size() < kMaxVerifying) {
+            job = std::make_shared<TagJob>();
+            job->verify = true;
+            job->otk = c.rxAuth().nextKey();
+            std::copy(c.bufferedData(), c.bufferedData() + kChunkFrameOverhead, job->head.begin());
+            job->head_len = static_cast<uint32_t>(kChunkFrameOverhead);
+            job->len = chunk_len;
+        } else {
+            c.rxAuth().begin(kChunkFrameOverhead + chunk_len);
+            c.rxAuth().update(c.bufferedData(), kChunkFrameOverhead);
+        }
     }
     c.consume(kChunkFrameOverhead);
     if (it == pending_.end()) {
@@ -423,7 +444,70 @@ int InLink::beginChunk(Connection &c, std::string *error) {
     } else {
         c.rx.dest = w->code == Code::kOk ? w->region->base + w->offset + ch.chunk_offset : nullptr;
     }
+    c.rx.start = c.rx.dest;
+    if (job) {
+        job->data = c.rx.start;
+        c.rx.job = std::move(job);
+    }
     return 0;
+}
+
+void InLink::checkHere(Connection &c) {
+    ChunkRx &rx = c.rx;
+    if (!rx.job) {
+        return;
+    }
+    const TagJob &job = *rx.job;
+    c.rxAuth().beginWith(job.otk, job.head_len + job.len);
+    c.rxAuth().update(job.head.data(), job.head_len);
+    c.rxAuth().update(rx.start, rx.length - rx.remaining);
+    rx.job.reset();
+}
+
+void InLink::countChunk(RxWrite &w, uint64_t len, const RxSlot *slot) {
+    if (slot != nullptr) {
+        if (w.code == Code::kOk) {
+            // Authenticated in the slot; it counts once it is in device memory (staged()).
+            const uint64_t cookie = next_cookie_++;
+            copies_[cookie] = RxCopy{slot->seq, len};
+            staging_.copy(this, cookie, slot->slot, w.region->cuda.import, slot->device_offset,
+                          static_cast<uint32_t>(len), /*to_device=*/true);
+            return;
+        }
+        staging_.give(slot->slot);  // revoked while it arrived: the bytes were thrown away
+    }
+    w.received += len;
+}
+
+int InLink::collectTags(std::string *error) {
+    for (auto it = verifying_.begin(); it != verifying_.end();) {
+        if (!it->job->done.load(std::memory_order_acquire)) {
+            ++it;
+            continue;
+        }
+        if (!it->job->good) {
+            *error = "a chunk fails its authentication tag (injected or corrupted on the way)";
+            return EPROTO;  // nothing of it counts; the session goes (the destructor cleans up)
+        }
+        const Verifying v = std::move(*it);
+        it = verifying_.erase(it);
+        countChunk(*v.write, v.len, v.slot.slot >= 0 ? &v.slot : nullptr);
+    }
+    return 0;
+}
+
+void InLink::quiesceRegion(RegionId r, const std::vector<Connection *> &conns) {
+    for (Connection *c : conns) {
+        if (c != nullptr && c->rx.active && c->rx.job &&
+            static_cast<RxWrite *>(c->rx.write)->region_id == r) {
+            checkHere(*c);  // the next read sees the revocation and stops writing
+        }
+    }
+    for (Verifying &v : verifying_) {
+        if (v.write->region_id == r && v.slot.slot < 0) {
+            tags_->finishNow(*v.job);  // over the bytes as they landed, before the owner knows
+        }
+    }
 }
 
 int InLink::finishChunk(Connection &c, int64_t now_ms, std::string *error) {
@@ -437,6 +521,23 @@ int InLink::finishChunk(Connection &c, int64_t now_ms, std::string *error) {
             if (c.buffered() < kFrameTagBytes) {
                 return EAGAIN;
             }
+        }
+        if (c.rx.job) {
+            // The pool checks it while we read on; it counts in collectTags().
+            Verifying v;
+            v.job = std::move(c.rx.job);
+            std::copy(c.bufferedData(), c.bufferedData() + kFrameTagBytes, v.job->tag.begin());
+            c.consume(kFrameTagBytes);
+            v.write = static_cast<RxWrite *>(c.rx.write);
+            v.len = c.rx.length;
+            if (auto rs = rx_slots_.find(&c); rs != rx_slots_.end()) {
+                v.slot = rs->second;
+                rx_slots_.erase(rs);
+            }
+            tags_->submit(v.job);
+            verifying_.push_back(std::move(v));
+            c.rx = ChunkRx{};
+            return 0;
         }
         const bool good = c.rxAuth().verify(c.bufferedData());
         c.consume(kFrameTagBytes);
@@ -452,18 +553,10 @@ int InLink::finishChunk(Connection &c, int64_t now_ms, std::string *error) {
     if (auto rs = rx_slots_.find(&c); rs != rx_slots_.end()) {
         const RxSlot slot = rs->second;
         rx_slots_.erase(rs);
-        if (w->code == Code::kOk) {
-            // Authenticated in the slot; it counts once it is in device memory (staged()).
-            const uint64_t cookie = next_cookie_++;
-            copies_[cookie] = RxCopy{slot.seq, len};
-            staging_.copy(this, cookie, slot.slot, w->region->cuda.import, slot.device_offset,
-                          static_cast<uint32_t>(len), /*to_device=*/true);
-            c.rx = ChunkRx{};
-            return 0;
-        }
-        staging_.give(slot.slot);  // revoked while it arrived: the bytes were thrown away
+        countChunk(*w, len, &slot);
+    } else {
+        countChunk(*w, len, nullptr);
     }
-    w->received += len;
     c.rx = ChunkRx{};
     return 0;
 }
@@ -519,6 +612,7 @@ int InLink::onReadable(Connection &c, size_t budget, int64_t now_ms, std::string
             // A region revoked mid-write takes no more bytes (a chunk in the middle of a readv
             // may still finish: the shared_ptr keeps that memory mapped).
             if (rx.dest != nullptr && w->region->revoked.load(std::memory_order_acquire)) {
+                checkHere(c);  // the rest goes to scratch, which the pool cannot see
                 rx.dest = nullptr;
                 w->code = Code::kNotFound;
             }
@@ -534,7 +628,7 @@ int InLink::onReadable(Connection &c, size_t budget, int64_t now_ms, std::string
             if (rc != 0) {
                 return rc;
             }
-            if (c.authenticated()) {
+            if (c.authenticated() && !rx.job) {
                 c.rxAuth().update(dest, got);
             }
             if (rx.dest != nullptr) {

@@ -116,6 +116,12 @@ private:
 
 /// The receiver's half for one peer session.
 ///
+/// With a tag pool, a big chunk's tag is checked by a worker once the chunk has landed, while
+/// the engine reads the next one: the chunk counts (or starts its copy into the GPU) only when
+/// collectTags() sees its tag verified. A region revoked while such chunks are in it is
+/// quiesced first (quiesceRegion()), so no tag is ever computed over memory its owner has
+/// taken back.
+///
 /// A chunk for a GPU region is read into a staging slot of the receive pool (and authenticated
 /// there as it lands), then copied host-to-device by the stager while the next chunk arrives;
 /// the write counts as received only once all of its chunks are in device memory. With no slot
@@ -123,8 +129,9 @@ private:
 /// has ended).
 class InLink final : public StagingClient {
 public:
+    /// `tags` (may be null: every tag checked here) must outlive the link.
     InLink(RegionTable &regions, std::string peer_name, uint32_t max_chunk, size_t window,
-           TcpStaging &staging);
+           TcpStaging &staging, TagPool *tags = nullptr);
     ~InLink() override;
 
     /// Reads chunk frames from data connection `c`, at most about `budget` bytes. Returns 0
@@ -138,6 +145,15 @@ public:
     size_t deliver(EventSink &sink, AckFn &&ack);
     /// True when deliver() has something to do.
     bool deliverable() const;
+
+    /// Counts the chunks whose tags the pool has checked since the last call. 0, or EPROTO with
+    /// `*error` when one failed (the session must go).
+    int collectTags(std::string *error);
+    /// Chunks whose tags the pool is checking.
+    size_t verifying() const { return verifying_.size(); }
+    /// Region `r` was revoked (before its owner hears of it): chunks landing in it check their
+    /// tags here from now on, and checks of chunks already in it are finished now.
+    void quiesceRegion(RegionId r, const std::vector<Connection *> &conns);
 
     uint64_t writesReceived() const { return writes_received_; }
     uint64_t bytesReceived() const { return bytes_received_; }
@@ -170,17 +186,34 @@ private:
         uint64_t seq = 0;
         uint64_t len = 0;
     };
+    /// A chunk that landed and whose tag a worker checks.
+    struct Verifying {
+        std::shared_ptr<TagJob> job;
+        RxWrite *write = nullptr;  ///< stays in pending_: it cannot complete before this counts
+        uint64_t len = 0;
+        RxSlot slot;  ///< slot >= 0: a GPU chunk in a staging slot
+    };
+    /// Most chunks whose tags are checked at once; beyond, tags are checked on this thread.
+    static constexpr size_t kMaxVerifying = 64;
 
     /// Starts receiving the chunk whose frame header is buffered in `c`.
     int beginChunk(Connection &c, std::string *error);
     /// The chunk's data all came: check its tag (authenticated connections) and count it.
     int finishChunk(Connection &c, int64_t now_ms, std::string *error);
+    /// An authenticated chunk's bytes are all in: count them (host), or start their copy into
+    /// the GPU (`slot` set).
+    void countChunk(RxWrite &w, uint64_t len, const RxSlot *slot);
+    /// The chunk `c` is reading stops being checked by the pool: its tag is computed here, over
+    /// what has landed so far and what follows.
+    static void checkHere(Connection &c);
 
     RegionTable &regions_;
     std::string peer_name_;
     uint32_t max_chunk_;
     uint64_t window_;
     TcpStaging &staging_;
+    TagPool *tags_;
+    std::deque<Verifying> verifying_;
     std::unordered_map<const Connection *, RxSlot> rx_slots_;
     std::unordered_map<uint64_t, RxCopy> copies_;  ///< by cookie
     uint64_t next_cookie_ = 1;

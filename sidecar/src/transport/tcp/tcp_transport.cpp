@@ -15,6 +15,14 @@ constexpr size_t kReadBudget = 16u << 20;
 /// Poller tokens of the staging pools' eventfds (below the connections' tokens).
 constexpr uint64_t kSendStagingToken = 1;
 constexpr uint64_t kRecvStagingToken = 2;
+constexpr uint64_t kTagToken = 3;
+
+unsigned tagThreadsFor(const config::Config &cfg) {
+    if (cfg.security.tcp_integrity == config::TcpIntegrity::kNone) {
+        return 0;
+    }
+    return cfg.tcp.tag_threads ? *cfg.tcp.tag_threads : TagPool::autoThreads(TagPool::usableCpus());
+}
 
 std::string errnoText(int rc) {
     return rc == ECONNRESET ? std::string("connection closed by the peer")
@@ -26,6 +34,7 @@ std::string errnoText(int rc) {
 TcpTransport::TcpTransport(const config::Config &cfg, RegionTable &regions)
     : cfg_(cfg),
       regions_(regions),
+      tags_(std::make_unique<TagPool>(tagThreadsFor(cfg))),
       send_staging_(cfg.tcp.chunk_bytes, kStagingSlots),
       recv_staging_(cfg.tcp.chunk_bytes, kStagingSlots) {}
 
@@ -36,7 +45,13 @@ TcpTransport::~TcpTransport() {
 }
 
 int TcpTransport::init() {
-    return poller_.open();
+    if (int rc = poller_.open(); rc != 0) {
+        return rc;
+    }
+    if (tags_->wakeFd() >= 0) {
+        return poller_.add(tags_->wakeFd(), EPOLLIN, kTagToken);
+    }
+    return 0;
 }
 
 uint32_t TcpTransport::kind() const {
@@ -84,7 +99,7 @@ Status TcpTransport::openSession(PeerId id, SessionSide side, const SessionInfo 
         p.in->info = info;
         p.in->data.resize(info.connections);
         p.in->link = std::make_unique<InLink>(regions_, info.peer_name, info.chunk_bytes,
-                                              kMaxWindow, recv_staging_);
+                                              kMaxWindow, recv_staging_, tags_.get());
     }
     return Status::ok();
 }
@@ -138,6 +153,7 @@ void TcpTransport::adoptConnection(PeerId id, SessionSide side, uint32_t index,
         return;
     }
     conn->rebind(poller_);
+    conn->setTagPool(tags_.get());
     conn->peer = id;
     conn->index = index;
     conn->role = side == SessionSide::kOut ? ConnRole::kOutData : ConnRole::kInData;
@@ -251,6 +267,49 @@ void TcpTransport::readIn(PeerData &p, PeerId id, Connection &c, int64_t now) {
     } else if (rc != 0) {
         fail(id, SessionSide::kIn, "data connection: " + errnoText(rc));
     }
+}
+
+void TcpTransport::collectTags(int64_t now) {
+    tags_->clearWake();
+    std::vector<std::pair<PeerId, std::string>> in_failed;
+    std::vector<std::pair<PeerId, std::string>> out_failed;
+    for (auto &[id, p] : peers_) {
+        if (p.in && p.in->link && p.in->link->verifying() > 0) {
+            std::string error;
+            if (p.in->link->collectTags(&error) != 0) {
+                in_failed.emplace_back(id, "protocol error on a data connection: " + error);
+            }
+        }
+        if (p.out && p.out->link) {
+            bool waiting = false;
+            for (const auto &c : p.out->data) {
+                waiting = waiting || (c && c->waitingForTag());
+            }
+            if (waiting) {
+                if (int rc = p.out->link->pump(now); rc != 0) {
+                    out_failed.emplace_back(id, "data connection: " + errnoText(rc));
+                }
+            }
+        }
+    }
+    for (auto &[id, why] : in_failed) {
+        fail(id, SessionSide::kIn, why);
+    }
+    for (auto &[id, why] : out_failed) {
+        fail(id, SessionSide::kOut, why);
+    }
+}
+
+void TcpTransport::regionRevoked(PeerId id, RegionId r) {
+    auto it = peers_.find(id);
+    if (it == peers_.end() || !it->second.in || !it->second.in->link) {
+        return;
+    }
+    std::vector<Connection *> conns;
+    for (auto &c : it->second.in->data) {
+        conns.push_back(c.get());
+    }
+    it->second.in->link->quiesceRegion(r, conns);
 }
 
 void TcpTransport::watchStaging(TcpStaging &staging, uint64_t token, bool *watched) {
@@ -370,9 +429,14 @@ size_t TcpTransport::progress(EventSink &sink) {
     // there is nothing to ask, and the engine's busy loop makes no system call for us.
     const int n = poller_.noConnections() ? 0 : poller_.wait(evs, 64, 0);
     for (int i = 0; i < n; ++i) {
-        if (Connection *c = poller_.find(evs[i].data.u64)) {
+        if (evs[i].data.u64 == kTagToken) {
+            tag_event_ = true;
+        } else if (Connection *c = poller_.find(evs[i].data.u64)) {
             onEvent(*c, evs[i].events, now);
         }
+    }
+    if (std::exchange(tag_event_, false)) {
+        collectTags(now);
     }
     dispatchStaging(now);
     // Copies queued during this turn (chunks cut or landed) go to the stagers together.
@@ -428,6 +492,9 @@ std::string TcpTransport::peerStatusJson(PeerId id) const {
     j["queued_bytes"] = queued;  // cut into chunks, not yet taken by the sockets
     j["uncut_bytes"] = p.out && p.out->link ? p.out->link->uncutBytes() : 0;
     j["integrity"] = p.out ? p.out->info.integrity : (p.in ? p.in->info.integrity : false);
+    // Shared by every peer of this transport.
+    j["tag_threads"] = tags_->threads();
+    j["tags_offloaded"] = tags_->jobsDone();
     return j.dump();
 }
 

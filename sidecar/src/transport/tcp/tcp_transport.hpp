@@ -62,7 +62,10 @@ public:
                         std::span<const uint8_t> payload, std::string *error) override;
     void adoptConnection(PeerId peer, SessionSide side, uint32_t index,
                          std::unique_ptr<Connection> conn) override;
+    void regionRevoked(PeerId peer, RegionId r) override;
     std::string peerStatusJson(PeerId peer) const override;
+    /// Tag workers this transport runs (0: tags on the engine thread).
+    unsigned tagThreads() const { return tags_->threads(); }
     void attach(PeerLink &link) override { link_ = &link; }
 
 private:
@@ -100,11 +103,16 @@ private:
     size_t dispatchStaging(int64_t now);
     /// Adds a staging pool's eventfd to the poller once it has started.
     void watchStaging(TcpStaging &staging, uint64_t token, bool *watched);
+    /// Tags the pool finished: receivers count their chunks (or fail), senders flush on.
+    void collectTags(int64_t now);
 
     const config::Config cfg_;
     RegionTable &regions_;
     PeerLink *link_ = nullptr;
     Poller poller_;
+    /// Before everything that queues tag jobs, so it is destroyed after them.
+    std::unique_ptr<TagPool> tags_;
+    bool tag_event_ = false;
     TcpStaging send_staging_;
     TcpStaging recv_staging_;
     bool send_watched_ = false;

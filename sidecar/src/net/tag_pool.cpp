@@ -1,0 +1,145 @@
+#include "net/tag_pool.hpp"
+
+#include <pthread.h>
+#include <sched.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+namespace tensorlane::sidecar {
+
+unsigned TagPool::autoThreads(unsigned cpus) {
+    return cpus < 4 ? 0 : std::min(4u, cpus / 4);
+}
+
+unsigned TagPool::usableCpus() {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) != 0) {
+        return std::max(1u, std::thread::hardware_concurrency());
+    }
+    return static_cast<unsigned>(CPU_COUNT(&set));
+}
+
+TagPool::TagPool(unsigned threads) {
+    threads = std::min(threads, kMaxThreads);
+    if (threads == 0) {
+        return;
+    }
+    const int fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (fd < 0) {
+        return;  // no eventfd, no workers: every tag stays on the engine thread
+    }
+    wake_.reset(fd);
+    for (unsigned i = 0; i < threads; ++i) {
+        workers_.emplace_back([this] { run(); });
+        pthread_setname_np(workers_.back().native_handle(), "tl-tags");
+    }
+}
+
+TagPool::~TagPool() {
+    std::deque<std::shared_ptr<TagJob>> left;
+    {
+        std::lock_guard lock(mutex_);
+        stop_ = true;
+        left.swap(queue_);
+    }
+    work_cv_.notify_all();
+    for (std::thread &t : workers_) {
+        t.join();
+    }
+    for (auto &job : left) {
+        job->good = false;
+        job->cancelled = true;
+        job->done.store(true, std::memory_order_release);
+    }
+}
+
+void TagPool::submit(std::shared_ptr<TagJob> job) {
+    {
+        std::lock_guard lock(mutex_);
+        queue_.push_back(std::move(job));
+    }
+    work_cv_.notify_one();
+}
+
+void TagPool::cancelOrWait(TagJob &job) {
+    std::unique_lock lock(mutex_);
+    auto it = std::find_if(queue_.begin(), queue_.end(),
+                           [&](const std::shared_ptr<TagJob> &j) { return j.get() == &job; });
+    if (it != queue_.end()) {
+        queue_.erase(it);
+        job.good = false;
+        job.cancelled = true;
+        job.done.store(true, std::memory_order_release);
+        return;
+    }
+    done_cv_.wait(lock, [&] { return job.done.load(std::memory_order_acquire); });
+}
+
+void TagPool::finishNow(TagJob &job) {
+    std::shared_ptr<TagJob> mine;
+    {
+        std::unique_lock lock(mutex_);
+        auto it = std::find_if(queue_.begin(), queue_.end(),
+                               [&](const std::shared_ptr<TagJob> &j) { return j.get() == &job; });
+        if (it == queue_.end()) {
+            done_cv_.wait(lock, [&] { return job.done.load(std::memory_order_acquire); });
+            return;
+        }
+        mine = std::move(*it);
+        queue_.erase(it);
+    }
+    FrameMac mac;
+    compute(mac, job);
+    job.done.store(true, std::memory_order_release);
+    // Its owner hears of it as of any other: a result nobody is woken for would wait forever.
+    const uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(wake_.get(), &one, sizeof one);
+}
+
+void TagPool::compute(FrameMac &mac, TagJob &job) {
+    mac.init(job.otk, job.head_len + job.len);
+    mac.update(job.head.data(), job.head_len);
+    mac.update(job.data, job.len);
+    if (job.verify) {
+        job.good = mac.verify(job.tag.data());
+    } else {
+        mac.final(job.tag.data());
+    }
+    sodium_memzero(job.otk.data(), job.otk.size());
+}
+
+void TagPool::clearWake() {
+    uint64_t v;
+    [[maybe_unused]] ssize_t n = ::read(wake_.get(), &v, sizeof v);
+}
+
+void TagPool::run() {
+    FrameMac mac;
+    for (;;) {
+        std::shared_ptr<TagJob> job;
+        {
+            std::unique_lock lock(mutex_);
+            work_cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+            if (queue_.empty()) {
+                return;  // stopping
+            }
+            job = std::move(queue_.front());
+            queue_.pop_front();
+        }
+        compute(mac, *job);
+        {
+            // Under the lock, so cancelOrWait() cannot miss the notification.
+            std::lock_guard lock(mutex_);
+            job->done.store(true, std::memory_order_release);
+        }
+        done_cv_.notify_all();
+        jobs_done_.fetch_add(1, std::memory_order_relaxed);
+        const uint64_t one = 1;
+        [[maybe_unused]] ssize_t n = ::write(wake_.get(), &one, sizeof one);
+    }
+}
+
+}  // namespace tensorlane::sidecar

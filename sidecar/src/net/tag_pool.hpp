@@ -1,0 +1,111 @@
+// Frame tags off the engine thread. Poly1305 over a 1 MiB chunk costs about as much as the
+// socket copy of it, and one engine thread does the copies of every connection: with the tag
+// on it too, tagged tcp bandwidth stayed well below what the sockets carry. A TagPool is a few
+// worker threads that sign outgoing chunks and verify incoming ones while the engine goes on
+// with the socket (docs/peers.md, "Frame integrity").
+//
+// The engine thread takes each frame's one-time key in wire order (FrameAuth::nextKey()), hands
+// the job over, and picks the result up later: a sender's flush stops before the tag bytes of a
+// frame whose tag is not there yet; a receiver counts a chunk only once its tag has verified.
+// The job's data must stay valid until it is done: whoever frees that memory first calls
+// cancelOrWait() (a queued job is taken back, a running one waited for; a job costs tens of
+// microseconds).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "net/frame.hpp"
+#include "net/frame_auth.hpp"
+#include "tensorlane/ipc/fd.hpp"
+
+namespace tensorlane::sidecar {
+
+/// One frame's tag to compute (sign) or check (verify).
+struct TagJob {
+    FrameMac::OneTimeKey otk{};
+    std::array<uint8_t, kChunkFrameOverhead> head{};
+    uint32_t head_len = 0;
+    const uint8_t *data = nullptr;
+    size_t len = 0;
+    bool verify = false;
+    /// sign: written by the worker; verify: the tag that came with the frame.
+    std::array<uint8_t, kFrameTagBytes> tag{};
+    /// verify's answer, once done (a cancelled job is not good).
+    bool good = false;
+    /// Taken back before a worker ran it (cancelOrWait()): `tag`/`good` mean nothing.
+    bool cancelled = false;
+    /// Set (release) when the worker has finished with the job: read `tag`/`good` after an
+    /// acquire load of it.
+    std::atomic<bool> done{false};
+};
+
+class TagPool {
+public:
+    /// Frames smaller than this are tagged where they are: handing them over costs more than
+    /// the tag.
+    static constexpr size_t kOffloadFrom = 64 * 1024;
+    /// The most workers one pool runs.
+    static constexpr unsigned kMaxThreads = 16;
+
+    /// The workers `[tcp] tag_threads = "auto"` gives on a host with `cpus` CPUs: none below
+    /// four (the engine threads and the applications want them), then one per four, at most
+    /// four.
+    static unsigned autoThreads(unsigned cpus);
+    /// The CPUs this process may run on.
+    static unsigned usableCpus();
+
+    /// Starts `threads` workers (0: every tag stays on the caller's thread).
+    explicit TagPool(unsigned threads);
+    /// Stops and joins the workers; jobs still queued are cancelled.
+    ~TagPool();
+    TagPool(const TagPool &) = delete;
+    TagPool &operator=(const TagPool &) = delete;
+
+    unsigned threads() const { return static_cast<unsigned>(workers_.size()); }
+    /// Whether a frame of `frame_bytes` goes to the workers.
+    bool offloads(size_t frame_bytes) const {
+        return !workers_.empty() && frame_bytes >= kOffloadFrom;
+    }
+
+    /// Queues `job`. When a worker has done it, `done` is set and wakeFd() becomes readable.
+    void submit(std::shared_ptr<TagJob> job);
+    /// Makes sure no worker uses `job` any more: takes it back if it is still queued (it is
+    /// then done and `cancelled`), else waits until its worker has finished it. For teardown.
+    void cancelOrWait(TagJob &job);
+    /// Makes sure `job` is done, with its real result: computes it on the calling thread if it
+    /// is still queued, else waits for its worker. For memory about to change under it. Either
+    /// way wakeFd() becomes readable, as when a worker ends a job.
+    void finishNow(TagJob &job);
+
+    /// Readable while jobs have ended since the last clearWake() (an eventfd; -1 without
+    /// workers).
+    int wakeFd() const { return wake_.get(); }
+    void clearWake();
+
+    /// Jobs finished by the workers (status, tests).
+    uint64_t jobsDone() const { return jobs_done_.load(std::memory_order_relaxed); }
+
+private:
+    void run();
+    static void compute(FrameMac &mac, TagJob &job);
+
+    std::mutex mutex_;
+    std::condition_variable work_cv_;
+    std::condition_variable done_cv_;
+    std::deque<std::shared_ptr<TagJob>> queue_;
+    bool stop_ = false;
+    std::atomic<uint64_t> jobs_done_{0};
+    ipc::UniqueFd wake_;
+    std::vector<std::thread> workers_;
+};
+
+}  // namespace tensorlane::sidecar

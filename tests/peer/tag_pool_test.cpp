@@ -1,0 +1,298 @@
+// TagPool, frame tags on worker threads: a worker's tag is the tag the engine thread would have
+// computed for the same frame number; a bad tag fails; a queued job taken back is never run,
+// one finished now has its real answer. And a Connection that hands its chunk tags to the pool
+// puts on the wire exactly what one that tags them itself does, never sends a tag before it is
+// there, and lets go of the source only once no worker reads it.
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "net/connection.hpp"
+#include "net/tag_pool.hpp"
+
+namespace tensorlane::sidecar {
+namespace {
+
+using Tag = std::array<uint8_t, FrameAuth::kTagBytes>;
+
+FrameAuth::Key keyOf(uint8_t seed) {
+    FrameAuth::Key k;
+    for (size_t i = 0; i < k.size(); ++i) {
+        k[i] = static_cast<uint8_t>(seed * 31 + i);
+    }
+    return k;
+}
+
+std::vector<uint8_t> randomBytes(size_t n, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::vector<uint8_t> v(n);
+    for (auto &b : v) {
+        b = static_cast<uint8_t>(rng());
+    }
+    return v;
+}
+
+std::shared_ptr<TagJob> jobFor(FrameAuth &auth, const uint8_t *head, const std::vector<uint8_t> &d,
+                               bool verify) {
+    auto job = std::make_shared<TagJob>();
+    job->otk = auth.nextKey();
+    std::memcpy(job->head.data(), head, kChunkFrameOverhead);
+    job->head_len = static_cast<uint32_t>(kChunkFrameOverhead);
+    job->data = d.data();
+    job->len = d.size();
+    job->verify = verify;
+    return job;
+}
+
+void waitDone(const TagJob &job) {
+    for (int i = 0; i < 20000 && !job.done.load(std::memory_order_acquire); ++i) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    ASSERT_TRUE(job.done.load(std::memory_order_acquire)) << "a tag job never ended";
+}
+
+TEST(TagPool, AutoGivesNoneOnSmallHostsAndAtMostFour) {
+    EXPECT_EQ(TagPool::autoThreads(1), 0u);
+    EXPECT_EQ(TagPool::autoThreads(2), 0u);
+    EXPECT_EQ(TagPool::autoThreads(3), 0u);
+    EXPECT_EQ(TagPool::autoThreads(4), 1u);
+    EXPECT_EQ(TagPool::autoThreads(8), 2u);
+    EXPECT_EQ(TagPool::autoThreads(16), 4u);
+    EXPECT_EQ(TagPool::autoThreads(128), 4u);
+    EXPECT_GE(TagPool::usableCpus(), 1u);
+    TagPool none(0);
+    EXPECT_EQ(none.threads(), 0u);
+    EXPECT_EQ(none.wakeFd(), -1);
+    EXPECT_FALSE(none.offloads(1u << 20)) << "a pool without workers took a frame";
+    TagPool two(2);
+    EXPECT_EQ(two.threads(), 2u);
+    EXPECT_FALSE(two.offloads(TagPool::kOffloadFrom - 1));
+    EXPECT_TRUE(two.offloads(TagPool::kOffloadFrom));
+}
+
+TEST(TagPool, WorkersSignAndVerifyAsTheEngineThreadWould) {
+    TagPool pool(3);
+    ASSERT_EQ(pool.threads(), 3u);
+    FrameAuth tx(keyOf(1));   // hands frames to the pool
+    FrameAuth ref(keyOf(1));  // the same frames tagged here
+    FrameAuth rx(keyOf(1));   // checks the pool's tags in the pool
+    uint8_t head[kChunkFrameOverhead];
+    std::vector<std::vector<uint8_t>> datas;
+    std::vector<std::shared_ptr<TagJob>> signs;
+    for (int i = 0; i < 24; ++i) {
+        std::memset(head, i, sizeof head);
+        datas.push_back(randomBytes(65536 + static_cast<size_t>(i) * 4099, 100 + i));
+        signs.push_back(jobFor(tx, head, datas.back(), false));
+        pool.submit(signs.back());
+    }
+    std::vector<std::shared_ptr<TagJob>> checks;
+    for (int i = 0; i < 24; ++i) {
+        waitDone(*signs[i]);
+        std::memset(head, i, sizeof head);
+        Tag expect;
+        ref.sign(head, sizeof head, datas[i].data(), datas[i].size(), expect.data());
+        EXPECT_EQ(signs[i]->tag, expect) << "frame " << i;
+        EXPECT_FALSE(signs[i]->cancelled);
+        auto check = jobFor(rx, head, datas[i], true);
+        check->tag = signs[i]->tag;
+        if (i % 5 == 3) {
+            check->tag[i % 16] ^= 0x40;  // changed on the way
+        }
+        checks.push_back(check);
+        pool.submit(check);
+    }
+    for (int i = 0; i < 24; ++i) {
+        waitDone(*checks[i]);
+        EXPECT_EQ(checks[i]->good, i % 5 != 3) << "frame " << i;
+    }
+    EXPECT_EQ(pool.jobsDone(), 48u);
+    // The eventfd told the owner.
+    uint64_t v = 0;
+    EXPECT_EQ(::read(pool.wakeFd(), &v, sizeof v), static_cast<ssize_t>(sizeof v));
+    EXPECT_GT(v, 0u);
+}
+
+TEST(TagPool, TheNextFrameNumberIsTheNextKey) {
+    // A frame whose key was taken for the pool still uses up its number: frames after it,
+    // tagged here, are numbered as on the wire.
+    FrameAuth a(keyOf(2)), b(keyOf(2));
+    const auto d = randomBytes(100, 3);
+    uint8_t head[kChunkFrameOverhead] = {};
+    (void)a.nextKey();
+    b.begin();
+    Tag ta, tb;
+    a.sign(head, sizeof head, d.data(), d.size(), ta.data());
+    b.sign(head, sizeof head, d.data(), d.size(), tb.data());
+    EXPECT_EQ(ta, tb);
+    EXPECT_EQ(a.frames(), 2u);
+}
+
+TEST(TagPool, QueuedJobsAreTakenBackOrFinishedNow) {
+    TagPool pool(1);
+    FrameAuth tx(keyOf(4)), ref(keyOf(4));
+    uint8_t head[kChunkFrameOverhead] = {};
+    // Enough big jobs that the last ones are still queued when we reach them.
+    std::vector<std::vector<uint8_t>> datas;
+    std::vector<std::shared_ptr<TagJob>> jobs;
+    for (int i = 0; i < 16; ++i) {
+        datas.push_back(randomBytes(4u << 20, 50 + i));
+        jobs.push_back(jobFor(tx, head, datas.back(), false));
+    }
+    for (int i = 0; i < 16; ++i) {
+        pool.submit(jobs[i]);
+    }
+    pool.cancelOrWait(*jobs[15]);
+    EXPECT_TRUE(jobs[15]->done.load());
+    pool.finishNow(*jobs[14]);
+    ASSERT_TRUE(jobs[14]->done.load());
+    for (int i = 0; i < 15; ++i) {
+        pool.finishNow(*jobs[i]);
+        Tag expect;
+        ref.sign(head, sizeof head, datas[i].data(), datas[i].size(), expect.data());
+        EXPECT_EQ(jobs[i]->tag, expect) << "frame " << i << " finished with a wrong tag";
+        EXPECT_FALSE(jobs[i]->cancelled);
+    }
+    // The last was taken back before any worker reached it (one worker, 60 MiB ahead of it), so
+    // its buffer may go; freeing it now must not be read after (ASan).
+    EXPECT_TRUE(jobs[15]->cancelled);
+    datas[15].clear();
+    datas[15].shrink_to_fit();
+}
+
+TEST(TagPool, DestroyingThePoolEndsEveryJob) {
+    FrameAuth tx(keyOf(5));
+    uint8_t head[kChunkFrameOverhead] = {};
+    std::vector<std::vector<uint8_t>> datas;
+    std::vector<std::shared_ptr<TagJob>> jobs;
+    {
+        TagPool pool(1);
+        for (int i = 0; i < 8; ++i) {
+            datas.push_back(randomBytes(2u << 20, 70 + i));
+            jobs.push_back(jobFor(tx, head, datas.back(), false));
+            pool.submit(jobs.back());
+        }
+    }
+    for (const auto &j : jobs) {
+        EXPECT_TRUE(j->done.load()) << "a job was left neither run nor cancelled";
+    }
+}
+
+struct SocketPair {
+    SocketPair() {
+        int fds[2];
+        EXPECT_EQ(0, ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, fds));
+        ours = fds[0];
+        theirs = fds[1];
+    }
+    ~SocketPair() { ::close(theirs); }
+    int ours = -1;
+    int theirs = -1;
+};
+
+/// What `queue` makes a connection put on the wire, read from the other end.
+std::vector<uint8_t> wireOf(TagPool *pool, const std::vector<std::vector<uint8_t>> &chunks) {
+    Poller poller;
+    EXPECT_EQ(0, poller.open());
+    SocketPair sp;
+    std::vector<uint8_t> wire;
+    {
+        Connection c(poller, ipc::UniqueFd(sp.ours), "t", ConnRole::kOutData, 0, false);
+        c.enableAuth(keyOf(9), keyOf(10));
+        c.setTagPool(pool);
+        for (size_t i = 0; i < chunks.size(); ++i) {
+            uint8_t head[kChunkFrameOverhead];
+            ChunkHeader h;
+            h.region = 7;
+            h.total_bytes = chunks[i].size();
+            encodeChunkFrame(head, i + 1, h, static_cast<uint32_t>(chunks[i].size()));
+            c.queueChunk(head, chunks[i].data(), static_cast<uint32_t>(chunks[i].size()), i + 1);
+        }
+        c.queueFrame(FrameType::kHeartbeat, 1);  // a small frame after them, tagged here
+        std::vector<uint8_t> buf(1u << 20);
+        for (int spins = 0; spins < 200000 && (c.hasOutput() || c.waitingForTag()); ++spins) {
+            EXPECT_EQ(0, c.flush(0));
+            if (c.waitingForTag()) {
+                EXPECT_FALSE(c.hasOutput() && c.queuedBytes() == 0);
+            }
+            ssize_t n = ::recv(sp.theirs, buf.data(), buf.size(), MSG_DONTWAIT);
+            if (n > 0) {
+                wire.insert(wire.end(), buf.begin(), buf.begin() + n);
+            }
+        }
+        EXPECT_FALSE(c.hasOutput());
+    }
+    for (;;) {
+        std::vector<uint8_t> buf(1u << 20);
+        ssize_t n = ::recv(sp.theirs, buf.data(), buf.size(), MSG_DONTWAIT);
+        if (n <= 0) {
+            break;
+        }
+        wire.insert(wire.end(), buf.begin(), buf.begin() + n);
+    }
+    return wire;
+}
+
+TEST(TagPool, AConnectionSendsTheSameBytesWithTheTagsOnWorkers) {
+    std::vector<std::vector<uint8_t>> chunks;
+    for (size_t n : {size_t{4096}, size_t{65536}, size_t{1} << 20, size_t{300001}, size_t{100}}) {
+        chunks.push_back(randomBytes(n, n));
+    }
+    TagPool pool(2);
+    const auto here = wireOf(nullptr, chunks);
+    const auto offloaded = wireOf(&pool, chunks);
+    EXPECT_EQ(pool.jobsDone(), 3u) << "the three chunks of 64 KiB and more go to the pool";
+    ASSERT_EQ(here.size(), offloaded.size());
+    EXPECT_TRUE(here == offloaded) << "the tags from the pool differ from those made here";
+}
+
+TEST(TagPool, DroppingOutputWaitsForTheWorkersReadingIt) {
+    // The source is unmapped right after dropOutput() (as a session's failed writes let their
+    // regions go): a worker still reading it would fault. (Poly1305 runs in OpenSSL's and
+    // libsodium's uninstrumented code, where ASan would not see a read of freed memory.)
+    TagPool pool(1);
+    Poller poller;
+    ASSERT_EQ(0, poller.open());
+    constexpr size_t kLen = 4u << 20;
+    for (int round = 0; round < 8; ++round) {
+        int fds[2];
+        ASSERT_EQ(0, ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, fds));
+        Connection c(poller, ipc::UniqueFd(fds[0]), "t", ConnRole::kOutData, 0, false);
+        c.enableAuth(keyOf(11), keyOf(12));
+        c.setTagPool(&pool);
+        std::vector<void *> sources;
+        for (int i = 0; i < 6; ++i) {
+            void *p =
+                ::mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            ASSERT_NE(p, MAP_FAILED);
+            std::memset(p, i, kLen);
+            sources.push_back(p);
+            uint8_t head[kChunkFrameOverhead] = {};
+            c.queueChunk(head, static_cast<uint8_t *>(p), kLen, static_cast<uint64_t>(i + 1));
+        }
+        c.dropOutput();
+        EXPECT_FALSE(c.hasOutput());
+        EXPECT_FALSE(c.waitingForTag());
+        for (void *p : sources) {
+            ::munmap(p, kLen);
+        }
+        ::close(fds[1]);
+    }
+    // The pool is still sound: a new job runs.
+    FrameAuth tx(keyOf(13));
+    const auto d = randomBytes(1u << 20, 14);
+    uint8_t head[kChunkFrameOverhead] = {};
+    auto job = jobFor(tx, head, d, false);
+    pool.submit(job);
+    waitDone(*job);
+    EXPECT_FALSE(job->cancelled);
+}
+
+}  // namespace
+}  // namespace tensorlane::sidecar
