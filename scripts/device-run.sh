@@ -12,7 +12,8 @@ usage() {
     cat <<'USAGE'
 usage: scripts/device-run.sh fetch
        scripts/device-run.sh run [--out DIR] [--jobs N] [--budget SECONDS] [--bench-min-time S]
-                                 [--bench-filter REGEX] [--verbs-bench] [--no-rest] [--dry-run]
+                                 [--bench-filter REGEX] [--verbs-bench] [--simhca-bench] [--tcp-compare] [--no-rest]
+                                 [--dry-run]
 
   fetch                download the .debs the GPU machine lacks (toml++, CLI11, nlohmann-json,
                        libsodium, Google Benchmark, prometheus-cpp and civetweb, perftest: -dev
@@ -28,6 +29,10 @@ usage: scripts/device-run.sh fetch
   --bench-filter RE    only these benchmarks
   --verbs-bench        after gpu_bench, scripts/bench-verbs.sh (the sidecars' verbs transport
                        against perftest on the simulated HCA; 2 rounds) on this host's cores
+  --tcp-compare        gpu_bench's tcp rows again with the tags on the engine thread
+                       (TENSORLANE_BENCH_TAG_THREADS=0) and without tags (..._TCP_INTEGRITY=none)
+  --simhca-bench       tests/simhca/tools/bench.sh: the simulator alone (perftest over it) against
+                       UDP ping-pong and stream on the same loopback
   --no-rest            skip the tests not labelled gpu
   --dry-run            print the steps, change nothing
 USAGE
@@ -56,6 +61,8 @@ min_time=0.2
 filter=""
 rest=1
 verbs_bench=0
+simhca_bench=0
+tcp_compare=0
 dry_run=0
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -66,6 +73,8 @@ while [ $# -gt 0 ]; do
         --bench-filter) filter=$2; shift ;;
         --no-rest) rest=0 ;;
         --verbs-bench) verbs_bench=1 ;;
+        --simhca-bench) simhca_bench=1 ;;
+        --tcp-compare) tcp_compare=1 ;;
         --dry-run) dry_run=1 ;;
         -h|--help) usage; exit 0 ;;
         *) usage >&2; exit 2 ;;
@@ -195,6 +204,20 @@ note "gpu_bench: exit $?"
 sed -n '/== gpu_bench summary/,$p' "$out/gpu_bench.txt" | tee -a "$summary"
 set -e
 
+if [ "$tcp_compare" -eq 1 ]; then
+    for variant in TENSORLANE_BENCH_TAG_THREADS=0 TENSORLANE_BENCH_TCP_INTEGRITY=none; do
+        [ "$(left)" -gt 60 ] || break
+        note "== gpu_bench tcp rows with $variant ($(left) s left)"
+        set +e
+        run env "$variant" timeout "$(left)" build/release/tests/bench/gpu_bench \
+            --benchmark_min_time="$min_time" --benchmark_filter='^(TcpStream|PinnedD2H|Tcp)' \
+            >"$out/gpu_bench-${variant%%=*}.txt" 2>&1
+        note "gpu_bench ($variant): exit $?"
+        grep -E '^tcp ' "$out/gpu_bench-${variant%%=*}.txt" | tee -a "$summary"
+        set -e
+    done
+fi
+
 if [ "$verbs_bench" -eq 1 ] && [ "$(left)" -gt 60 ]; then
     note "== bench-verbs.sh ($(left) s left)"
     set +e
@@ -202,6 +225,16 @@ if [ "$verbs_bench" -eq 1 ] && [ "$(left)" -gt 60 ]; then
         --poll-mode "event adaptive busy" --out "$out/bench-verbs" >"$out/bench-verbs.txt" 2>&1
     note "bench-verbs: exit $?"
     tail -n 30 "$out/bench-verbs.txt" | tee -a "$summary"
+    set -e
+fi
+
+if [ "$simhca_bench" -eq 1 ] && [ "$(left)" -gt 40 ]; then
+    note "== simhca bench.sh ($(left) s left)"
+    set +e
+    run timeout "$(( $(left) - 10 ))" tests/simhca/tools/bench.sh build/release --iters 5000 \
+        >"$out/simhca-bench.txt" 2>&1
+    note "simhca bench: exit $?"
+    tail -n 25 "$out/simhca-bench.txt" | tee -a "$summary"
     set -e
 fi
 

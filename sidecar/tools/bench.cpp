@@ -62,6 +62,7 @@ struct Options {
     uint32_t connections = 0;
     std::string chunk;
     std::string integrity;
+    std::string tag_threads;
     std::string poll_mode = "adaptive";
     int spin_us = -1;
     uint32_t rounds = 1;
@@ -212,6 +213,7 @@ void Bench::startLoopback() {
     a.poll_mode = o_.poll_mode;
     a.spin_us = o_.spin_us;
     a.integrity = o_.integrity;
+    a.tag_threads = o_.tag_threads;
     a.transport = o_.transport;
     NodeSettings b = a;
     b.name = "node-b";
@@ -751,9 +753,10 @@ int runBench(Options o) {
             throw BenchError("--loopback starts its own sidecars; leave out --socket/--peer");
         }
         if (attached && (o.connections || !o.chunk.empty() || !o.sidecar.empty() ||
-                         o.spin_us >= 0 || !o.integrity.empty())) {
+                         o.spin_us >= 0 || !o.integrity.empty() || !o.tag_threads.empty())) {
             throw BenchError(
-                "--connections, --chunk, --integrity, --spin-us and --sidecar shape the "
+                "--connections, --chunk, --integrity, --tag-threads, --spin-us and --sidecar "
+                "shape the "
                 "sidecars --loopback "
                 "starts; set "
                 "them in the running sidecars' configs instead");
@@ -843,6 +846,10 @@ void addBenchCommand(CLI::App &app, std::function<int()> *run) {
                   "loopback: [security] tcp_integrity of both sidecars (mac, the default, or "
                   "none): measure what authenticating every frame costs")
         ->check(CLI::IsMember({"mac", "none"}));
+    b->add_option("--tag-threads", opts->tag_threads,
+                  "loopback: [tcp] tag_threads of both sidecars (auto, the default, or 0-16): "
+                  "workers that compute the big chunks' frame tags off the engine thread")
+        ->check(CLI::IsMember({"auto"}) | CLI::Range(0, 16));
     b->add_option("--poll-mode", opts->poll_mode, "loopback: [ipc] poll_mode")
         ->check(CLI::IsMember({"busy", "adaptive", "event"}))
         ->capture_default_str();

@@ -294,6 +294,10 @@ std::string nodeToml(const NodeSettings &s) {
     if (s.chunk_bytes) {
         t += "chunk_bytes = " + std::to_string(s.chunk_bytes) + "\n";
     }
+    if (!s.tag_threads.empty()) {
+        t += s.tag_threads == "auto" ? std::string("tag_threads = \"auto\"\n")
+                                     : "tag_threads = " + s.tag_threads + "\n";
+    }
     t += "\n[ipc]\nring_depth = " + std::to_string(s.ring_depth) + "\n";
     t += "poll_mode = \"" + s.poll_mode + "\"\n";
     if (s.spin_us >= 0) {

@@ -97,6 +97,7 @@ struct NodeSettings {
     int spin_us = -1;  ///< [ipc] spin_us; negative keeps the default
     uint32_t ring_depth = 1024;
     std::string integrity;          ///< [security] tcp_integrity; empty keeps the default (mac)
+    std::string tag_threads;        ///< [tcp] tag_threads ("auto" or 0-16); empty: the default
     std::string transport = "tcp";  ///< [fabric] transport: "tcp" or "verbs"
     std::string device;             ///< verbs: [fabric] device (e.g. "sim0"); empty: auto
     uint32_t qps_per_peer = 0;      ///< verbs: [fabric] qps_per_peer; 0 keeps the default

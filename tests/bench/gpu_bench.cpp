@@ -304,6 +304,12 @@ struct TcpRig {
             if (integrity != nullptr && *integrity != '\0') {
                 o.extra_security = std::string("tcp_integrity = \"") + integrity + "\"\n";
             }
+            // TENSORLANE_BENCH_TAG_THREADS=0 keeps the tags on the engine thread (default: the
+            // sidecar's "auto"), to show what the tag workers buy in the same run.
+            if (const char *tt = std::getenv("TENSORLANE_BENCH_TAG_THREADS");
+                tt != nullptr && *tt != '\0') {
+                o.tcp = std::string("tag_threads = ") + tt + "\n";
+            }
             return o;
         };
         a = std::make_unique<tltest::Sidecar>(opts("node-a", pa, "node-b", pb));
