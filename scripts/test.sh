@@ -71,10 +71,11 @@ if [ "$quick" -eq 0 ]; then
         -timeout=10 -print_final_stats=1 build/fuzz/corpus-config tests/fuzz/corpus/config \
         2>&1 | tail -n 12
 
-    step "ThreadSanitizer: ring stress"
+    step "ThreadSanitizer: ring stress, frame tags on worker threads"
     cmake --preset tsan >/dev/null
-    cmake --build build/tsan --target ipc_stress -j "$jobs"
+    cmake --build build/tsan --target ipc_stress tag_pool_tests -j "$jobs"
     ctest --test-dir build/tsan -L stress -LE '^simhca$' --output-on-failure
+    TSAN_OPTIONS="halt_on_error=1 exitcode=66" build/tsan/tests/peer/tag_pool_tests
 
     step "libFuzzer: simulated HCA packet parser (${fuzz_seconds}s)"
     cmake --build build/fuzz --target fuzz_simhca_packet -j "$jobs"
