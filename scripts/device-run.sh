@@ -12,7 +12,8 @@ usage() {
     cat <<'USAGE'
 usage: scripts/device-run.sh fetch
        scripts/device-run.sh run [--out DIR] [--jobs N] [--budget SECONDS] [--bench-min-time S]
-                                 [--bench-filter REGEX] [--verbs-bench] [--simhca-bench] [--tcp-compare] [--no-rest]
+                                 [--bench-filter REGEX] [--verbs-bench] [--simhca-bench] [--tcp-compare]
+                                 [--latency-rounds N] [--no-rest]
                                  [--dry-run]
 
   fetch                download the .debs the GPU machine lacks (toml++, CLI11, nlohmann-json,
@@ -31,6 +32,8 @@ usage: scripts/device-run.sh fetch
                        against perftest on the simulated HCA; 2 rounds) on this host's cores
   --tcp-compare        gpu_bench's tcp rows again with the tags on the engine thread
                        (TENSORLANE_BENCH_TAG_THREADS=0) and without tags (..._TCP_INTEGRITY=none)
+  --latency-rounds N   the 4 KiB latency pair (LocalGpuLatency, CudaMemcpyLatency) N more
+                       times, each in a process of its own (the machine moves between runs)
   --simhca-bench       tests/simhca/tools/bench.sh: the simulator alone (perftest over it) against
                        UDP ping-pong and stream on the same loopback
   --no-rest            skip the tests not labelled gpu
@@ -63,6 +66,7 @@ rest=1
 verbs_bench=0
 simhca_bench=0
 tcp_compare=0
+latency_rounds=0
 dry_run=0
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -75,6 +79,7 @@ while [ $# -gt 0 ]; do
         --verbs-bench) verbs_bench=1 ;;
         --simhca-bench) simhca_bench=1 ;;
         --tcp-compare) tcp_compare=1 ;;
+        --latency-rounds) latency_rounds=$2; shift ;;
         --dry-run) dry_run=1 ;;
         -h|--help) usage; exit 0 ;;
         *) usage >&2; exit 2 ;;
@@ -203,6 +208,15 @@ run timeout "$(left)" build/release/tests/bench/gpu_bench "${bench_args[@]}" \
 note "gpu_bench: exit $?"
 sed -n '/== gpu_bench summary/,$p' "$out/gpu_bench.txt" | tee -a "$summary"
 set -e
+
+for ((round = 1; round <= latency_rounds; round++)); do
+    [ "$(left)" -gt 30 ] || break
+    set +e
+    run timeout "$(left)" build/release/tests/bench/gpu_bench --benchmark_min_time="$min_time" \
+        --benchmark_filter='^(LocalGpuLatency|CudaMemcpyLatency)' >"$out/latency-$round.txt" 2>&1
+    set -e
+    note "latency round $round: $(grep -E '^4 KiB latency' "$out/latency-$round.txt")"
+done
 
 if [ "$tcp_compare" -eq 1 ]; then
     for variant in TENSORLANE_BENCH_TAG_THREADS=0 TENSORLANE_BENCH_TCP_INTEGRITY=none; do

@@ -23,7 +23,7 @@ bash "$mksysfs" "$work/sys" --dev sim0 --netdev smoke0 --ip "$net.2" --mtu 4200 
 bash "$mksysfs" "$work/sys" --dev sim1 --netdev smoke1 --ip "$net.3" --mtu 4200 >/dev/null
 
 for mode in adaptive busy; do
-    LD_LIBRARY_PATH=$simdir "$tl" bench --transport verbs --sysfs-root "$work/sys" \
+    LD_LIBRARY_PATH=$simdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} "$tl" bench --transport verbs --sysfs-root "$work/sys" \
         --devices sim0,sim1 --sizes 64K --iters 20 --duration 0.05 --poll-mode "$mode" \
         --no-baseline --json "$work/$mode.json" >"$work/$mode.txt"
     python3 - "$work/$mode.json" "$mode" <<'PY'

@@ -6,7 +6,7 @@
 
 Each installs the build into a fresh temporary prefix with `cmake --install BUILD --prefix TMP`.
 `tree` checks that every part is where a distribution puts it, that the installed binaries run
-from there (no build tree, no LD_LIBRARY_PATH), that the installed example and a key made by the
+from there (no build tree, nothing of it on LD_LIBRARY_PATH), that the installed example and a key made by the
 installed `tensorlane keygen` pass `--check-config`, and that a C and a C++ program build
 against the installed headers and library through pkg-config and run. `systemd` runs
 `systemd-analyze verify` on the installed unit (no output allowed: it reports most problems as
@@ -27,9 +27,17 @@ SKIP = 77
 from checks import check, failures
 
 
+BUILD_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
 def run(cmd, **kw):
     env = dict(os.environ)
-    env.pop("LD_LIBRARY_PATH", None)
+    # Nothing from the source or build tree; directories of dependencies stay (a host that lacks
+    # a package may carry it unpacked under a prefix on LD_LIBRARY_PATH, as the GPU machine does).
+    kept = [d for d in env.pop("LD_LIBRARY_PATH", "").split(":")
+            if d and not os.path.abspath(d).startswith(BUILD_ROOT + os.sep)]
+    if kept:
+        env["LD_LIBRARY_PATH"] = ":".join(kept)
     env.update(kw.pop("env", {}))
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120, **kw)
 

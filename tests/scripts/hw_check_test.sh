@@ -65,7 +65,7 @@ bash "$repo/tests/simhca/tools/mksysfs.sh" "$work/sys" --dev sim1 --netdev hwc1 
 bash "$repo/tests/simhca/tools/mksysfs.sh" "$work/sys" --dev sim2 --netdev hwc2 --ip "$net.4" \
     --gid-index 5 >/dev/null
 export TENSORLANE_SYSFS_ROOT="$work/sys"
-export LD_LIBRARY_PATH="$simdir"
+export LD_LIBRARY_PATH="$simdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 "$build/sidecar/tensorlane" keygen "$work/peer.key" >/dev/null
 port_of() {  # a free TCP port on 127.0.0.1
     python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
