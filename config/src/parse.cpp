@@ -229,6 +229,32 @@ public:
             key, expected, [lo, hi](int64_t v) { return v >= lo && v <= hi; }, out);
     }
 
+    /// "auto" (`out` left unset) or an integer in [lo, hi].
+    template <typename T>
+    bool autoOrRange(std::string_view key, int64_t lo, int64_t hi, std::optional<T> &out) const {
+        const toml::node *n = node(key);
+        if (n == nullptr) {
+            return true;
+        }
+        const std::string expected =
+            "\"auto\" or an integer " + std::to_string(lo) + "-" + std::to_string(hi);
+        if (n->is_string()) {
+            if (n->as_string()->get() == "auto") {
+                out.reset();
+                return true;
+            }
+            c_.add(n->source(), keyPath(key), expected, foundTyped(*n));
+            return false;
+        }
+        T v{};
+        if (!integer(
+                key, expected, [lo, hi](int64_t x) { return x >= lo && x <= hi; }, v)) {
+            return false;
+        }
+        out = v;
+        return true;
+    }
+
     bool boolean(std::string_view key, bool &out) const {
         const toml::node *n = node(key);
         if (n == nullptr) {
@@ -430,22 +456,7 @@ void readFabric(const TableReader &r, FabricConfig &out) {
     r.string(
         "netdev", "\"auto\" or an interface name of 1-15 characters [A-Za-z0-9._-]",
         [](std::string_view s) { return s == "auto" || isSimpleName(s, 15); }, out.netdev);
-    if (const toml::node *n = r.node("gid_index")) {
-        static const std::string kExpected = "\"auto\" or an integer 0-255";
-        if (n->is_string()) {
-            if (n->as_string()->get() == "auto") {
-                out.gid_index.reset();
-            } else {
-                r.collector().add(n->source(), r.keyPath("gid_index"), kExpected, foundTyped(*n));
-            }
-        } else {
-            uint8_t index = 0;
-            if (r.integer(
-                    "gid_index", kExpected, [](int64_t v) { return v >= 0 && v <= 255; }, index)) {
-                out.gid_index = index;
-            }
-        }
-    }
+    r.autoOrRange("gid_index", 0, 255, out.gid_index);
     r.range("dscp", 0, 63, out.dscp);
     r.boolean("ecn", out.ecn);
     r.range("pfc_priority", 0, 7, out.pfc_priority);
@@ -474,23 +485,7 @@ void readTcp(const TableReader &r, TcpConfig &out) {
     r.range("keepalive_ms", 10, 60000, out.keepalive_ms);
     r.range("peer_timeout_ms", 100, 600000, out.peer_timeout_ms);
     r.range("connect_timeout_ms", 10, 60000, out.connect_timeout_ms);
-    if (const toml::node *n = r.node("tag_threads")) {
-        static const std::string kExpected = "\"auto\" or an integer 0-16";
-        if (n->is_string()) {
-            if (n->as_string()->get() == "auto") {
-                out.tag_threads.reset();
-            } else {
-                r.collector().add(n->source(), r.keyPath("tag_threads"), kExpected, foundTyped(*n));
-            }
-        } else {
-            uint32_t threads = 0;
-            if (r.integer(
-                    "tag_threads", kExpected, [](int64_t v) { return v >= 0 && v <= 16; },
-                    threads)) {
-                out.tag_threads = threads;
-            }
-        }
-    }
+    r.autoOrRange("tag_threads", 0, 16, out.tag_threads);
     const bool min_ok = r.range("reconnect_min_ms", 1, 60000, out.reconnect_min_ms);
     const bool max_ok = r.range("reconnect_max_ms", 1, 600000, out.reconnect_max_ms);
     if (!min_ok || !max_ok || out.reconnect_max_ms >= out.reconnect_min_ms) {

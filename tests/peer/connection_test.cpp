@@ -9,25 +9,10 @@
 
 #include "net/connection.hpp"
 #include "net/socket.hpp"
+#include "socket_pair.hpp"
 
 namespace tensorlane::sidecar {
 namespace {
-
-struct SocketPair {
-    SocketPair() {
-        int fds[2];
-        EXPECT_EQ(0, ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, fds));
-        ours = fds[0];
-        theirs = fds[1];
-    }
-    ~SocketPair() {
-        if (theirs >= 0) {
-            ::close(theirs);
-        }
-    }
-    int ours = -1;
-    int theirs = -1;
-};
 
 TEST(PeerConnection, FlushToAClosedPeerFailsWithoutSigpipe) {
     Poller poller;

@@ -16,6 +16,7 @@
 
 #include "net/connection.hpp"
 #include "net/tag_pool.hpp"
+#include "socket_pair.hpp"
 
 namespace tensorlane::sidecar {
 namespace {
@@ -183,18 +184,6 @@ TEST(TagPool, DestroyingThePoolEndsEveryJob) {
         EXPECT_TRUE(j->done.load()) << "a job was left neither run nor cancelled";
     }
 }
-
-struct SocketPair {
-    SocketPair() {
-        int fds[2];
-        EXPECT_EQ(0, ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, fds));
-        ours = fds[0];
-        theirs = fds[1];
-    }
-    ~SocketPair() { ::close(theirs); }
-    int ours = -1;
-    int theirs = -1;
-};
 
 /// What `queue` makes a connection put on the wire, read from the other end.
 std::vector<uint8_t> wireOf(TagPool *pool, const std::vector<std::vector<uint8_t>> &chunks) {
