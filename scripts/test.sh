@@ -71,11 +71,21 @@ if [ "$quick" -eq 0 ]; then
         -timeout=10 -print_final_stats=1 build/fuzz/corpus-config tests/fuzz/corpus/config \
         2>&1 | tail -n 12
 
-    step "ThreadSanitizer: ring stress, frame tags on worker threads"
+    step "ThreadSanitizer: ring stress, frame tags on worker threads, tcp peers"
     cmake --preset tsan >/dev/null
-    cmake --build build/tsan --target ipc_stress tag_pool_tests -j "$jobs"
+    cmake --build build/tsan --target ipc_stress tag_pool_tests peer_tests -j "$jobs"
     ctest --test-dir build/tsan -L stress -LE '^simhca$' --output-on-failure
     TSAN_OPTIONS="halt_on_error=1 exitcode=66" build/tsan/tests/peer/tag_pool_tests
+    # The peer managers over tcp, hostile peers and tampering included (the verbs cases run on
+    # the simulated HCA, instrumented below).
+    if ! TSAN_OPTIONS="halt_on_error=1 exitcode=66" build/tsan/tests/peer/peer_tests \
+        --gtest_filter='-*verbs*:*Verbs*:Registrar*:FlushOff*' --gtest_brief=1 \
+        >build/tsan/peer_tests.log 2>&1; then
+        tail -n 80 build/tsan/peer_tests.log
+        echo "peer_tests under ThreadSanitizer failed (build/tsan/peer_tests.log)" >&2
+        exit 1
+    fi
+    tail -n 2 build/tsan/peer_tests.log
 
     step "libFuzzer: simulated HCA packet parser (${fuzz_seconds}s)"
     cmake --build build/fuzz --target fuzz_simhca_packet -j "$jobs"

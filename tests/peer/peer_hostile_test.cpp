@@ -363,7 +363,9 @@ private:
                 pairs_.push_back({c, t});
                 sent.push_back(0);
             }
-            for (size_t i = 0; i < pairs_.size(); ++i) {
+            // Only the pairs that were polled: one accepted just now has no entries in fds.
+            const size_t polled = (fds.size() - 1) / 2;
+            for (size_t i = 0; i < polled; ++i) {
                 for (int dir = 0; dir < 2; ++dir) {
                     const pollfd &p = fds[1 + 2 * i + dir];
                     if ((p.revents & (POLLIN | POLLHUP | POLLERR)) == 0) {
