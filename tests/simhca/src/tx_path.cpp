@@ -166,6 +166,14 @@ int TxPath::flush() {
             continue;
         }
         sent += n;
+        if (sent < count_) {
+            // A blocking socket stops short only where a datagram failed (its error is not
+            // reported: sendmmsg(2)); that one is lost on the wire like the case above. Sending it
+            // again at once would hide the loss a firewall rule or a full device queue models:
+            // an nft drop in the middle of a batch came back as an instant resend, so no
+            // retransmission ever showed.
+            ++sent;
+        }
     }
     const int total = count_;
     count_ = 0;
