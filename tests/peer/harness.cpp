@@ -14,9 +14,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <filesystem>
+#include <mutex>
 #include <random>
 #include <stdexcept>
 
@@ -74,19 +77,37 @@ bool peerLogHas(const std::vector<std::string> &parts) {
 }
 
 uint16_t freePort() {
-    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = 0;
-    if (::bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) != 0) {
+    // The port is free once the probe socket closes, so the kernel may hand the same one out
+    // again at the next call: two nodes of one test then got one port (one listened, the other
+    // failed with EADDRINUSE and its peer reached itself). The ports given out recently in this
+    // process are never given again.
+    static std::mutex mu;
+    static std::deque<uint16_t> recent;
+    std::lock_guard lock(mu);
+    for (int attempt = 0; attempt < 64; ++attempt) {
+        int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        a.sin_port = 0;
+        if (::bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) != 0) {
+            ::close(fd);
+            return 0;
+        }
+        socklen_t len = sizeof a;
+        ::getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len);
         ::close(fd);
-        return 0;
+        const uint16_t port = ntohs(a.sin_port);
+        if (std::find(recent.begin(), recent.end(), port) != recent.end()) {
+            continue;
+        }
+        recent.push_back(port);
+        if (recent.size() > 256) {
+            recent.pop_front();
+        }
+        return port;
     }
-    socklen_t len = sizeof a;
-    ::getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len);
-    ::close(fd);
-    return ntohs(a.sin_port);
+    return 0;
 }
 
 TempDir::TempDir() {
