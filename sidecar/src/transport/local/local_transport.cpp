@@ -141,6 +141,21 @@ Status LocalTransport::post(const WriteOp &op) {
     Job job;
     job.op = op;
     job.gpu = op.src->kind == MemoryKind::kCuda || op.dst->kind == MemoryKind::kCuda;
+    const SessionId sid = op.src->owner;
+    if (!job.gpu && op.bytes <= kInlineBytes) {
+        auto h = handed_.find(sid);
+        if (h == handed_.end() || h->second == 0) {
+            // Nothing of this session's is on the copy thread: copy it here, report it next.
+            Done d;
+            (void)stepHost(job, &d);  // finishes: one slice
+            inline_done_.push_back(std::move(d));
+            ++inline_writes_;
+            ++in_flight_;
+            return Status::ok();
+        }
+    }
+    ++handed_[sid];
+    handed_ops_[op.op_id] = sid;
     {
         std::lock_guard lock(mu_);
         incoming_.push_back(std::move(job));
@@ -163,6 +178,9 @@ void LocalTransport::deregisterRegion(RegionId r) {
 }
 
 bool LocalTransport::arm() {
+    if (!inline_done_.empty()) {
+        return false;  // copied in post(): progress() reports them
+    }
     armed_.store(true, std::memory_order_relaxed);
     // SYNC POINT: seq_cst fence between raising armed_ and reading done_ready_; the copy thread
     // stores done_ready_, fences, then reads armed_ (Dekker): either we see its work here, or it
@@ -424,17 +442,28 @@ size_t LocalTransport::progress(EventSink &sink) {
     if (rung_.load(std::memory_order_acquire) && rung_.exchange(false)) {
         ipc::drain(wake_.get());  // only when it was rung: no syscall on the busy path
     }
-    if (!done_ready_.load(std::memory_order_acquire)) {
-        return 0;
-    }
-    std::vector<Done> done;
-    {
+    std::vector<Done> done = std::exchange(inline_done_, {});
+    // The copy thread's after them: a session's inline writes were posted before anything of
+    // it that went to the copy thread since.
+    if (done_ready_.load(std::memory_order_acquire)) {
         std::lock_guard lock(mu_);
-        done.swap(done_);
+        for (Done &d : done_) {
+            done.push_back(std::move(d));
+        }
+        done_.clear();
         done_ready_.store(false, std::memory_order_relaxed);
+    }
+    if (done.empty()) {
+        return 0;
     }
     for (const Done &d : done) {
         --in_flight_;
+        if (auto h = handed_ops_.find(d.op_id); h != handed_ops_.end()) {
+            if (auto n = handed_.find(h->second); n != handed_.end() && --n->second == 0) {
+                handed_.erase(n);
+            }
+            handed_ops_.erase(h);
+        }
         if (d.code == Code::kOk) {
             // The bytes are in place and visible (a fenced memcpy, or a finished CUDA copy). The
             // owner first, then the writer, as DESIGN.md's data path requires.
