@@ -25,6 +25,7 @@
 
 #include <infiniband/verbs.h>
 
+#include "../sidecar/free_port.hpp"
 #include "tensorlane/ipc/shm.hpp"
 
 namespace tensorlane::peertest {
@@ -77,37 +78,7 @@ bool peerLogHas(const std::vector<std::string> &parts) {
 }
 
 uint16_t freePort() {
-    // The port is free once the probe socket closes, so the kernel may hand the same one out
-    // again at the next call: two nodes of one test then got one port (one listened, the other
-    // failed with EADDRINUSE and its peer reached itself). The ports given out recently in this
-    // process are never given again.
-    static std::mutex mu;
-    static std::deque<uint16_t> recent;
-    std::lock_guard lock(mu);
-    for (int attempt = 0; attempt < 64; ++attempt) {
-        int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        sockaddr_in a{};
-        a.sin_family = AF_INET;
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        a.sin_port = 0;
-        if (::bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) != 0) {
-            ::close(fd);
-            return 0;
-        }
-        socklen_t len = sizeof a;
-        ::getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len);
-        ::close(fd);
-        const uint16_t port = ntohs(a.sin_port);
-        if (std::find(recent.begin(), recent.end(), port) != recent.end()) {
-            continue;
-        }
-        recent.push_back(port);
-        if (recent.size() > 256) {
-            recent.pop_front();
-        }
-        return port;
-    }
-    return 0;
+    return tltest::freePort();
 }
 
 TempDir::TempDir() {

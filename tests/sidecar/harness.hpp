@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "../simhca/loader_path.hpp"
+#include "free_port.hpp"
 #include "tensorlane/tensorlane.h"
 
 namespace tltest {
@@ -110,33 +111,6 @@ inline bool eventually(const std::function<bool()> &cond,
 }
 
 /// A TCP port on 127.0.0.1 that was free a moment ago.
-/// A loopback TCP port that is free now and that this process has not been given recently (the
-/// kernel may hand a just-closed probe port out again: two sidecars of one test would share it).
-inline uint16_t freePort() {
-    static std::mutex mu;
-    static std::deque<uint16_t> recent;
-    std::lock_guard lock(mu);
-    for (int attempt = 0; attempt < 64; ++attempt) {
-        int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        sockaddr_in a{};
-        a.sin_family = AF_INET;
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        ::bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof(a));
-        socklen_t len = sizeof(a);
-        ::getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len);
-        ::close(fd);
-        const uint16_t port = ntohs(a.sin_port);
-        if (std::find(recent.begin(), recent.end(), port) != recent.end()) {
-            continue;
-        }
-        recent.push_back(port);
-        if (recent.size() > 256) {
-            recent.pop_front();
-        }
-        return port;
-    }
-    return 0;
-}
 
 struct PeerEntry {
     std::string name;
