@@ -50,10 +50,25 @@ TagPool::~TagPool() {
         t.join();
     }
     for (auto &job : left) {
-        job->good = false;
-        job->cancelled = true;
-        job->done.store(true, std::memory_order_release);
+        cancel(*job);
     }
+}
+
+void TagPool::cancel(TagJob &job) {
+    job.good = false;
+    job.cancelled = true;
+    job.done.store(true, std::memory_order_release);
+}
+
+std::shared_ptr<TagJob> TagPool::takeQueued(const TagJob &job) {
+    auto it = std::find_if(queue_.begin(), queue_.end(),
+                           [&](const std::shared_ptr<TagJob> &j) { return j.get() == &job; });
+    if (it == queue_.end()) {
+        return nullptr;
+    }
+    std::shared_ptr<TagJob> mine = std::move(*it);
+    queue_.erase(it);
+    return mine;
 }
 
 void TagPool::submit(std::shared_ptr<TagJob> job) {
@@ -66,31 +81,22 @@ void TagPool::submit(std::shared_ptr<TagJob> job) {
 
 void TagPool::cancelOrWait(TagJob &job) {
     std::unique_lock lock(mutex_);
-    auto it = std::find_if(queue_.begin(), queue_.end(),
-                           [&](const std::shared_ptr<TagJob> &j) { return j.get() == &job; });
-    if (it != queue_.end()) {
-        queue_.erase(it);
-        job.good = false;
-        job.cancelled = true;
-        job.done.store(true, std::memory_order_release);
+    if (takeQueued(job)) {
+        cancel(job);
         return;
     }
     done_cv_.wait(lock, [&] { return job.done.load(std::memory_order_acquire); });
 }
 
 void TagPool::finishNow(TagJob &job) {
-    std::shared_ptr<TagJob> mine;
     {
         std::unique_lock lock(mutex_);
-        auto it = std::find_if(queue_.begin(), queue_.end(),
-                               [&](const std::shared_ptr<TagJob> &j) { return j.get() == &job; });
-        if (it == queue_.end()) {
+        if (!takeQueued(job)) {
             done_cv_.wait(lock, [&] { return job.done.load(std::memory_order_acquire); });
             return;
         }
-        mine = std::move(*it);
-        queue_.erase(it);
     }
+    // Ours now (the caller holds it): computed here, outside the lock.
     FrameMac mac;
     compute(mac, job);
     job.done.store(true, std::memory_order_release);

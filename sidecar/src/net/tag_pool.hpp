@@ -97,6 +97,10 @@ public:
 private:
     void run();
     static void compute(FrameMac &mac, TagJob &job);
+    /// Takes `job` out of the queue (under mutex_); null when no worker is to run it any more.
+    std::shared_ptr<TagJob> takeQueued(const TagJob &job);
+    /// A job that will never run.
+    static void cancel(TagJob &job);
 
     std::mutex mutex_;
     std::condition_variable work_cv_;

@@ -155,7 +155,6 @@ Status LocalTransport::post(const WriteOp &op) {
         }
     }
     ++handed_[sid];
-    handed_ops_[op.op_id] = sid;
     {
         std::lock_guard lock(mu_);
         incoming_.push_back(std::move(job));
@@ -324,6 +323,7 @@ bool LocalTransport::turn(std::vector<Done> *done) {
                 }
             }
             done->push_back(finishGpu(j, st));
+            done->back().session = it->first;
             q.pop_front();
             moved = true;
         }
@@ -341,6 +341,7 @@ bool LocalTransport::turn(std::vector<Done> *done) {
             } else if (!j.gpu && k == 0) {
                 Done d;
                 if (stepHost(j, &d)) {
+                    d.session = it->first;
                     done->push_back(std::move(d));
                     q.pop_front();
                 }
@@ -443,6 +444,7 @@ size_t LocalTransport::progress(EventSink &sink) {
         ipc::drain(wake_.get());  // only when it was rung: no syscall on the busy path
     }
     std::vector<Done> done = std::exchange(inline_done_, {});
+    const size_t inline_count = done.size();
     // The copy thread's after them: a session's inline writes were posted before anything of
     // it that went to the copy thread since.
     if (done_ready_.load(std::memory_order_acquire)) {
@@ -456,13 +458,13 @@ size_t LocalTransport::progress(EventSink &sink) {
     if (done.empty()) {
         return 0;
     }
-    for (const Done &d : done) {
+    for (size_t i = 0; i < done.size(); ++i) {
+        const Done &d = done[i];
         --in_flight_;
-        if (auto h = handed_ops_.find(d.op_id); h != handed_ops_.end()) {
-            if (auto n = handed_.find(h->second); n != handed_.end() && --n->second == 0) {
+        if (i >= inline_count) {
+            if (auto n = handed_.find(d.session); n != handed_.end() && --n->second == 0) {
                 handed_.erase(n);
             }
-            handed_ops_.erase(h);
         }
         if (d.code == Code::kOk) {
             // The bytes are in place and visible (a fenced memcpy, or a finished CUDA copy). The

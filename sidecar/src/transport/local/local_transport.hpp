@@ -98,6 +98,7 @@ private:
         uint32_t imm = 0;
         uint64_t offset = 0;
         uint64_t bytes = 0;
+        SessionId session = 0;  ///< the writer (set by the copy thread)
     };
 
     void run();
@@ -121,12 +122,11 @@ private:
     uint32_t spin_us_ = 0;
     ipc::UniqueFd wake_;
     size_t in_flight_ = 0;  ///< engine thread only
-    // Engine thread only: writes copied in post(), reported by the next progress(); and the
-    // writes each session has on the copy thread (by op id, to count them down when done).
+    // Engine thread only: writes copied in post(), reported by the next progress(); and how
+    // many writes each session has on the copy thread.
     std::vector<Done> inline_done_;
     uint64_t inline_writes_ = 0;
     std::unordered_map<SessionId, uint32_t> handed_;
-    std::unordered_map<uint64_t, SessionId> handed_ops_;
 
     // Shared between the engine thread (post, progress, deregisterRegion) and the copy thread.
     std::mutex mu_;

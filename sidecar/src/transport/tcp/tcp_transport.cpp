@@ -428,14 +428,15 @@ size_t TcpTransport::progress(EventSink &sink) {
     // Only data connections live in this set: with none (every peer on another transport)
     // there is nothing to ask, and the engine's busy loop makes no system call for us.
     const int n = poller_.noConnections() ? 0 : poller_.wait(evs, 64, 0);
+    bool tags_ended = false;
     for (int i = 0; i < n; ++i) {
         if (evs[i].data.u64 == kTagToken) {
-            tag_event_ = true;
+            tags_ended = true;
         } else if (Connection *c = poller_.find(evs[i].data.u64)) {
             onEvent(*c, evs[i].events, now);
         }
     }
-    if (std::exchange(tag_event_, false)) {
+    if (tags_ended) {
         collectTags(now);
     }
     dispatchStaging(now);

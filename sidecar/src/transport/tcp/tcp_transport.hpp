@@ -112,7 +112,6 @@ private:
     Poller poller_;
     /// Before everything that queues tag jobs, so it is destroyed after them.
     std::unique_ptr<TagPool> tags_;
-    bool tag_event_ = false;
     TcpStaging send_staging_;
     TcpStaging recv_staging_;
     bool send_watched_ = false;
