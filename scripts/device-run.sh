@@ -13,7 +13,7 @@ usage() {
 usage: scripts/device-run.sh fetch
        scripts/device-run.sh run [--out DIR] [--jobs N] [--budget SECONDS] [--bench-min-time S]
                                  [--bench-filter REGEX] [--verbs-bench] [--simhca-bench] [--tcp-compare]
-                                 [--latency-rounds N] [--no-rest]
+                                 [--latency-rounds N] [--host-latency] [--no-rest]
                                  [--dry-run]
 
   fetch                download the .debs the GPU machine lacks (toml++, CLI11, nlohmann-json,
@@ -34,6 +34,8 @@ usage: scripts/device-run.sh fetch
                        (TENSORLANE_BENCH_TAG_THREADS=0) and without tags (..._TCP_INTEGRITY=none)
   --latency-rounds N   the 4 KiB latency pair (LocalGpuLatency, CudaMemcpyLatency) N more
                        times, each in a process of its own (the machine moves between runs)
+  --host-latency       host round trips through a sidecar, 3 repetitions each: ring_bench's
+                       RingNop and LocalWrite/busy/4096, metrics_bench's LocalWrite64/off
   --simhca-bench       tests/simhca/tools/bench.sh: the simulator alone (perftest over it) against
                        UDP ping-pong and stream on the same loopback
   --no-rest            skip the tests not labelled gpu
@@ -66,6 +68,7 @@ rest=1
 verbs_bench=0
 simhca_bench=0
 tcp_compare=0
+host_latency=0
 latency_rounds=0
 dry_run=0
 while [ $# -gt 0 ]; do
@@ -79,6 +82,7 @@ while [ $# -gt 0 ]; do
         --verbs-bench) verbs_bench=1 ;;
         --simhca-bench) simhca_bench=1 ;;
         --tcp-compare) tcp_compare=1 ;;
+        --host-latency) host_latency=1 ;;
         --latency-rounds) latency_rounds=$2; shift ;;
         --dry-run) dry_run=1 ;;
         -h|--help) usage; exit 0 ;;
@@ -217,6 +221,19 @@ for ((round = 1; round <= latency_rounds; round++)); do
     set -e
     note "latency round $round: $(grep -E '^4 KiB latency' "$out/latency-$round.txt")"
 done
+
+if [ "$host_latency" -eq 1 ] && [ "$(left)" -gt 30 ]; then
+    note "== host round trips: RingNop, LocalWrite/busy/4096, LocalWrite64/off ($(left) s left)"
+    set +e
+    for b in "ring_bench ^(RingNop|LocalWrite/busy/4096)/" "metrics_bench ^LocalWrite64/off"; do
+        run timeout "$(left)" build/release/tests/bench/${b%% *} --benchmark_repetitions=3 \
+            --benchmark_report_aggregates_only=true --benchmark_filter="${b#* }" \
+            >>"$out/host-latency.txt" 2>&1
+        note "${b%% *}: exit $?"
+    done
+    grep -E '_(median|mean) ' "$out/host-latency.txt" | tee -a "$summary"
+    set -e
+fi
 
 if [ "$tcp_compare" -eq 1 ]; then
     for variant in TENSORLANE_BENCH_TAG_THREADS=0 TENSORLANE_BENCH_TCP_INTEGRITY=none; do

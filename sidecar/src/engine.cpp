@@ -724,6 +724,7 @@ std::string EngineImpl::statusJson() const {
                      {"sessions_refused", counters_.sessions_refused},
                      {"writes_local", counters_.writes_local},
                      {"writes_local_inline", local_ ? local_->inlineWrites() : 0},
+                     {"writes_local_gpu_inline", local_ ? local_->inlineGpuWrites() : 0},
                      {"writes_remote", counters_.writes_remote},
                      {"requests_rejected", counters_.requests_rejected},
                      {"notifications", counters_.notifications},

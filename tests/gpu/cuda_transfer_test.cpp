@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "../sidecar/harness.hpp"
 #include "../sidecar/status_json.hpp"
@@ -270,6 +271,78 @@ TEST_F(CudaTransfer, LocalGpuAndHostBothWays) {
     ASSERT_EQ(tl_wait(c, t, kWaitMs), TL_OK) << tl_last_error();
     EXPECT_EQ(cuda.mismatches(back.ptr, words, 6), 0u);
     tl_disconnect(c);
+}
+
+TEST_F(CudaTransfer, LocalSmallGpuWritesKeepTheirOrderAmongLargeAndHostOnes) {
+    // One writer's rounds of GPU small, host small, GPU large, GPU small, host small, GPU small,
+    // posted back to back. Small GPU-to-GPU writes are queued by the engine thread when the
+    // writer has nothing on the copy thread; the host write behind one is held until it has
+    // finished, the large one goes to the copy thread and the small ones after it follow it
+    // there. The owner's notifications must come in posting order and every byte arrive. The
+    // sidecar sleeps between writes (not busy-polling): one that slept while its GPU copies ran
+    // would leave a ticket waiting.
+    constexpr uint64_t kSmall = 4096, kLarge = 8 << 20;
+    constexpr size_t kRounds = 40;
+    constexpr uint64_t kGpuBytes = kLarge + kRounds * 3 * kSmall, kHostBytes = kRounds * 2 * kSmall;
+    tltest::Sidecar sc;
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    tl_client *c = nullptr;
+    ASSERT_EQ(tl_connect(sc.socket().c_str(), &c), TL_OK);
+    DeviceSpan src, dst;
+    ASSERT_TRUE(src.make(cuda, kGpuBytes, 4096));
+    ASSERT_TRUE(dst.make(cuda, kGpuBytes, 8192 + 64));
+    ASSERT_EQ(cuda.fill(src.ptr, src.words(), 31), CUDA_SUCCESS);
+    ASSERT_EQ(cuda.fill(dst.ptr, dst.words(), 32), CUDA_SUCCESS);
+    ASSERT_EQ(cuda.cuCtxSynchronize(), CUDA_SUCCESS);
+    void *hsrc = nullptr, *hdst = nullptr;
+    tl_region rs = 0, rd = 0, rhs = 0, rhd = 0;
+    ASSERT_EQ(tl_register(c, src.p(), kGpuBytes, &rs), TL_OK) << tl_last_error();
+    ASSERT_EQ(tl_register(c, dst.p(), kGpuBytes, &rd), TL_OK) << tl_last_error();
+    ASSERT_EQ(tl_alloc_host(c, kHostBytes, &hsrc, &rhs), TL_OK) << tl_last_error();
+    ASSERT_EQ(tl_alloc_host(c, kHostBytes, &hdst, &rhd), TL_OK) << tl_last_error();
+    tlgpu::fillHost(hsrc, kHostBytes / 4, 33);
+    tlgpu::fillHost(hdst, kHostBytes / 4, 34);
+    ASSERT_EQ(tl_expose(c, rd, "gin"), TL_OK);
+    ASSERT_EQ(tl_expose(c, rhd, "hin"), TL_OK);
+    tl_remote gin = 0, hin = 0;
+    ASSERT_EQ(tl_lookup(c, "node-a", "gin", &gin, nullptr), TL_OK);
+    ASSERT_EQ(tl_lookup(c, "node-a", "hin", &hin, nullptr), TL_OK);
+    uint32_t imm = 0;
+    for (size_t r = 0; r < kRounds; ++r) {
+        std::vector<tl_ticket> tickets;
+        size_t gpu_small = 0, host_small = 0;
+        for (const char kind : {'g', 'h', 'L', 'g', 'h', 'g'}) {
+            tl_ticket t = 0;
+            int rc = TL_OK;
+            if (kind == 'L') {
+                rc = tl_write(c, rs, 0, gin, 0, kLarge, imm++, &t);
+            } else if (kind == 'g') {
+                const uint64_t off = kLarge + (r * 3 + gpu_small++) * kSmall;
+                rc = tl_write(c, rs, off, gin, off, kSmall, imm++, &t);
+            } else {
+                const uint64_t off = (r * 2 + host_small++) * kSmall;
+                rc = tl_write(c, rhs, off, hin, off, kSmall, imm++, &t);
+            }
+            ASSERT_EQ(rc, TL_OK) << tl_last_error();
+            tickets.push_back(t);
+        }
+        for (tl_ticket t : tickets) {
+            ASSERT_EQ(tl_wait(c, t, kWaitMs), TL_OK) << tl_last_error();
+        }
+        for (uint32_t want = imm - 6; want < imm; ++want) {
+            tl_notification n{};
+            ASSERT_EQ(tl_wait_notification(c, &n, kWaitMs), TL_OK) << tl_last_error();
+            ASSERT_EQ(n.imm, want) << "notification out of posting order, round " << r;
+        }
+    }
+    EXPECT_EQ(cuda.mismatches(dst.ptr, dst.words(), 31), 0u);
+    EXPECT_EQ(tlgpu::hostMismatches(hdst, kHostBytes / 4, 33), 0u);
+    // The first write of every round after the first (both ends imported by then) went the
+    // engine thread's way.
+    const auto st = tltest::sidecarStatus(c);
+    EXPECT_GE(st["counters"]["writes_local_gpu_inline"].get<uint64_t>(), kRounds - 1) << st.dump();
+    tl_disconnect(c);
+    EXPECT_TRUE(sc.alive());
 }
 
 TEST_F(CudaTransfer, TcpGpuToGpuStagedAtBothEnds) {

@@ -104,6 +104,17 @@ LocalTransport::LocalTransport(std::string node_name, size_t max_queued)
     : node_name_(std::move(node_name)), max_queued_(max_queued) {}
 
 LocalTransport::~LocalTransport() {
+    // Our GPU copies are waited for, so no stream still writes into an import that goes away.
+    for (auto &[sid, own] : own_) {
+        for (Job &j : own.gpu) {
+            if (j.error.isOk()) {
+                while (own_copier_->copier.poll(j.handle).code() == Code::kAgain) {
+                }
+            }
+        }
+    }
+    own_.clear();
+    own_copier_.reset();
     {
         std::lock_guard lock(mu_);
         stop_ = true;
@@ -141,30 +152,88 @@ Status LocalTransport::post(const WriteOp &op) {
     Job job;
     job.op = op;
     job.gpu = op.src->kind == MemoryKind::kCuda || op.dst->kind == MemoryKind::kCuda;
-    const SessionId sid = op.src->owner;
-    if (!job.gpu && op.bytes <= kInlineBytes) {
-        auto h = handed_.find(sid);
-        if (h == handed_.end() || h->second == 0) {
-            // Nothing of this session's is on the copy thread: copy it here, report it next.
+    ++in_flight_;
+    route(op.src->owner, std::move(job));
+    return Status::ok();
+}
+
+void LocalTransport::route(SessionId sid, Job job) {
+    auto own = own_.find(sid);
+    if (own != own_.end() && !own->second.held.empty()) {
+        own->second.held.push_back(std::move(job));  // behind the ones held before it
+        return;
+    }
+    if (!handed_.contains(sid)) {
+        // Nothing of this session's is on the copy thread.
+        const bool own_gpu = own != own_.end() && !own->second.gpu.empty();
+        const WriteOp &op = job.op;
+        if (!job.gpu && op.bytes <= kInlineBytes && !own_gpu) {
             Done d;
             (void)stepHost(job, &d);  // finishes: one slice
             inline_done_.push_back(std::move(d));
             ++inline_writes_;
-            ++in_flight_;
-            return Status::ok();
+            return;
+        }
+        // Both ends already imported (an import may take milliseconds: the copy thread's).
+        const auto imported = [](const Region &r) {
+            return r.kind == MemoryKind::kCuda && r.cuda.import && r.cuda.import->imported();
+        };
+        if (op.bytes <= kInlineGpuBytes && imported(*op.src) && imported(*op.dst) &&
+            (!own_gpu || own->second.gpu.size() < kMaxGpuInFlight)) {
+            if (!own_copier_) {
+                own_copier_ = std::make_unique<CopierHolder>();
+            }
+            issueGpu(job, own_copier_->copier, static_cast<uint32_t>(sid));
+            own_[sid].gpu.push_back(std::move(job));
+            ++own_gpu_;
+            ++inline_gpu_writes_;
+            return;
+        }
+        if (own_gpu) {
+            own->second.held.push_back(std::move(job));  // handed on once they have finished
+            return;
         }
     }
+    handOver(sid, std::move(job));
+}
+
+void LocalTransport::handOver(SessionId sid, Job job) {
     ++handed_[sid];
-    {
-        std::lock_guard lock(mu_);
-        incoming_.push_back(std::move(job));
-        has_incoming_.store(true, std::memory_order_release);
-        if (sleeping_) {
-            cv_.notify_one();
+    std::lock_guard lock(mu_);
+    incoming_.push_back(std::move(job));
+    has_incoming_.store(true, std::memory_order_release);
+    if (sleeping_) {
+        cv_.notify_one();
+    }
+}
+
+void LocalTransport::progressOwn(std::vector<Done> *done) {
+    std::vector<std::pair<SessionId, std::deque<Job>>> release;
+    for (auto it = own_.begin(); it != own_.end();) {
+        std::deque<Job> &q = it->second.gpu;
+        while (!q.empty()) {
+            Done d;
+            if (!pollGpu(q.front(), own_copier_->copier, it->first, &d)) {
+                break;
+            }
+            done->push_back(std::move(d));
+            q.pop_front();
+            --own_gpu_;
+        }
+        if (q.empty()) {
+            release.emplace_back(it->first, std::move(it->second.held));
+            it = own_.erase(it);
+        } else {
+            ++it;
         }
     }
-    ++in_flight_;
-    return Status::ok();
+    // Sent on in posting order; the first may queue on our copier again, and those after it
+    // are then held behind it once more.
+    for (auto &[sid, held] : release) {
+        for (Job &j : held) {
+            route(sid, std::move(j));
+        }
+    }
 }
 
 void LocalTransport::deregisterRegion(RegionId r) {
@@ -177,8 +246,8 @@ void LocalTransport::deregisterRegion(RegionId r) {
 }
 
 bool LocalTransport::arm() {
-    if (!inline_done_.empty()) {
-        return false;  // copied in post(): progress() reports them
+    if (!inline_done_.empty() || own_gpu_ != 0) {
+        return false;  // copied in post(), or our GPU copies to poll: progress() reports them
     }
     armed_.store(true, std::memory_order_relaxed);
     // SYNC POINT: seq_cst fence between raising armed_ and reading done_ready_; the copy thread
@@ -269,7 +338,7 @@ Status LocalTransport::addressOf(const Region &r, uint64_t offset, uint64_t *add
     return Status::ok();
 }
 
-void LocalTransport::issueGpu(Job &job, uint32_t lane) {
+void LocalTransport::issueGpu(Job &job, CudaCopier &copier, uint32_t lane) {
     const WriteOp &op = job.op;
     job.issued = true;
     const char *why = "";
@@ -286,11 +355,24 @@ void LocalTransport::issueGpu(Job &job, uint32_t lane) {
         // The stream of the device at the CUDA end (the target's when both are).
         const CudaImport &gpu =
             op.dst->kind == MemoryKind::kCuda ? *op.dst->cuda.import : *op.src->cuda.import;
-        st = copier_->copier.start(gpu.ordinal(), lane, dst, src, op.bytes, &job.handle);
+        st = copier.start(gpu.ordinal(), lane, dst, src, op.bytes, &job.handle);
     }
     if (!st.isOk()) {
         job.error = st;
     }
+}
+
+bool LocalTransport::pollGpu(Job &job, CudaCopier &copier, SessionId sid, Done *done) {
+    Status st = job.error;
+    if (st.isOk()) {
+        st = copier.poll(job.handle);
+        if (st.code() == Code::kAgain) {
+            return false;
+        }
+    }
+    *done = finishGpu(job, st);
+    done->session = sid;
+    return true;
 }
 
 LocalTransport::Done LocalTransport::finishGpu(Job &job, const Status &st) {
@@ -314,16 +396,11 @@ bool LocalTransport::turn(std::vector<Done> *done) {
         std::deque<Job> &q = it->second;
         // GPU copies at the front that have finished, in order.
         while (!q.empty() && q.front().gpu && q.front().issued) {
-            Job &j = q.front();
-            Status st = j.error;
-            if (st.isOk()) {
-                st = copier_->copier.poll(j.handle);
-                if (st.code() == Code::kAgain) {
-                    break;
-                }
+            Done d;
+            if (!pollGpu(q.front(), copier_->copier, it->first, &d)) {
+                break;
             }
-            done->push_back(finishGpu(j, st));
-            done->back().session = it->first;
+            done->push_back(std::move(d));
             q.pop_front();
             moved = true;
         }
@@ -336,7 +413,7 @@ bool LocalTransport::turn(std::vector<Done> *done) {
         if (k < q.size()) {
             Job &j = q[k];
             if (j.gpu && k < kMaxGpuInFlight) {
-                issueGpu(j, static_cast<uint32_t>(it->first));
+                issueGpu(j, copier_->copier, static_cast<uint32_t>(it->first));
                 moved = true;
             } else if (!j.gpu && k == 0) {
                 Done d;
@@ -443,10 +520,19 @@ size_t LocalTransport::progress(EventSink &sink) {
     if (rung_.load(std::memory_order_acquire) && rung_.exchange(false)) {
         ipc::drain(wake_.get());  // only when it was rung: no syscall on the busy path
     }
+    // Ours first: a session's writes finished on the engine thread were posted before anything
+    // of it that went to the copy thread since. Of ours, the ones copied in post() came before
+    // any GPU copy of their session still queued on our copier; those sent on after our GPU
+    // copies finished come after them.
     std::vector<Done> done = std::exchange(inline_done_, {});
-    const size_t inline_count = done.size();
-    // The copy thread's after them: a session's inline writes were posted before anything of
-    // it that went to the copy thread since.
+    if (own_gpu_ != 0) {
+        progressOwn(&done);
+        for (Done &d : inline_done_) {
+            done.push_back(std::move(d));
+        }
+        inline_done_.clear();
+    }
+    const size_t own_count = done.size();
     if (done_ready_.load(std::memory_order_acquire)) {
         std::lock_guard lock(mu_);
         for (Done &d : done_) {
@@ -461,7 +547,7 @@ size_t LocalTransport::progress(EventSink &sink) {
     for (size_t i = 0; i < done.size(); ++i) {
         const Done &d = done[i];
         --in_flight_;
-        if (i >= inline_count) {
+        if (i >= own_count) {
             if (auto n = handed_.find(d.session); n != handed_.end() && --n->second == 0) {
                 handed_.erase(n);
             }
