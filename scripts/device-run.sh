@@ -35,7 +35,7 @@ usage: scripts/device-run.sh fetch
   --latency-rounds N   the 4 KiB latency pair (LocalGpuLatency, CudaMemcpyLatency) N more
                        times, each in a process of its own (the machine moves between runs)
   --host-latency       host round trips through a sidecar, 3 repetitions each: ring_bench's
-                       RingNop and LocalWrite/busy/4096, metrics_bench's LocalWrite64/off
+                       RingNop and LocalWrite/busy/4096, metrics_bench's LocalWrite64 (metrics off, on)
   --simhca-bench       tests/simhca/tools/bench.sh: the simulator alone (perftest over it) against
                        UDP ping-pong and stream on the same loopback
   --no-rest            skip the tests not labelled gpu
@@ -223,9 +223,9 @@ for ((round = 1; round <= latency_rounds; round++)); do
 done
 
 if [ "$host_latency" -eq 1 ] && [ "$(left)" -gt 30 ]; then
-    note "== host round trips: RingNop, LocalWrite/busy/4096, LocalWrite64/off ($(left) s left)"
+    note "== host round trips: RingNop, LocalWrite/busy/4096, LocalWrite64 ($(left) s left)"
     set +e
-    for b in "ring_bench ^(RingNop|LocalWrite/busy/4096)/" "metrics_bench ^LocalWrite64/off"; do
+    for b in "ring_bench ^(RingNop|LocalWrite/busy/4096)/" "metrics_bench ^LocalWrite64/"; do
         run timeout "$(left)" build/release/tests/bench/${b%% *} --benchmark_repetitions=3 \
             --benchmark_report_aggregates_only=true --benchmark_filter="${b#* }" \
             >>"$out/host-latency.txt" 2>&1
