@@ -13,7 +13,7 @@ usage() {
 usage: scripts/device-run.sh fetch
        scripts/device-run.sh run [--out DIR] [--jobs N] [--budget SECONDS] [--bench-min-time S]
                                  [--bench-filter REGEX] [--verbs-bench] [--simhca-bench] [--tcp-compare]
-                                 [--latency-rounds N] [--host-latency] [--no-rest]
+                                 [--latency-rounds N] [--host-latency] [--gpu-repeat N] [--no-rest]
                                  [--dry-run]
 
   fetch                download the .debs the GPU machine lacks (toml++, CLI11, nlohmann-json,
@@ -36,6 +36,7 @@ usage: scripts/device-run.sh fetch
                        times, each in a process of its own (the machine moves between runs)
   --host-latency       host round trips through a sidecar, 3 repetitions each: ring_bench's
                        RingNop and LocalWrite/busy/4096, metrics_bench's LocalWrite64 (metrics off, on)
+  --gpu-repeat N       run each gpu test up to N times, stopping at its first failure
   --simhca-bench       tests/simhca/tools/bench.sh: the simulator alone (perftest over it) against
                        UDP ping-pong and stream on the same loopback
   --no-rest            skip the tests not labelled gpu
@@ -69,6 +70,7 @@ verbs_bench=0
 simhca_bench=0
 tcp_compare=0
 host_latency=0
+gpu_repeat=1
 latency_rounds=0
 dry_run=0
 while [ $# -gt 0 ]; do
@@ -83,6 +85,7 @@ while [ $# -gt 0 ]; do
         --simhca-bench) simhca_bench=1 ;;
         --tcp-compare) tcp_compare=1 ;;
         --host-latency) host_latency=1 ;;
+        --gpu-repeat) gpu_repeat=$2; shift ;;
         --latency-rounds) latency_rounds=$2; shift ;;
         --dry-run) dry_run=1 ;;
         -h|--help) usage; exit 0 ;;
@@ -195,7 +198,7 @@ fi
 note "== ctest -L gpu ($(left) s left)"
 set +e
 run timeout "$(left)" ctest --test-dir build/release -L gpu -j 1 --timeout 180 \
-    --output-on-failure >"$out/ctest-gpu.log" 2>&1
+    --repeat until-fail:"$gpu_repeat" --output-on-failure >"$out/ctest-gpu.log" 2>&1
 grep -E '^(100%|[0-9]+%) tests passed|tests failed|Failed|\*\*\*|Skipped|Timeout' \
     "$out/ctest-gpu.log" | tee -a "$summary"
 set -e
@@ -226,7 +229,7 @@ if [ "$host_latency" -eq 1 ] && [ "$(left)" -gt 30 ]; then
     note "== host round trips: RingNop, LocalWrite/busy/4096, LocalWrite64 ($(left) s left)"
     set +e
     for b in "ring_bench ^(RingNop|LocalWrite/busy/4096)/" "metrics_bench ^LocalWrite64/"; do
-        run timeout "$(left)" build/release/tests/bench/${b%% *} --benchmark_repetitions=3 \
+        run timeout "$(left)" build/release/tests/bench/"${b%% *}" --benchmark_repetitions=3 \
             --benchmark_report_aggregates_only=true --benchmark_filter="${b#* }" \
             >>"$out/host-latency.txt" 2>&1
         note "${b%% *}: exit $?"

@@ -1,15 +1,19 @@
 // GPU tier: a worker killed with GPU regions registered (imported by the sidecar for a local
 // copy, with their dma-buf fds): the sidecar drops its imports and fds, and the GPU memory in
 // use returns to its earlier level. A forgotten import or fd would keep the worker's memory
-// alive after its death.
+// alive after its death. The second case kills the worker while it keeps small GPU writes in
+// flight (queued by the sidecar's engine thread on its own streams): the copies still running
+// then hold the imports until they finish, and nothing is released under them.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "../sidecar/harness.hpp"
+#include "../sidecar/status_json.hpp"
 #include "gpu_support.hpp"
 #include "tensorlane/tensorlane.h"
 
@@ -22,9 +26,9 @@ using tlgpu::Cuda;
 constexpr uint64_t kHeld = uint64_t{2} << 30;  // what the worker holds
 
 TL_GPU_WORKER(hold_gpu) {
-    // args: socket, ready file. Registers two pieces of a 2 GiB allocation, copies one into the
-    // other through the sidecar (so the sidecar imports it), says it is ready, and waits to be
-    // killed.
+    // args: socket, ready file[, "write"]. Registers two pieces of a 2 GiB allocation, copies
+    // one into the other through the sidecar (so the sidecar imports it), says it is ready, and
+    // waits to be killed; with "write", writing 4 KiB pieces 16 at a time until then.
     Cuda cuda;
     if (!cuda.open()) {
         std::fprintf(stderr, "worker: %s\n", cuda.why.c_str());
@@ -48,6 +52,25 @@ TL_GPU_WORKER(hold_gpu) {
     }
     const int fd = ::open(args[1].c_str(), O_WRONLY | O_CREAT, 0644);
     ::close(fd);
+    const bool writing = args.size() > 2 && args[2] == "write";
+    for (uint32_t imm = 2; writing; imm += 16) {
+        tl_ticket ts[16];
+        for (uint32_t k = 0; k < 16; ++k) {
+            if (tl_write(c, a, k * 4096, rb, k * 4096, 4096, imm + k, &ts[k]) != TL_OK) {
+                std::fprintf(stderr, "worker: write: %s\n", tl_last_error());
+                return 4;
+            }
+        }
+        for (tl_ticket t16 : ts) {
+            if (tl_wait(c, t16, 30000) != TL_OK) {
+                std::fprintf(stderr, "worker: wait: %s\n", tl_last_error());
+                return 5;
+            }
+        }
+        tl_notification n{};
+        while (tl_wait_notification(c, &n, 0) == TL_OK) {
+        }
+    }
     for (;;) {
         ::pause();
     }
@@ -63,7 +86,9 @@ uint64_t importsOpen(tl_client *c) {
     return at == std::string::npos ? UINT64_MAX : std::stoull(buf.substr(at + 15));
 }
 
-TEST(CudaRelease, AKilledWorkerLeavesNoImportNorFdAndItsGpuMemoryComesBack) {
+/// Starts a worker holding 2 GiB (writing small pieces of it through the sidecar or idle),
+/// kills it, and checks that the sidecar lets go of everything and still serves the next client.
+void killedWorkerLetsGo(bool writing) {
     Cuda cuda;
     if (!cuda.open()) {
         GTEST_SKIP() << cuda.why;
@@ -99,7 +124,11 @@ TEST(CudaRelease, AKilledWorkerLeavesNoImportNorFdAndItsGpuMemoryComesBack) {
 
     tltest::TempDir dir;
     const std::string ready = dir.file("ready");
-    pid_t worker = tlgpu::spawnWorker("hold_gpu", {sc.socket(), ready});
+    std::vector<std::string> args{sc.socket(), ready};
+    if (writing) {
+        args.emplace_back("write");
+    }
+    pid_t worker = tlgpu::spawnWorker("hold_gpu", args);
     ASSERT_TRUE(tlgpu::waitFor([&] { return ::access(ready.c_str(), F_OK) == 0; },
                                std::chrono::seconds(60)))
         << "the worker did not get ready; sidecar log:\n"
@@ -107,6 +136,12 @@ TEST(CudaRelease, AKilledWorkerLeavesNoImportNorFdAndItsGpuMemoryComesBack) {
     const uint64_t held = cuda.freeBytes();
     EXPECT_LT(held + (kHeld - (256 << 20)), baseline) << "the worker's memory is not in use?";
     EXPECT_GE(importsOpen(c), 1u);
+    if (writing) {
+        // Killed in the middle of its writes: let some run first.
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        EXPECT_GT(tltest::sidecarStatus(c)["counters"]["writes_local_gpu_inline"].get<uint64_t>(),
+                  16u);
+    }
 
     ::kill(worker, SIGKILL);
     EXPECT_EQ(tlgpu::waitWorker(worker), 128 + SIGKILL);
@@ -120,7 +155,34 @@ TEST(CudaRelease, AKilledWorkerLeavesNoImportNorFdAndItsGpuMemoryComesBack) {
     EXPECT_TRUE(tlgpu::waitFor([&] { return importsOpen(c) == 0; })) << importsOpen(c);
     EXPECT_TRUE(tlgpu::waitFor([&] { return sc.openFds() <= fds_before; }))
         << sc.openFds() << " fds, " << fds_before << " before the worker";
+    // And it still copies for the client that is left, small writes the engine thread's way.
+    CUdeviceptr buf = 0;
+    ASSERT_EQ(cuda.cuMemAlloc(&buf, 2 << 20), CUDA_SUCCESS);
+    ASSERT_EQ(cuda.fill(buf, (1 << 20) / 4, 9), CUDA_SUCCESS);
+    ASSERT_EQ(cuda.cuCtxSynchronize(), CUDA_SUCCESS);
+    tl_region x = 0, y = 0;
+    tl_remote ry = 0;
+    ASSERT_EQ(tl_register(c, reinterpret_cast<void *>(buf), 1 << 20, &x), TL_OK);
+    ASSERT_EQ(tl_register(c, reinterpret_cast<void *>(buf + (1 << 20)), 1 << 20, &y), TL_OK);
+    ASSERT_EQ(tl_expose(c, y, "after"), TL_OK);
+    ASSERT_EQ(tl_lookup(c, "node-a", "after", &ry, nullptr), TL_OK);
+    for (uint64_t bytes : {uint64_t{1} << 20, uint64_t{4096}}) {
+        tl_ticket t = 0;
+        ASSERT_EQ(tl_write(c, x, 0, ry, 0, bytes, 3, &t), TL_OK);
+        ASSERT_EQ(tl_wait(c, t, 30000), TL_OK) << tl_last_error();
+    }
+    EXPECT_EQ(cuda.mismatches(buf + (1 << 20), (1 << 20) / 4, 9), 0u);
+    EXPECT_TRUE(sc.alive());
+    cuda.cuMemFree(buf);
     tl_disconnect(c);
+}
+
+TEST(CudaRelease, AKilledWorkerLeavesNoImportNorFdAndItsGpuMemoryComesBack) {
+    killedWorkerLetsGo(false);
+}
+
+TEST(CudaRelease, AWorkerKilledWithSmallGpuWritesInFlightLeavesNothingBehind) {
+    killedWorkerLetsGo(true);
 }
 
 }  // namespace

@@ -345,6 +345,72 @@ TEST_F(CudaTransfer, LocalSmallGpuWritesKeepTheirOrderAmongLargeAndHostOnes) {
     EXPECT_TRUE(sc.alive());
 }
 
+TEST_F(CudaTransfer, SmallGpuWritesIntoATargetDeregisteredMidStreamEachEndOnce) {
+    // A writer keeps 32 small GPU writes in flight (queued by the engine thread) while the
+    // target's owner deregisters it: every ticket ends once, either delivered or TL_ENOENT,
+    // none after TL_ENOENT is delivered, and the sidecar lives on.
+    constexpr uint64_t kSmall = 4096, kBytes = 1 << 20;
+    constexpr int kWindow = 32, kRounds = 200;
+    tltest::Sidecar sc;
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    tl_client *w = nullptr, *r = nullptr;
+    ASSERT_EQ(tl_connect(sc.socket().c_str(), &w), TL_OK);
+    ASSERT_EQ(tl_connect(sc.socket().c_str(), &r), TL_OK);
+    DeviceSpan src, dst;
+    ASSERT_TRUE(src.make(cuda, kBytes, 0));
+    ASSERT_TRUE(dst.make(cuda, kBytes, 4096));
+    ASSERT_EQ(cuda.fill(src.ptr, src.words(), 41), CUDA_SUCCESS);
+    ASSERT_EQ(cuda.cuCtxSynchronize(), CUDA_SUCCESS);
+    tl_region rs = 0, rd = 0;
+    ASSERT_EQ(tl_register(w, src.p(), kBytes, &rs), TL_OK) << tl_last_error();
+    ASSERT_EQ(tl_register(r, dst.p(), kBytes, &rd), TL_OK) << tl_last_error();
+    ASSERT_EQ(tl_expose(r, rd, "going"), TL_OK);
+    tl_remote to = 0;
+    ASSERT_EQ(tl_lookup(w, "node-a", "going", &to, nullptr), TL_OK);
+    tl_ticket t = 0;
+    ASSERT_EQ(tl_write(w, rs, 0, to, 0, kBytes, 0, &t), TL_OK);  // imports both ends
+    ASSERT_EQ(tl_wait(w, t, kWaitMs), TL_OK) << tl_last_error();
+    int ok = 0, gone = 0;
+    bool deregistered = false;
+    for (int round = 0; round < kRounds && gone == 0; ++round) {
+        std::vector<tl_ticket> ts(kWindow);
+        for (int k = 0; k < kWindow; ++k) {
+            const uint64_t off = (k * kSmall) % kBytes;
+            const int rc = tl_write(w, rs, off, to, off, kSmall, 1, &ts[k]);
+            ASSERT_TRUE(rc == TL_OK || rc == TL_ENOENT) << rc << " " << tl_last_error();
+            if (rc == TL_ENOENT) {
+                ts[k] = 0;
+                ++gone;
+            }
+            if (round == 20 && k == kWindow / 2) {
+                ASSERT_EQ(tl_deregister(r, rd), TL_OK);
+                deregistered = true;
+            }
+        }
+        for (tl_ticket x : ts) {
+            if (x == 0) {
+                continue;
+            }
+            const int rc = tl_wait(w, x, kWaitMs);
+            ASSERT_TRUE(rc == TL_OK || rc == TL_ENOENT) << rc << " " << tl_last_error();
+            if (rc == TL_OK) {
+                EXPECT_EQ(gone, 0) << "delivered after a write had found the target gone";
+                ++ok;
+            } else {
+                ++gone;
+            }
+            // Consumed: a second wait does not find it.
+            EXPECT_EQ(tl_wait(w, x, 0), TL_ENOENT);
+        }
+    }
+    EXPECT_TRUE(deregistered);
+    EXPECT_GE(ok, 20 * kWindow);  // every round before the deregistration
+    EXPECT_GT(gone, 0);
+    EXPECT_TRUE(sc.alive());
+    tl_disconnect(w);
+    tl_disconnect(r);
+}
+
 TEST_F(CudaTransfer, TcpGpuToGpuStagedAtBothEnds) {
     TwoNodes nodes;
     ASSERT_TRUE(nodes.ready()) << nodes.logs();
