@@ -159,6 +159,8 @@ protected:
         tl_disconnect(a);
         tl_disconnect(b);
     }
+    /// LocalSmallGpuWritesKeepTheirOrderAmongLargeAndHostOnes with the sidecar in `mode`.
+    void smallGpuWritesInOrder(const char *mode);
     Cuda cuda;
 };
 
@@ -278,13 +280,20 @@ TEST_F(CudaTransfer, LocalSmallGpuWritesKeepTheirOrderAmongLargeAndHostOnes) {
     // posted back to back. Small GPU-to-GPU writes are queued by the engine thread when the
     // writer has nothing on the copy thread; the host write behind one is held until it has
     // finished, the large one goes to the copy thread and the small ones after it follow it
-    // there. The owner's notifications must come in posting order and every byte arrive. The
-    // sidecar sleeps between writes (not busy-polling): one that slept while its GPU copies ran
-    // would leave a ticket waiting.
+    // there. The owner's notifications must come in posting order and every byte arrive. In
+    // event mode the sidecar sleeps whenever it finds nothing to do: one that slept while its
+    // GPU copies ran would be woken only by its idle tick (counted in late_wakeups).
+    for (const char *mode : {"event", "adaptive"}) {
+        SCOPED_TRACE(mode);
+        smallGpuWritesInOrder(mode);
+    }
+}
+
+void CudaTransfer::smallGpuWritesInOrder(const char *mode) {
     constexpr uint64_t kSmall = 4096, kLarge = 8 << 20;
     constexpr size_t kRounds = 40;
     constexpr uint64_t kGpuBytes = kLarge + kRounds * 3 * kSmall, kHostBytes = kRounds * 2 * kSmall;
-    tltest::Sidecar sc;
+    tltest::Sidecar sc(tltest::SidecarOptions{.poll_mode = mode});
     ASSERT_TRUE(sc.ready()) << sc.log();
     tl_client *c = nullptr;
     ASSERT_EQ(tl_connect(sc.socket().c_str(), &c), TL_OK);
@@ -307,6 +316,8 @@ TEST_F(CudaTransfer, LocalSmallGpuWritesKeepTheirOrderAmongLargeAndHostOnes) {
     tl_remote gin = 0, hin = 0;
     ASSERT_EQ(tl_lookup(c, "node-a", "gin", &gin, nullptr), TL_OK);
     ASSERT_EQ(tl_lookup(c, "node-a", "hin", &hin, nullptr), TL_OK);
+    const uint64_t late_before =
+        tltest::sidecarStatus(c)["counters"]["late_wakeups"].get<uint64_t>();
     uint32_t imm = 0;
     for (size_t r = 0; r < kRounds; ++r) {
         std::vector<tl_ticket> tickets;
@@ -341,6 +352,8 @@ TEST_F(CudaTransfer, LocalSmallGpuWritesKeepTheirOrderAmongLargeAndHostOnes) {
     // engine thread's way.
     const auto st = tltest::sidecarStatus(c);
     EXPECT_GE(st["counters"]["writes_local_gpu_inline"].get<uint64_t>(), kRounds - 1) << st.dump();
+    EXPECT_EQ(st["counters"]["late_wakeups"].get<uint64_t>(), late_before)
+        << "a sleep ended by the idle tick found work: a wake-up was lost";
     tl_disconnect(c);
     EXPECT_TRUE(sc.alive());
 }
