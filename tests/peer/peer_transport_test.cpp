@@ -9,6 +9,7 @@
 #include <random>
 
 #include "harness.hpp"
+#include "transport/tcp/tcp_transport.hpp"
 
 namespace tensorlane::peertest {
 namespace {
@@ -207,7 +208,10 @@ TEST_P(Peers, NotificationsArriveInSubmissionOrder) {
             }
             return n == posted.size();
         },
-        20s));
+        20s))
+        << b.sink.arrivals().size() << " of " << posted.size() << " arrived, "
+        << a.sink.count(Event::Kind::kCompleted) << " completed\nwriter: " << a.statusJson()
+        << "\ntarget: " << b.statusJson();
     auto arrivals = b.sink.arrivals();
     ASSERT_EQ(arrivals.size(), posted.size());
     for (size_t i = 0; i < arrivals.size(); ++i) {
@@ -223,6 +227,59 @@ TEST_P(Peers, NotificationsArriveInSubmissionOrder) {
     EXPECT_EQ(0, std::memcmp(dst->base, src->base, off));
     // Exactly once.
     EXPECT_EQ(a.sink.count(Event::Kind::kCompleted), posted.size());
+}
+
+TEST_F(PeerTcp, WritesBufferedWhenTheReadBudgetRunsOutAreStillRead) {
+    // The receiver reads a data connection up to a budget per turn; a read from the socket also
+    // fills the connection's 64 KiB buffer, so when the budget runs out the next frames may be
+    // in that buffer with the socket empty, where epoll never reports them. They must be read
+    // on the next turn anyway: here every turn's budget is 4 KiB, and after bursts of writes of
+    // every size the sender falls silent. Before the fix the last writes of a burst waited
+    // for more input that never came (2 of 200 runs of NotificationsArriveInSubmissionOrder
+    // under load, with the 16 MiB budget: the last 1-byte write never arrived).
+    struct BudgetGuard {
+        BudgetGuard() { sidecar::TcpTransport::setReadBudgetForTests(4096); }
+        ~BudgetGuard() { sidecar::TcpTransport::setReadBudgetForTests(0); }
+    } guard;
+    startNodes(2);
+    Node &a = node(0);
+    Node &b = node(1);
+    constexpr size_t kRegion = 8u << 20;
+    auto dst = b.addRegion(kRegion, "recv");
+    auto src = a.addRegion(kRegion);
+    fillRandom(src->base, kRegion, 5);
+    auto [ls, remote] = a.lookup("node-b", "recv");
+    ASSERT_TRUE(ls.isOk()) << ls.message();
+    const uint64_t sizes[] = {1, 64, 4096, 65536, 200000, 1u << 20};
+    std::mt19937_64 rng(7);
+    uint32_t imm = 0;
+    for (int burst = 0; burst < 5; ++burst) {
+        std::vector<uint64_t> ops;
+        uint64_t off = 0;
+        for (int i = 0; i < 40; ++i) {
+            const uint64_t n = sizes[rng() % std::size(sizes)];
+            if (off + n > kRegion) {
+                break;
+            }
+            auto [ps, op] = a.post("node-b", src, off, remote.id, off, n, imm++);
+            ASSERT_TRUE(ps.isOk()) << ps.message();
+            ops.push_back(op);
+            off += n;
+        }
+        for (uint64_t op : ops) {
+            auto c = a.sink.completion(op, 10s);
+            ASSERT_TRUE(c.has_value())
+                << "burst " << burst << ": a write never ended\nwriter: " << a.statusJson()
+                << "\ntarget: " << b.statusJson();
+            EXPECT_EQ(c->code, Code::kOk) << c->reason;
+        }
+        EXPECT_EQ(0, std::memcmp(dst->base, src->base, off));
+    }
+    const auto arrivals = b.sink.arrivals();
+    ASSERT_EQ(arrivals.size(), imm);
+    for (uint32_t i = 0; i < imm; ++i) {
+        EXPECT_EQ(arrivals[i].imm, i);
+    }
 }
 
 TEST_F(PeerTcp, LargeWriteIsChunkedAcrossConnections) {

@@ -607,7 +607,7 @@ int InLink::onReadable(Connection &c, size_t budget, int64_t now_ms, std::string
         auto *w = static_cast<RxWrite *>(rx.write);
         while (rx.remaining > 0) {
             if (used >= budget) {
-                return 0;
+                return EINPROGRESS;
             }
             // A region revoked mid-write takes no more bytes (a chunk in the middle of a readv
             // may still finish: the shared_ptr keeps that memory mapped).
@@ -649,7 +649,7 @@ int InLink::onReadable(Connection &c, size_t budget, int64_t now_ms, std::string
             return rc;
         }
     }
-    return 0;
+    return EINPROGRESS;
 }
 
 bool InLink::deliverable() const {

@@ -135,8 +135,10 @@ public:
     ~InLink() override;
 
     /// Reads chunk frames from data connection `c`, at most about `budget` bytes. Returns 0
-    /// (the socket is drained or the budget used), ECONNRESET/errno on a socket error, or EPROTO
-    /// with `*error` set when the peer broke the protocol.
+    /// (the socket is drained: epoll says when more comes), EINPROGRESS (the budget is used:
+    /// call again, as bytes may already sit in the connection's buffer, where epoll cannot see
+    /// them), ECONNRESET/errno on a socket error, or EPROTO with `*error` set when the peer broke
+    /// the protocol.
     int onReadable(Connection &c, size_t budget, int64_t now_ms, std::string *error);
 
     /// Reports the writes that are complete, in sequence order: arrived() for those that landed,

@@ -1,8 +1,11 @@
 #include "transport/tcp/tcp_transport.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "net/socket.hpp"
 
@@ -10,12 +13,12 @@ namespace tensorlane::sidecar {
 
 namespace {
 
-/// Bytes read from one data connection per event before the others get a turn.
-constexpr size_t kReadBudget = 16u << 20;
 /// Poller tokens of the staging pools' eventfds (below the connections' tokens).
 constexpr uint64_t kSendStagingToken = 1;
 constexpr uint64_t kRecvStagingToken = 2;
 constexpr uint64_t kTagToken = 3;
+
+std::atomic<size_t> g_test_read_budget{0};
 
 unsigned tagThreadsFor(const config::Config &cfg) {
     if (cfg.security.tcp_integrity == config::TcpIntegrity::kNone) {
@@ -36,7 +39,13 @@ TcpTransport::TcpTransport(const config::Config &cfg, RegionTable &regions)
       regions_(regions),
       tags_(std::make_unique<TagPool>(tagThreadsFor(cfg))),
       send_staging_(cfg.tcp.chunk_bytes, kStagingSlots),
-      recv_staging_(cfg.tcp.chunk_bytes, kStagingSlots) {}
+      recv_staging_(cfg.tcp.chunk_bytes, kStagingSlots),
+      read_budget_(g_test_read_budget.load() != 0 ? g_test_read_budget.load()
+                                                  : kDefaultReadBudget) {}
+
+void TcpTransport::setReadBudgetForTests(size_t bytes) {
+    g_test_read_budget.store(bytes);
+}
 
 TcpTransport::~TcpTransport() {
     // Connections deregister from the poller when destroyed: before the poller goes.
@@ -255,7 +264,14 @@ void TcpTransport::onEvent(Connection &c, uint32_t events, int64_t now) {
 
 void TcpTransport::readIn(PeerData &p, PeerId id, Connection &c, int64_t now) {
     std::string error;
-    const int rc = p.in->link->onReadable(c, kReadBudget, now, &error);
+    int rc = p.in->link->onReadable(c, read_budget_, now, &error);
+    if (rc == EINPROGRESS) {
+        const std::pair<PeerId, uint32_t> key{id, c.index};
+        if (std::find(resume_.begin(), resume_.end(), key) == resume_.end()) {
+            resume_.push_back(key);
+        }
+        rc = 0;
+    }
     if (p.in->link->blocked()) {
         // Waits for a receive slot: its pool's eventfd brings us back (dispatchStaging).
         watchStaging(recv_staging_, kRecvStagingToken, &recv_watched_);
@@ -422,6 +438,25 @@ void TcpTransport::checkStalls(int64_t now) {
     }
 }
 
+void TcpTransport::resumeReads(int64_t now) {
+    if (resume_.empty()) {
+        return;
+    }
+    // The list is taken first: a connection that uses its budget again is put back for the
+    // next turn, after the others (and epoll's) have had theirs.
+    for (const auto &[id, index] : std::exchange(resume_, {})) {
+        auto it = peers_.find(id);
+        if (it == peers_.end() || !it->second.in || !it->second.in->link ||
+            index >= it->second.in->data.size()) {
+            continue;  // the session went meanwhile
+        }
+        PeerData &p = it->second;
+        if (Connection *c = p.in->data[index].get(); c != nullptr && c->isOpen()) {
+            readIn(p, id, *c, now);
+        }
+    }
+}
+
 size_t TcpTransport::progress(EventSink &sink) {
     const int64_t now = monotonicMs();
     epoll_event evs[64];
@@ -439,6 +474,7 @@ size_t TcpTransport::progress(EventSink &sink) {
     if (tags_ended) {
         collectTags(now);
     }
+    resumeReads(now);
     dispatchStaging(now);
     // Copies queued during this turn (chunks cut or landed) go to the stagers together.
     send_staging_.flush();

@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "tensorlane/config/config.hpp"
@@ -48,7 +49,8 @@ public:
     size_t progress(EventSink &sink) override;
     std::vector<int> pollFds() const override { return {poller_.fd()}; }
     bool arm() override {
-        return completions_.empty() && !send_staging_.ready() && !recv_staging_.ready();
+        return completions_.empty() && resume_.empty() && !send_staging_.ready() &&
+               !recv_staging_.ready();
     }
     size_t inFlight() const override;
 
@@ -66,6 +68,11 @@ public:
     std::string peerStatusJson(PeerId peer) const override;
     /// Tag workers this transport runs (0: tags on the engine thread).
     unsigned tagThreads() const { return tags_->threads(); }
+    /// Bytes read from one data connection per turn before the others get theirs.
+    static constexpr size_t kDefaultReadBudget = 16u << 20;
+    /// The budget of the transports made from now on in this process, 0: the default (tests:
+    /// a small one makes a stop at it with bytes already buffered likely).
+    static void setReadBudgetForTests(size_t bytes);
     void attach(PeerLink &link) override { link_ = &link; }
 
 private:
@@ -96,8 +103,11 @@ private:
     /// reading.
     void checkStalls(int64_t now);
     void fail(PeerId peer, SessionSide side, const std::string &reason);
-    /// Reads chunk data from an inbound data connection; fails the session on errors.
+    /// Reads chunk data from an inbound data connection; fails the session on errors. One that
+    /// used its budget is read again next turn (resume_).
     void readIn(PeerData &p, PeerId id, Connection &c, int64_t now);
+    /// Reads again the inbound data connections that stopped at their budget last turn.
+    void resumeReads(int64_t now);
     /// Hands finished GPU staging copies to the links, then pumps the senders that have
     /// staged chunks ready and reads again where a chunk waited for a slot.
     size_t dispatchStaging(int64_t now);
@@ -123,6 +133,10 @@ private:
     std::vector<std::unique_ptr<OutLink>> dead_links_;
     std::vector<std::unique_ptr<InLink>> dead_in_links_;
     int64_t last_stall_check_ms_ = 0;
+    /// Inbound data connections (peer, index) that stopped at their read budget: what they
+    /// have buffered is read next turn (epoll reports the socket, not our buffer).
+    std::vector<std::pair<PeerId, uint32_t>> resume_;
+    const size_t read_budget_;
 };
 
 }  // namespace tensorlane::sidecar
