@@ -276,13 +276,14 @@ TEST_F(CudaTransfer, LocalGpuAndHostBothWays) {
 }
 
 TEST_F(CudaTransfer, LocalSmallGpuWritesKeepTheirOrderAmongLargeAndHostOnes) {
-    // One writer's rounds of GPU small, host small, GPU large, GPU small, host small, GPU small,
-    // posted back to back. Small GPU-to-GPU writes are queued by the engine thread when the
-    // writer has nothing on the copy thread; the host write behind one is held until it has
-    // finished, the large one goes to the copy thread and the small ones after it follow it
-    // there. The owner's notifications must come in posting order and every byte arrive. In
-    // event mode the sidecar sleeps whenever it finds nothing to do: one that slept while its
-    // GPU copies ran would be woken only by its idle tick (counted in late_wakeups).
+    // One writer's rounds of GPU 4 KiB, host 4 KiB, GPU 8 MiB, GPU 4 KiB, host 64 KiB, GPU 4 KiB,
+    // posted back to back. GPU-to-GPU writes are queued by the engine thread when the writer
+    // has nothing on the copy thread; the host writes behind them are held until they have
+    // finished, the small one is then copied on the engine thread, the 64 KiB one goes to the
+    // copy thread and the GPU write after it follows it there. The owner's notifications must come
+    // in posting order and every byte arrive. In event mode the sidecar sleeps whenever it finds
+    // nothing to do: one that slept while its GPU copies ran would be woken only by its idle tick
+    // (counted in late_wakeups).
     for (const char *mode : {"event", "adaptive"}) {
         SCOPED_TRACE(mode);
         smallGpuWritesInOrder(mode);
@@ -290,9 +291,12 @@ TEST_F(CudaTransfer, LocalSmallGpuWritesKeepTheirOrderAmongLargeAndHostOnes) {
 }
 
 void CudaTransfer::smallGpuWritesInOrder(const char *mode) {
-    constexpr uint64_t kSmall = 4096, kLarge = 8 << 20;
+    // A round's host writes: one small enough for the engine thread, one (64 KiB) for the copy
+    // thread, which the GPU write after it then follows there.
+    constexpr uint64_t kSmall = 4096, kLarge = 8 << 20, kHostBig = 65536;
     constexpr size_t kRounds = 40;
-    constexpr uint64_t kGpuBytes = kLarge + kRounds * 3 * kSmall, kHostBytes = kRounds * 2 * kSmall;
+    constexpr uint64_t kGpuBytes = kLarge + kRounds * 3 * kSmall;
+    constexpr uint64_t kHostRound = kSmall + kHostBig, kHostBytes = kRounds * kHostRound;
     tltest::Sidecar sc(tltest::SidecarOptions{.poll_mode = mode});
     ASSERT_TRUE(sc.ready()) << sc.log();
     tl_client *c = nullptr;
@@ -321,8 +325,8 @@ void CudaTransfer::smallGpuWritesInOrder(const char *mode) {
     uint32_t imm = 0;
     for (size_t r = 0; r < kRounds; ++r) {
         std::vector<tl_ticket> tickets;
-        size_t gpu_small = 0, host_small = 0;
-        for (const char kind : {'g', 'h', 'L', 'g', 'h', 'g'}) {
+        size_t gpu_small = 0;
+        for (const char kind : {'g', 'h', 'L', 'g', 'H', 'g'}) {
             tl_ticket t = 0;
             int rc = TL_OK;
             if (kind == 'L') {
@@ -331,8 +335,9 @@ void CudaTransfer::smallGpuWritesInOrder(const char *mode) {
                 const uint64_t off = kLarge + (r * 3 + gpu_small++) * kSmall;
                 rc = tl_write(c, rs, off, gin, off, kSmall, imm++, &t);
             } else {
-                const uint64_t off = (r * 2 + host_small++) * kSmall;
-                rc = tl_write(c, rhs, off, hin, off, kSmall, imm++, &t);
+                const uint64_t off = r * kHostRound + (kind == 'h' ? 0 : kSmall);
+                const uint64_t n = kind == 'h' ? kSmall : kHostBig;
+                rc = tl_write(c, rhs, off, hin, off, n, imm++, &t);
             }
             ASSERT_EQ(rc, TL_OK) << tl_last_error();
             tickets.push_back(t);

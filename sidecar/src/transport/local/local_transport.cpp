@@ -178,7 +178,7 @@ void LocalTransport::route(SessionId sid, Job job) {
         const auto imported = [](const Region &r) {
             return r.kind == MemoryKind::kCuda && r.cuda.import && r.cuda.import->imported();
         };
-        if (op.bytes <= kInlineGpuBytes && imported(*op.src) && imported(*op.dst) &&
+        if (imported(*op.src) && imported(*op.dst) &&
             (!own_gpu || own->second.gpu.size() < kMaxGpuInFlight)) {
             if (!own_copier_) {
                 own_copier_ = std::make_unique<CopierHolder>();

@@ -16,12 +16,14 @@
 // writer's ticket), handed to the engine through a queue; the eventfd is rung only when the
 // engine may be asleep (it said so in arm()).
 //
-// Small writes skip the copy thread when the writing session has nothing on it (so its order
-// holds): two hand-overs between threads cost more than the copy (on the GPU machine about
-// 3.5 us of a 4 KiB GPU write's 14; on a host with fewer cores than spinning threads a
-// scheduler slice each). Host to host, kInlineBytes and less: copied by memcpy in post().
-// GPU to GPU, kInlineGpuBytes and less, both ends already imported: queued by the engine
-// thread on a copier of its own, polled by progress(). While such a session's GPU copies run
+// Some writes skip the copy thread when the writing session has nothing on it (so its order
+// holds): two hand-overs between threads cost more than a small copy (on the GPU machine about
+// 3.5 us of a 4 KiB GPU write's 14, and half the bandwidth of 16 MiB ones two at a time; on a
+// host with fewer cores than spinning threads a scheduler slice each). Host to host,
+// kInlineBytes and less: copied by memcpy in post().
+// GPU to GPU, of any size, both ends already imported: queued by the engine thread on a
+// copier of its own (the copy is asynchronous: queueing it costs the same few microseconds
+// whatever its size), polled by progress(). While such a session's GPU copies run
 // there, its later writes that cannot go the same way wait in the engine's own queue and are
 // handed on once they have finished; while it has writes on the copy thread, all its writes go
 // there. So a session's writes run on one of the two threads at a time, in posting order.
@@ -83,8 +85,6 @@ public:
     static constexpr size_t kMaxGpuInFlight = 64;
     /// Host writes up to this size may be copied on the engine thread (see above).
     static constexpr uint64_t kInlineBytes = 4096;
-    /// GPU-to-GPU writes up to this size may be queued by the engine thread (see above).
-    static constexpr uint64_t kInlineGpuBytes = 64 * 1024;
     /// Host writes copied on the engine thread so far (status, tests).
     uint64_t inlineWrites() const { return inline_writes_; }
     /// GPU writes queued by the engine thread so far (status, tests).
