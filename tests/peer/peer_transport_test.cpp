@@ -47,6 +47,21 @@ protected:
     }
     Node &node(size_t i) { return *nodes_[i]; }
 
+    /// What a test writes from and into: a region of node-a filled from `seed`, and one of
+    /// node-b exposed as `name`, looked up from node-a.
+    struct Linked {
+        std::shared_ptr<Region> src, dst;
+        RemoteRegion remote;
+    };
+    void link(size_t bytes, const std::string &name, uint64_t seed, Linked *out) {
+        out->dst = node(1).addRegion(bytes, name);
+        out->src = node(0).addRegion(bytes);
+        fillRandom(out->src->base, bytes, seed);
+        auto [ls, remote] = node(0).lookup("node-b", name);
+        ASSERT_TRUE(ls.isOk()) << ls.message();
+        out->remote = remote;
+    }
+
     TempDir dir_;
     std::string key_ = dir_.writeFile("peer.key", kSecret);
     std::vector<std::unique_ptr<Node>> nodes_;
@@ -175,11 +190,9 @@ TEST_P(Peers, NotificationsArriveInSubmissionOrder) {
     Node &a = node(0);
     Node &b = node(1);
     constexpr size_t kRegion = 64u << 20;
-    auto dst = b.addRegion(kRegion, "recv");
-    auto src = a.addRegion(kRegion);
-    fillRandom(src->base, kRegion, 3);
-    auto [ls, remote] = a.lookup("node-b", "recv");
-    ASSERT_TRUE(ls.isOk()) << ls.message();
+    Linked l;
+    ASSERT_NO_FATAL_FAILURE(link(kRegion, "recv", 3, &l));
+    auto &[src, dst, remote] = l;
 
     // Small writes behind large ones (split into chunks over both connections) and the other
     // way round: the target must still notify in submission order.
@@ -245,11 +258,9 @@ TEST_F(PeerTcp, WritesBufferedWhenTheReadBudgetRunsOutAreStillRead) {
     Node &a = node(0);
     Node &b = node(1);
     constexpr size_t kRegion = 8u << 20;
-    auto dst = b.addRegion(kRegion, "recv");
-    auto src = a.addRegion(kRegion);
-    fillRandom(src->base, kRegion, 5);
-    auto [ls, remote] = a.lookup("node-b", "recv");
-    ASSERT_TRUE(ls.isOk()) << ls.message();
+    Linked l;
+    ASSERT_NO_FATAL_FAILURE(link(kRegion, "recv", 5, &l));
+    auto &[src, dst, remote] = l;
     const uint64_t sizes[] = {1, 64, 4096, 65536, 200000, 1u << 20};
     std::mt19937_64 rng(7);
     uint32_t imm = 0;
@@ -290,11 +301,9 @@ TEST_F(PeerTcp, LargeWriteIsChunkedAcrossConnections) {
     Node &a = node(0);
     Node &b = node(1);
     constexpr size_t kBytes = 64u << 20;
-    auto dst = b.addRegion(kBytes, "big");
-    auto src = a.addRegion(kBytes);
-    fillRandom(src->base, kBytes, 4);
-    auto [ls, remote] = a.lookup("node-b", "big");
-    ASSERT_TRUE(ls.isOk()) << ls.message();
+    Linked l;
+    ASSERT_NO_FATAL_FAILURE(link(kBytes, "big", 4, &l));
+    auto &[src, dst, remote] = l;
 
     const auto t0 = std::chrono::steady_clock::now();
     auto [ps, op] = a.post("node-b", src, 0, remote.id, 0, kBytes, 64);
@@ -402,11 +411,9 @@ TEST_F(PeerTcp, TagsOnWorkerThreadsDeliverEveryByteIntactAndInOrder) {
     Node &a = node(0);
     Node &b = node(1);
     constexpr size_t kBytes = 24u << 20;
-    auto dst = b.addRegion(kBytes, "tagged");
-    auto src = a.addRegion(kBytes);
-    fillRandom(src->base, kBytes, 21);
-    auto [ls, remote] = a.lookup("node-b", "tagged");
-    ASSERT_TRUE(ls.isOk()) << ls.message();
+    Linked l;
+    ASSERT_NO_FATAL_FAILURE(link(kBytes, "tagged", 21, &l));
+    auto &[src, dst, remote] = l;
     // Sizes below, at and above the pool's threshold, and across chunk boundaries.
     const std::vector<size_t> sizes = {
         100,        65535,          65536 - 56, 65536,          300001,
