@@ -104,14 +104,8 @@ LocalTransport::LocalTransport(std::string node_name, size_t max_queued)
     : node_name_(std::move(node_name)), max_queued_(max_queued) {}
 
 LocalTransport::~LocalTransport() {
-    // Our GPU copies are waited for, so no stream still writes into an import that goes away.
     for (auto &[sid, own] : own_) {
-        for (Job &j : own.gpu) {
-            if (j.error.isOk()) {
-                while (own_copier_->copier.poll(j.handle).code() == Code::kAgain) {
-                }
-            }
-        }
+        waitQueued(own.gpu, own_copier_->copier);
     }
     own_.clear();
     own_copier_.reset();
@@ -362,6 +356,15 @@ void LocalTransport::issueGpu(Job &job, CudaCopier &copier, uint32_t lane) {
     }
 }
 
+void LocalTransport::waitQueued(const std::deque<Job> &q, CudaCopier &copier) {
+    for (const Job &j : q) {
+        if (j.gpu && j.issued && j.error.isOk()) {
+            while (copier.poll(j.handle).code() == Code::kAgain) {
+            }
+        }
+    }
+}
+
 bool LocalTransport::pollGpu(Job &job, CudaCopier &copier, SessionId sid, Done *done) {
     Status st = job.error;
     if (st.isOk()) {
@@ -500,15 +503,8 @@ void LocalTransport::run() {
         }
         publish(&done);
     }
-    // Stopping: copies queued on the GPU are waited for, so no stream still writes into memory
-    // whose import goes away with us.
     for (auto &[sid, q] : jobs_) {
-        for (Job &j : q) {
-            if (j.gpu && j.issued && j.error.isOk()) {
-                while (copier_->copier.poll(j.handle).code() == Code::kAgain) {
-                }
-            }
-        }
+        waitQueued(q, copier_->copier);
     }
     jobs_.clear();
     pins_.clear();

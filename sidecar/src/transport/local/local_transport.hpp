@@ -122,6 +122,9 @@ private:
     void issueGpu(Job &job, CudaCopier &copier, uint32_t lane);
     /// Polls a queued GPU job: kAgain while it runs, else its Done (session set).
     bool pollGpu(Job &job, CudaCopier &copier, SessionId sid, Done *done);
+    /// Stopping: waits for the GPU copies of `q` queued on `copier`, so no stream still writes
+    /// into memory whose import goes away with us.
+    static void waitQueued(const std::deque<Job> &q, CudaCopier &copier);
     /// The GPU job at its session's front has ended: its Done.
     Done finishGpu(Job &job, const Status &st);
     /// The unified address of `offset` in `r` for a CUDA copy (importing or page-locking it).

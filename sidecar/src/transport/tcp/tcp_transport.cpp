@@ -20,6 +20,11 @@ constexpr uint64_t kTagToken = 3;
 
 std::atomic<size_t> g_test_read_budget{0};
 
+size_t readBudget() {
+    const size_t test = g_test_read_budget.load();
+    return test != 0 ? test : TcpTransport::kDefaultReadBudget;
+}
+
 unsigned tagThreadsFor(const config::Config &cfg) {
     if (cfg.security.tcp_integrity == config::TcpIntegrity::kNone) {
         return 0;
@@ -40,8 +45,7 @@ TcpTransport::TcpTransport(const config::Config &cfg, RegionTable &regions)
       tags_(std::make_unique<TagPool>(tagThreadsFor(cfg))),
       send_staging_(cfg.tcp.chunk_bytes, kStagingSlots),
       recv_staging_(cfg.tcp.chunk_bytes, kStagingSlots),
-      read_budget_(g_test_read_budget.load() != 0 ? g_test_read_budget.load()
-                                                  : kDefaultReadBudget) {}
+      read_budget_(readBudget()) {}
 
 void TcpTransport::setReadBudgetForTests(size_t bytes) {
     g_test_read_budget.store(bytes);
