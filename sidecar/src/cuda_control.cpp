@@ -1,9 +1,13 @@
 // The registration of CUDA memory (docs/gpu.md): a range of a client's cuMemAlloc/cudaMalloc
 // allocation, with the allocation's IPC handle and dma-buf fd the first time, and only the
 // allocation's key for every later range in it (no export; the import is shared).
+#include <sys/epoll.h>
+#include <unistd.h>
+
 #include <cstring>
 
 #include "cuda/import.hpp"
+#include "cuda/import_checker.hpp"
 #include "cuda/runtime.hpp"
 #include "engine_impl.hpp"
 
@@ -58,36 +62,90 @@ void EngineImpl::onRegisterCuda(Session &s, const ipc::RegisterMsg &m, ipc::Uniq
         // The client exports again and retries (its record outlived ours).
         return refuse(Code::kNotFound, "the sidecar no longer holds this CUDA allocation");
     }
-    if (!imp) {
-        CudaUuid uuid;
-        std::memcpy(uuid.data(), m.device_uuid, uuid.size());
-        const int ordinal = rt.ordinalOf(uuid);
-        if (ordinal < 0) {
-            return refuse(Code::kCuda, "the GPU of this memory (" + uuidText(m.device_uuid) +
-                                           ") is not visible to the sidecar (its "
-                                           "CUDA_VISIBLE_DEVICES?)");
-        }
-        std::shared_ptr<ipc::UniqueFd> fd;
-        if (dmabuf) {
-            fd = std::make_shared<ipc::UniqueFd>(std::move(dmabuf));
-        } else {
-            log_->info(
-                "session {} (pid {}): no dma-buf fd for a CUDA allocation of {} bytes on {}: "
-                "{}; RDMA to it needs nvidia-peermem",
-                s.id, s.cred.pid, m.alloc_bytes, rt.deviceName(ordinal),
-                m.dmabuf_error != 0 ? CudaRuntime::errorText(m.dmabuf_error)
-                                    : std::string("the client sent none"));
-        }
-        CudaIpcHandle handle;
-        std::memcpy(handle.data(), m.cuda_ipc_handle, handle.size());
-        imp = std::make_shared<CudaImport>(handle, ordinal, m.alloc_bytes, std::move(fd));
-        if (s.cuda_allocs.size() >= 64 && (s.cuda_allocs.size() & 63) == 0) {
-            std::erase_if(s.cuda_allocs, [](const auto &kv) { return kv.second.expired(); });
-        }
-        s.cuda_allocs[m.parent] = imp;
+    if (imp) {
+        // Verified when it was first registered (only verified imports are kept in
+        // cuda_allocs). A full export of an allocation we still hold (the client's record of
+        // it was gone): ours stays, and the new fd closes with `dmabuf` here.
+        return addCudaRegion(s, m, imp);
     }
-    // else: a full export of an allocation we still hold (the client's record of it was gone):
-    // ours stays, and the new fd closes with `dmabuf` here.
+    CudaUuid uuid;
+    std::memcpy(uuid.data(), m.device_uuid, uuid.size());
+    const int ordinal = rt.ordinalOf(uuid);
+    if (ordinal < 0) {
+        return refuse(Code::kCuda, "the GPU of this memory (" + uuidText(m.device_uuid) +
+                                       ") is not visible to the sidecar (its "
+                                       "CUDA_VISIBLE_DEVICES?)");
+    }
+    std::shared_ptr<ipc::UniqueFd> fd;
+    if (dmabuf) {
+        // The owner exports the whole allocation, rounded up to whole pages; the fd's size is
+        // the kernel's (a dma-buf's llseek(SEEK_END) gives its size), so a claim larger than the
+        // allocation is caught here, before a transport registers an MR on it.
+        const off_t size = ::lseek(dmabuf.get(), 0, SEEK_END);
+        const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+        const uint64_t span = (m.alloc_bytes + page - 1) & ~(page - 1);
+        if (size < 0 || static_cast<uint64_t>(size) != span) {
+            return refuse(Code::kInvalid, "the dma-buf fd of the allocation holds " +
+                                              (size < 0 ? std::string("an unknown number of")
+                                                        : std::to_string(size)) +
+                                              " bytes; the client says the allocation holds " +
+                                              std::to_string(m.alloc_bytes) + " (" +
+                                              std::to_string(span) + " in whole pages)");
+        }
+        fd = std::make_shared<ipc::UniqueFd>(std::move(dmabuf));
+    } else {
+        log_->info(
+            "session {} (pid {}): no dma-buf fd for a CUDA allocation of {} bytes on {}: "
+            "{}; RDMA to it needs nvidia-peermem",
+            s.id, s.cred.pid, m.alloc_bytes, rt.deviceName(ordinal),
+            m.dmabuf_error != 0 ? CudaRuntime::errorText(m.dmabuf_error)
+                                : std::string("the client sent none"));
+    }
+    CudaIpcHandle handle;
+    std::memcpy(handle.data(), m.cuda_ipc_handle, handle.size());
+    imp = std::make_shared<CudaImport>(handle, ordinal, m.alloc_bytes, std::move(fd), s.cred.uid);
+    // The client's numbers are checked against the sidecar's own import of the allocation, on
+    // the checker's thread (the import may take milliseconds); the reply waits for it.
+    if (!cuda_checker_) {
+        Status st;
+        cuda_checker_ = CudaImportChecker::create(&st);
+        if (!cuda_checker_) {
+            return refuse(st.code(), st.message());
+        }
+        if (int rc = addToEpoll(epoll_.get(), cuda_checker_->fd(), EPOLLIN, kTagCudaCheck)) {
+            cuda_checker_.reset();
+            return refuse(Code::kInternal, std::string("epoll_ctl: ") + std::strerror(rc));
+        }
+    }
+    cuda_checker_->submit({s.id, m, std::move(imp)});
+}
+
+void EngineImpl::finishCudaChecks() {
+    if (!cuda_checker_) {
+        return;
+    }
+    for (CudaImportChecker::Result &res : cuda_checker_->take()) {
+        Session *s = findSession(res.job.session);
+        if (s == nullptr || s->closing) {
+            continue;  // the client went away meanwhile: the import goes with the job
+        }
+        const ipc::RegisterMsg &m = res.job.msg;
+        if (!res.status.isOk()) {
+            log_->warn("session {} (pid {}, uid {}): CUDA registration refused: {}", s->id,
+                       s->cred.pid, s->cred.uid, res.status.message());
+            reply(*s, m.h.seq, res.status.code(), 0, 0, "tl_register: " + res.status.message());
+            continue;
+        }
+        if (s->cuda_allocs.size() >= 64 && (s->cuda_allocs.size() & 63) == 0) {
+            std::erase_if(s->cuda_allocs, [](const auto &kv) { return kv.second.expired(); });
+        }
+        s->cuda_allocs[m.parent] = res.job.import;
+        addCudaRegion(*s, m, res.job.import);
+    }
+}
+
+void EngineImpl::addCudaRegion(Session &s, const ipc::RegisterMsg &m,
+                               const std::shared_ptr<CudaImport> &imp) {
     auto r = std::make_shared<Region>();
     r->owner = s.id;
     r->kind = MemoryKind::kCuda;
@@ -95,12 +153,13 @@ void EngineImpl::onRegisterCuda(Session &s, const ipc::RegisterMsg &m, ipc::Uniq
     r->cuda.device = m.device_ordinal;
     r->cuda.ipc_handle = imp->handle();
     r->cuda.dmabuf = imp->dmabuf();
-    r->cuda.alloc_bytes = m.alloc_bytes;
+    r->cuda.alloc_bytes = imp->allocBytes();
     r->cuda.alloc_offset = m.offset;
     r->cuda.client_address = m.address;
     r->cuda.import = imp;
     if (Status st = registerWithTransports(*r); !st.isOk()) {
-        return refuse(st.code(), st.message());
+        reply(s, m.h.seq, st.code(), 0, 0, "tl_register: " + st.message());
+        return;
     }
     const RegionId id = regions_.add(r);
     reply(s, m.h.seq, Code::kOk, id, r->bytes, "");

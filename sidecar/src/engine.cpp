@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "cuda/import_checker.hpp"
 #include "cuda/runtime.hpp"
 #include "engine_impl.hpp"
 #include "logging.hpp"
@@ -50,13 +51,6 @@ uint64_t mappingBudget() {
     return max_map > 2 * kHeadroom ? max_map - kHeadroom : max_map / 2;
 }
 
-int addToEpoll(int epfd, int fd, uint32_t events, uint64_t tag) {
-    epoll_event ev{};
-    ev.events = events;
-    ev.data.u64 = tag;
-    return ::epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) == 0 ? 0 : errno;
-}
-
 /// The names of the peer ids, for the write counters: this node, then [[peers]] in order.
 std::vector<std::string> peerNames(const config::Config &cfg) {
     std::vector<std::string> names{cfg.node.name};
@@ -71,6 +65,13 @@ std::vector<std::string> peerNames(const config::Config &cfg) {
 constexpr int kIdleTickMs = 200;
 
 }  // namespace
+
+int addToEpoll(int epfd, int fd, uint32_t events, uint64_t tag) {
+    epoll_event ev{};
+    ev.events = events;
+    ev.data.u64 = tag;
+    return ::epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) == 0 ? 0 : errno;
+}
 
 EngineImpl::EngineImpl(const config::Config &cfg)
     : cfg_(cfg), log_(sidecarLogger()), stats_(peerNames(cfg)) {
@@ -303,6 +304,10 @@ size_t EngineImpl::pollEvents(int timeout_ms) {
                 break;
             case kTagMetrics:
                 metrics_channel_->serve([this] { return buildSnapshot(); });
+                break;
+            case kTagCudaCheck:
+                finishCudaChecks();
+                ++work;
                 break;
             case kTagPeers:
             case kTagTransport:

@@ -27,6 +27,11 @@
 namespace tensorlane::sidecar {
 
 class MetricsServer;
+class CudaImport;
+class CudaImportChecker;
+
+/// epoll_ctl(EPOLL_CTL_ADD) of `fd` with `tag` as its data; 0 or errno.
+int addToEpoll(int epfd, int fd, uint32_t events, uint64_t tag);
 
 class EngineImpl final : public EventSink {
 public:
@@ -55,6 +60,7 @@ private:
         kTagBell = 6ull << 56,
         kTagTransport = 7ull << 56,  ///< a transport's fd (low bits: its index)
         kTagMetrics = 8ull << 56,    ///< a scrape waits for a snapshot
+        kTagCudaCheck = 9ull << 56,  ///< CUDA imports verified (cuda_control.cpp)
     };
     static constexpr uint64_t kTagMask = 0xffull << 56;
 
@@ -106,6 +112,11 @@ private:
     void onStatus(Session &s, const ipc::StatusMsg &m);
     // cuda_control.cpp: CUDA memory (docs/gpu.md)
     void onRegisterCuda(Session &s, const ipc::RegisterMsg &m, ipc::UniqueFd dmabuf);
+    /// Answers the CUDA registrations whose imports the checker has verified (or refused).
+    void finishCudaChecks();
+    /// The region of a CUDA registration whose import is verified; replies to the client.
+    void addCudaRegion(Session &s, const ipc::RegisterMsg &m,
+                       const std::shared_ptr<CudaImport> &imp);
     // stream_control.cpp: the stream-ordered calls
     void onStreamSetup(Session &s, const ipc::MsgHeader &m);
     void onStreamSubscribe(Session &s, const ipc::StreamSubscribeMsg &m);
@@ -212,6 +223,8 @@ private:
     // the server's threads wait on it.
     std::shared_ptr<SnapshotChannel> metrics_channel_;
     std::unique_ptr<MetricsServer> metrics_;
+    /// Verifies first registrations of CUDA allocations (made on the first one).
+    std::unique_ptr<CudaImportChecker> cuda_checker_;
     /// Sessions with stream segments (pollStreams looks at these only).
     std::vector<SessionId> stream_sessions_;
     std::chrono::steady_clock::time_point streams_moved_{};  ///< last gate or hand-over

@@ -36,6 +36,7 @@ namespace tensorlane::sidecar {
     X(cuCtxEnablePeerAccess)     \
     X(cuIpcOpenMemHandle)        \
     X(cuIpcCloseMemHandle)       \
+    X(cuMemGetAddressRange)      \
     X(cuMemHostRegister)         \
     X(cuMemHostUnregister)       \
     X(cuMemGetInfo)              \

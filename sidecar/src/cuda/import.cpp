@@ -3,8 +3,12 @@
 namespace tensorlane::sidecar {
 
 CudaImport::CudaImport(const CudaIpcHandle &handle, int ordinal, uint64_t alloc_bytes,
-                       std::shared_ptr<ipc::UniqueFd> dmabuf)
-    : handle_(handle), ordinal_(ordinal), alloc_bytes_(alloc_bytes), dmabuf_(std::move(dmabuf)) {}
+                       std::shared_ptr<ipc::UniqueFd> dmabuf, uint32_t uid)
+    : handle_(handle),
+      ordinal_(ordinal),
+      alloc_bytes_(alloc_bytes),
+      dmabuf_(std::move(dmabuf)),
+      uid_(uid) {}
 
 CudaImport::~CudaImport() {
     std::shared_ptr<CudaIpcMapping> m;
@@ -29,13 +33,32 @@ Status CudaImport::base(uint64_t *out) {
             failed_ = {Code::kCuda, "the owner's GPU is not visible to the sidecar"};
             return failed_;
         }
-        Status st = CudaRuntime::get().openIpc(handle_, ordinal_, &mapping_);
+        Status st = CudaRuntime::get().openIpc(handle_, ordinal_, uid_, &mapping_);
         if (!st.isOk()) {
             failed_ = st;
             return st;
         }
     }
     *out = mapping_->base();
+    return Status::ok();
+}
+
+Status CudaImport::verify() {
+    uint64_t base_address = 0;
+    if (Status st = base(&base_address); !st.isOk()) {
+        return st;
+    }
+    uint64_t real = 0;
+    {
+        std::lock_guard lock(mu_);
+        real = mapping_->bytes();
+    }
+    if (alloc_bytes_ > real) {
+        return {Code::kInvalid, "the client says its CUDA allocation holds " +
+                                    std::to_string(alloc_bytes_) + " bytes; the sidecar's import " +
+                                    "of it holds " + std::to_string(real)};
+    }
+    verified_.store(true, std::memory_order_release);
     return Status::ok();
 }
 

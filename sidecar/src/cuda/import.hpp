@@ -10,6 +10,7 @@
 // nothing of ours keeps its GPU memory alive.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -21,9 +22,11 @@ namespace tensorlane::sidecar {
 
 class CudaImport {
 public:
-    /// `ordinal` is this sidecar's ordinal of the owner's device (CudaRuntime::ordinalOf).
+    /// `ordinal` is this sidecar's ordinal of the owner's device (CudaRuntime::ordinalOf);
+    /// `alloc_bytes` is what the owner says its allocation holds, until verify() has checked it;
+    /// `uid` the owner's (CudaRuntime::openIpc binds the import to it).
     CudaImport(const CudaIpcHandle &handle, int ordinal, uint64_t alloc_bytes,
-               std::shared_ptr<ipc::UniqueFd> dmabuf);
+               std::shared_ptr<ipc::UniqueFd> dmabuf, uint32_t uid);
     ~CudaImport();
     CudaImport(const CudaImport &) = delete;
     CudaImport &operator=(const CudaImport &) = delete;
@@ -39,12 +42,22 @@ public:
     const std::shared_ptr<ipc::UniqueFd> &dmabuf() const { return dmabuf_; }
     /// Whether base() has mapped it (status, tests).
     bool imported() const;
+    /// Imports the allocation (base()) and checks the owner's claim against the sidecar's own
+    /// mapping: kInvalid when the allocation is smaller than `alloc_bytes`, kPermission when
+    /// another uid's client imported the same handle. Once it succeeded, `alloc_bytes` bounds
+    /// every region of the import for real. Transport-side threads only (it may take
+    /// milliseconds: the CudaImportChecker's thread); thread-safe.
+    Status verify();
+    /// Whether verify() succeeded (any thread).
+    bool verified() const { return verified_.load(std::memory_order_acquire); }
 
 private:
     const CudaIpcHandle handle_;
     const int ordinal_;
     const uint64_t alloc_bytes_;
     const std::shared_ptr<ipc::UniqueFd> dmabuf_;
+    const uint32_t uid_;
+    std::atomic<bool> verified_{false};
     mutable std::mutex mu_;
     std::shared_ptr<CudaIpcMapping> mapping_;
     Status failed_;  ///< a failed import is not retried (each try may cost milliseconds)

@@ -141,7 +141,7 @@ Status CudaRuntime::context(int ordinal, void **ctx) {
     return Status::ok();
 }
 
-Status CudaRuntime::openIpc(const CudaIpcHandle &handle, int ordinal,
+Status CudaRuntime::openIpc(const CudaIpcHandle &handle, int ordinal, uint32_t uid,
                             std::shared_ptr<CudaIpcMapping> *out) {
     if (!available_) {
         return {Code::kCuda, why_};
@@ -150,6 +150,11 @@ Status CudaRuntime::openIpc(const CudaIpcHandle &handle, int ordinal,
     auto it = imports_.find(handle);
     if (it != imports_.end()) {
         if (auto m = it->second.lock()) {
+            if (m->uid() != uid) {
+                return {Code::kPermission,
+                        "this CUDA allocation was registered by a process of another user (uid " +
+                            std::to_string(m->uid()) + "); the sidecar does not share it"};
+            }
             *out = std::move(m);
             return Status::ok();
         }
@@ -174,7 +179,26 @@ Status CudaRuntime::openIpc(const CudaIpcHandle &handle, int ordinal,
         return {Code::kCuda, "cuIpcOpenMemHandle on " + deviceName(ordinal) + ": " +
                                  d.errorText(rc) + " (is the owner alive, on this node?)"};
     }
-    auto m = std::make_shared<CudaIpcMapping>(handle, ordinal, ctx, static_cast<uint64_t>(base));
+    // The allocation's real size, from the driver's view of our own mapping: what a client says
+    // of its allocation is checked against this, never trusted (docs/SECURITY.md).
+    CUdeviceptr range_base = 0;
+    size_t range_bytes = 0;
+    {
+        CudaContextGuard g(d, static_cast<CUcontext>(ctx));
+        rc = d.cuMemGetAddressRange(&range_base, &range_bytes, base);
+        if (rc != CUDA_SUCCESS || range_base != base) {
+            d.cuIpcCloseMemHandle(base);
+        }
+    }
+    if (rc != CUDA_SUCCESS) {
+        return {Code::kCuda, "cuMemGetAddressRange of an imported allocation on " +
+                                 deviceName(ordinal) + ": " + d.errorText(rc)};
+    }
+    if (range_base != base) {
+        return {Code::kInvalid, "the imported CUDA allocation does not start at its mapping"};
+    }
+    auto m = std::make_shared<CudaIpcMapping>(handle, ordinal, ctx, static_cast<uint64_t>(base),
+                                              static_cast<uint64_t>(range_bytes), uid);
     imports_[handle] = m;
     open_mappings_.fetch_add(1, std::memory_order_relaxed);
     imports_opened_.fetch_add(1, std::memory_order_relaxed);
@@ -232,7 +256,8 @@ CudaRuntime::CudaRuntime() {
 Status CudaRuntime::context(int, void **) {
     return {Code::kCuda, why_};
 }
-Status CudaRuntime::openIpc(const CudaIpcHandle &, int, std::shared_ptr<CudaIpcMapping> *) {
+Status CudaRuntime::openIpc(const CudaIpcHandle &, int, uint32_t,
+                            std::shared_ptr<CudaIpcMapping> *) {
     return {Code::kCuda, why_};
 }
 void CudaRuntime::closeIpc(CudaIpcMapping *) {}

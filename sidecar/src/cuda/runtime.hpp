@@ -57,8 +57,12 @@ public:
     Status context(int ordinal, void **ctx);
     /// The import of an allocation exported with `handle` on device `ordinal`: opened on first
     /// use (cuIpcOpenMemHandle: 0.1 ms on the same GPU, 2 ms on another), shared while anyone
-    /// holds it, closed on the release thread when the last holder lets go.
-    Status openIpc(const CudaIpcHandle &handle, int ordinal, std::shared_ptr<CudaIpcMapping> *out);
+    /// holds it, closed on the release thread when the last holder lets go. An import is bound
+    /// to the uid of the client that presented the handle first: while it is open, another uid
+    /// presenting the same handle gets kPermission (a CUDA IPC handle is a capability; one uid
+    /// must not reach another's memory through the sidecar's import).
+    Status openIpc(const CudaIpcHandle &handle, int ordinal, uint32_t uid,
+                   std::shared_ptr<CudaIpcMapping> *out);
     /// Page-locks [base, base + bytes) for DMA (cuMemHostRegister, portable); the memory must
     /// stay mapped until the returned handle is dropped (which unregisters it).
     Status pinHost(void *base, size_t bytes, std::shared_ptr<void> *out);
@@ -99,14 +103,21 @@ private:
 /// One open CUDA IPC import: the sidecar's device address of an allocation's first byte.
 class CudaIpcMapping {
 public:
-    CudaIpcMapping(CudaIpcHandle handle, int ordinal, void *ctx, uint64_t base)
-        : handle_(handle), ordinal_(ordinal), ctx_(ctx), base_(base) {}
+    CudaIpcMapping(CudaIpcHandle handle, int ordinal, void *ctx, uint64_t base, uint64_t bytes,
+                   uint32_t uid)
+        : handle_(handle), ordinal_(ordinal), ctx_(ctx), base_(base), bytes_(bytes), uid_(uid) {}
     ~CudaIpcMapping();
     CudaIpcMapping(const CudaIpcMapping &) = delete;
     CudaIpcMapping &operator=(const CudaIpcMapping &) = delete;
 
     uint64_t base() const { return base_; }
     int ordinal() const { return ordinal_; }
+    /// The allocation's size as the driver reports it for the sidecar's own mapping
+    /// (cuMemGetAddressRange), never what a client claimed.
+    uint64_t bytes() const { return bytes_; }
+    /// The uid of the client whose export was imported first: another uid presenting the same
+    /// handle is refused.
+    uint32_t uid() const { return uid_; }
 
 private:
     friend class CudaRuntime;
@@ -114,6 +125,8 @@ private:
     int ordinal_;
     void *ctx_;
     uint64_t base_;
+    uint64_t bytes_;
+    uint32_t uid_;
 };
 
 }  // namespace tensorlane::sidecar

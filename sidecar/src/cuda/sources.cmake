@@ -3,6 +3,7 @@
 set(TENSORLANE_CUDA_SOURCES
   src/cuda/runtime.cpp
   src/cuda/import.cpp
+  src/cuda/import_checker.cpp
   src/cuda/copier.cpp
   src/cuda/stager.cpp
 )
