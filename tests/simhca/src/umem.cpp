@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <linux/capability.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -32,13 +33,45 @@ struct Vma {
     uint64_t end = 0;
     bool read = false;
     bool write = false;
-    bool file = false;  ///< file-backed (inode != 0) or a special mapping ([vvar], ...)
 };
 
-/// Reads /proc/self/maps line by line (its lines come in address order).
+// PROCMAP_QUERY (Linux 6.11, include/uapi/linux/fs.h): one mapping of /proc/PID/maps by
+// ioctl, without formatting the whole file. Declared here: the build's headers may predate it.
+struct ProcmapQuery {
+    uint64_t size;
+    uint64_t query_flags;
+    uint64_t query_addr;
+    uint64_t vma_start;
+    uint64_t vma_end;
+    uint64_t vma_flags;
+    uint64_t vma_page_size;
+    uint64_t vma_offset;
+    uint64_t inode;
+    uint32_t dev_major;
+    uint32_t dev_minor;
+    uint32_t vma_name_size;
+    uint32_t build_id_size;
+    uint64_t vma_name_addr;
+    uint64_t build_id_addr;
+};
+static_assert(sizeof(ProcmapQuery) == 104, "struct procmap_query of Linux 6.11");
+constexpr unsigned long kProcmapQuery = _IOWR('f', 17, ProcmapQuery);
+constexpr uint64_t kQueryReadable = 0x01;
+constexpr uint64_t kQueryWritable = 0x02;
+constexpr uint64_t kQueryCoveringOrNext = 0x10;
+
+// Off once the kernel answers PROCMAP_QUERY with ENOTTY (before 6.11), or from the start with
+// TENSORLANE_SIMHCA_PROCMAP_QUERY=0 (so the tests cover the text too): the text is read.
+bool queryWanted() {
+    const char *v = std::getenv("TENSORLANE_SIMHCA_PROCMAP_QUERY");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+}
+std::atomic<bool> g_query_ok{queryWanted()};
+
+/// Walks the mappings of /proc/self/maps in address order: by PROCMAP_QUERY, else its lines.
 class MapsReader {
 public:
-    MapsReader() : fd_(::open("/proc/self/maps", O_RDONLY | O_CLOEXEC)) {}
+    explicit MapsReader(int fd) : fd_(fd) {}
     ~MapsReader() {
         if (fd_ >= 0) {
             ::close(fd_);
@@ -46,10 +79,35 @@ public:
     }
     MapsReader(const MapsReader &) = delete;
     MapsReader &operator=(const MapsReader &) = delete;
-    [[nodiscard]] bool ok() const { return fd_ >= 0; }
+    /// The first mapping that ends above addr; false at the end (or on an error).
+    bool next(uint64_t addr, Vma *v) {
+        if (g_query_ok.load(std::memory_order_relaxed)) {
+            ProcmapQuery q{};
+            q.size = sizeof q;
+            q.query_flags = kQueryCoveringOrNext;
+            q.query_addr = addr;
+            if (::ioctl(fd_, kProcmapQuery, &q) == 0) {
+                v->start = q.vma_start;
+                v->end = q.vma_end;
+                v->read = (q.vma_flags & kQueryReadable) != 0;
+                v->write = (q.vma_flags & kQueryWritable) != 0;
+                return true;
+            }
+            if (errno != ENOTTY && errno != EINVAL) {
+                return false;  // ENOENT: no mapping at or above addr
+            }
+            g_query_ok.store(false, std::memory_order_relaxed);
+        }
+        while (nextLine(v)) {
+            if (v->end > addr) {
+                return true;
+            }
+        }
+        return false;
+    }
 
-    /// The next mapping; false at the end (or on a read error).
-    bool next(Vma *v) {
+private:
+    bool nextLine(Vma *v) {
         for (;;) {
             char *nl = static_cast<char *>(std::memchr(buf_ + pos_, '\n', len_ - pos_));
             if (nl != nullptr) {
@@ -76,7 +134,6 @@ public:
         }
     }
 
-private:
     // "start-end perms offset major:minor inode [path]" (proc_pid_maps(5)).
     static bool parse(const char *line, Vma *v) {
         char *p = nullptr;
@@ -90,19 +147,6 @@ private:
         }
         v->read = p[1] == 'r';
         v->write = p[2] == 'w';
-        p += 5;
-        (void)std::strtoull(p, &p, 16);  // offset
-        while (*p == ' ') {
-            ++p;
-        }
-        while (*p != '\0' && *p != ' ') {  // device
-            ++p;
-        }
-        const unsigned long long inode = std::strtoull(p, &p, 10);
-        while (*p == ' ') {
-            ++p;
-        }
-        v->file = inode != 0 || *p == '[';
         return true;
     }
 
@@ -116,7 +160,8 @@ private:
 std::atomic<bool> g_probe_ok{true};
 
 /// Whether the page at addr can be faulted in for reading: the kernel's own GUP walk (the one
-/// pin_user_pages makes) answers EFAULT for a file page past EOF and for VM_IO/VM_PFNMAP.
+/// pin_user_pages makes) answers EFAULT for a file page past EOF and for VM_IO/VM_PFNMAP
+/// mappings ([vvar], device memory).
 bool faultsIn(uint64_t addr) {
     if (!g_probe_ok.load(std::memory_order_relaxed)) {
         return true;
@@ -130,7 +175,7 @@ bool faultsIn(uint64_t addr) {
     if (errno == EFAULT) {
         return false;
     }
-    log(LogLevel::kInfo, "process_vm_readv on itself: %s; file pages are not probed",
+    log(LogLevel::kInfo, "process_vm_readv on itself: %s; pages are not probed",
         std::strerror(errno));
     g_probe_ok.store(false, std::memory_order_relaxed);
     return true;
@@ -183,22 +228,20 @@ int checkPinnable(uint64_t addr, uint64_t len, bool writable, std::string *why) 
     const uint64_t page = pageSize();
     uint64_t cur = addr & ~(page - 1);
     const uint64_t end = (addr + len + page - 1) & ~(page - 1);
-    MapsReader maps;
-    if (!maps.ok()) {
+    const int fd = ::open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
         static std::atomic<bool> said{false};
         if (!said.exchange(true)) {
             log(LogLevel::kInfo,
-                "no /proc/self/maps (%s): registrations are not checked "
-                "against the process's mappings",
+                "no /proc/self/maps (%s): registrations are not checked against the process's "
+                "mappings",
                 std::strerror(errno));
         }
         return 0;
     }
+    MapsReader maps(fd);
     Vma v;
-    while (cur < end && maps.next(&v)) {
-        if (v.end <= cur) {
-            continue;
-        }
+    while (cur < end && maps.next(cur, &v)) {
         if (v.start > cur) {
             break;  // a hole at cur
         }
@@ -211,8 +254,9 @@ int checkPinnable(uint64_t addr, uint64_t len, bool writable, std::string *why) 
         }
         const uint64_t stop = v.end < end ? v.end : end;
         // A file mapping may reach past its file (pages past EOF cannot be faulted in) or be
-        // device memory: the last page of the part in range tells (file offsets grow with it).
-        if (v.file && !faultsIn(stop - page)) {
+        // device memory: the last page of the part in range tells (file offsets grow with it;
+        // for anonymous memory the probe finds the zero page).
+        if (!faultsIn(stop - page)) {
             *why = "page " + hex(stop - page) +
                    " cannot be faulted in (past the end of its file, or device memory)";
             return EFAULT;

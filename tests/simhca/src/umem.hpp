@@ -25,8 +25,9 @@ namespace tensorlane::simhca {
 /// What pin_user_pages(FOLL_LONGTERM [| FOLL_WRITE]) would say of [addr, addr + len): 0, or
 /// EFAULT when a page is not mapped, lacks read permission (or write permission when
 /// `writable`), or cannot be faulted in (a file page past the end of its file, VM_IO/VM_PFNMAP
-/// device memory). `why` gets the reason. Read from /proc/self/maps, plus one
-/// process_vm_readv(2) probe of the last page of each file-backed mapping in the range.
+/// memory). `why` gets the reason. The mappings come from /proc/self/maps (its PROCMAP_QUERY
+/// ioctl where the kernel has it, else its text), and one process_vm_readv(2) probe of the
+/// last page of each mapping in the range asks the kernel's own page walk.
 [[nodiscard]] int checkPinnable(uint64_t addr, uint64_t len, bool writable, std::string *why);
 
 /// The process's mm->pinned_vm: pages pinned by its MRs, checked against RLIMIT_MEMLOCK unless
