@@ -349,6 +349,8 @@ std::string expectErrno(ibv_pd *pd, void *addr, size_t len, int access, int want
            (want == 0 ? "success" : strerror(want));
 }
 
+// The child is a fresh exec of this binary ("threadsafe": no thread of this process, such as
+// the simulator's engine, comes along).
 #define SKIP_UNLESS_ROOT()                                                          \
     GTEST_FLAG_SET(death_test_style, "threadsafe");                                 \
     if (geteuid() != 0) {                                                           \
