@@ -104,7 +104,9 @@ TEST_F(RegistrarTest, ARefusedDmabufFallsBackToPeermemAndTheRefusalIsRemembered)
         Registrar::Job j;
         j.dmabuf_fd = pipefd[0];
         j.length = mem.size();
-        j.iova = 0x7f0000100000ull;
+        // The iova keeps the address's page offset, or the kernel refuses it (EINVAL).
+        j.iova = 0x7f0000100000ull + (reinterpret_cast<uint64_t>(mem.data()) &
+                                      (static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) - 1));
         j.access = kAccess;
         j.peermem_addr = [&](void **addr) {
             ++resolves;

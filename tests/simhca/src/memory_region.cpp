@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "cuda_driver.hpp"
+#include "umem.hpp"
 
 #if defined(__SANITIZE_THREAD__)
 #define SIMHCA_TSAN 1
@@ -63,6 +64,9 @@ MemoryRegion::MemoryRegion(ibv_pd *pd, void *addr, size_t length, uint64_t iova,
 MemoryRegion::~MemoryRegion() {
     if (map_base_ != nullptr) {
         ::munmap(map_base_, map_len_);
+    }
+    if (pinned_pages_ != 0) {
+        PinnedVm::instance().uncharge(pinned_owner_, pinned_pages_);
     }
 }
 

@@ -3,6 +3,8 @@
 // with memcpy and device memory through the CUDA driver (cuda_driver.hpp).
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <cstdint>
 
@@ -50,6 +52,11 @@ public:
         map_base_ = base;
         map_len_ = len;
     }
+    /// Gives `pages` back to process `owner`'s pinned count (umem.hpp) on destruction.
+    void ownPinnedPages(pid_t owner, uint64_t pages) {
+        pinned_owner_ = owner;
+        pinned_pages_ = pages;
+    }
 
 private:
     ibv_pd *pd_;
@@ -62,6 +69,8 @@ private:
     uint32_t key_;
     void *map_base_ = nullptr;
     size_t map_len_ = 0;
+    pid_t pinned_owner_ = 0;
+    uint64_t pinned_pages_ = 0;
     MrHandle handle_{};
 };
 

@@ -121,6 +121,21 @@ TEST(RcErrors, WritePastTheRegionIsARemoteAccessError) {
     }
 }
 
+TEST(RcErrors, WriteStartingBelowTheRegionIsARemoteAccessError) {
+    QpPair pair;
+    auto dst = pair.buffer(pair.b, 4096);
+    expectRemoteAccessError(pair, dst->addr() - 64, dst->mr->rkey, 128);
+}
+
+TEST(RcErrors, WriteToAQpWithoutRemoteWriteIsARemoteAccessError) {
+    // The MR grants remote write, the responder's QP does not (IB spec 10.6.3.2: both decide).
+    ConnectOptions opt;
+    opt.access = IBV_ACCESS_REMOTE_READ;
+    QpPair pair(opt);
+    auto dst = pair.buffer(pair.b, 4096);
+    expectRemoteAccessError(pair, dst->addr(), dst->mr->rkey, 64);
+}
+
 TEST(RcErrors, WriteToAReadOnlyRegionIsARemoteAccessError) {
     QpPair pair;
     auto dst = pair.buffer(pair.b, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
