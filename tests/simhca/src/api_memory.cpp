@@ -129,14 +129,29 @@ ibv_mr *ibv_reg_mr_iova2(ibv_pd *pd, void *addr, size_t length, uint64_t iova,
 // uses what a process can: (1) when iova is a CUDA device address in this process (NCCL and
 // the sidecar pass the allocation's device pointer as iova), it copies through the CUDA
 // driver; (2) otherwise it mmap(2)s the fd at offset, which works for exporters that allow it
-// (udmabuf, memfd-backed buffers, dma-heaps); (3) otherwise EOPNOTSUPP, said on stderr. First
-// it checks what the kernel checks (UVERBS_METHOD_REG_DMABUF_MR, ib_umem_dmabuf_get()): the
+// (udmabuf, memfd-backed buffers, dma-heaps); (3) otherwise EOPNOTSUPP, said on stderr (at
+// once for an fd without a size, as a kernel without dma-buf MRs answers first). Then it
+// checks what the kernel checks (UVERBS_METHOD_REG_DMABUF_MR, ib_umem_dmabuf_get()): the
 // offset's page offset is the iova's, the fd is open, offset + length neither wraps nor
 // passes the buffer's size (dmabuf->size; a memfd stand-in's file size). Nothing is charged
 // to RLIMIT_MEMLOCK: the exporter owns the pages.
 ibv_mr *ibv_reg_dmabuf_mr(ibv_pd *pd, uint64_t offset, size_t length, uint64_t iova, int fd,
                           int access) {
     const auto acc = static_cast<unsigned>(access);
+    uint64_t size = 0;
+    const int size_err = dmabufSize(fd, &size);
+    void *cuda_ctx = nullptr;
+    const bool cuda = CudaDriver::instance().isDevicePointer(iova, &cuda_ctx);
+    if (size_err == ENODATA && !cuda) {
+        // Nothing the simulator can reach (a pipe, a socket): it answers as a host without
+        // dma-buf MRs, whose kernel says EOPNOTSUPP before it looks at anything else
+        // (UVERBS_METHOD_REG_DMABUF_MR without ops.reg_user_mr_dmabuf).
+        log(LogLevel::kError,
+            "ibv_reg_dmabuf_mr: fd %d has no size, so cannot be mapped, and iova 0x%llx is not "
+            "CUDA memory of this process: EOPNOTSUPP",
+            fd, static_cast<unsigned long long>(iova));
+        return refuse(EOPNOTSUPP);
+    }
     uint64_t end = 0;
     if (!samePageOffset(offset, iova)) {
         log(LogLevel::kError,
@@ -148,8 +163,6 @@ ibv_mr *ibv_reg_dmabuf_mr(ibv_pd *pd, uint64_t offset, size_t length, uint64_t i
     if (!accessOk(acc, length) || __builtin_add_overflow(offset, length, &end)) {
         return refuse(EINVAL);
     }
-    uint64_t size = 0;
-    const int size_err = dmabufSize(fd, &size);
     if (size_err == EBADF) {
         return refuse(EBADF);  // dma_buf_get(): fget() fails
     }
@@ -161,8 +174,7 @@ ibv_mr *ibv_reg_dmabuf_mr(ibv_pd *pd, uint64_t offset, size_t length, uint64_t i
             fd);
         return refuse(EINVAL);
     }
-    void *cuda_ctx = nullptr;
-    if (CudaDriver::instance().isDevicePointer(iova, &cuda_ctx)) {
+    if (cuda) {
         if (size_err != 0) {
             // A CUDA dma-buf answers lseek(SEEK_END) with its size; this fd is no dma-buf.
             log(LogLevel::kError, "ibv_reg_dmabuf_mr: fd %d has no size, so is no dma-buf: EINVAL",
