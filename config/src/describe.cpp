@@ -111,7 +111,9 @@ std::string describeText(const Config &cfg, const TransportChoice &choice) {
        << "peer_key_file = " << quote(s.peer_key_file, kNoCut) << "\n"
        << "tcp_integrity = " << toString(s.tcp_integrity)
        << (s.tcp_integrity == TcpIntegrity::kNone ? " (TCP data frames are not authenticated)" : "")
-       << "\n";
+       << "\n"
+       << "revoke_timeout_ms = " << s.revoke_timeout_ms
+       << " (a verbs peer's key is revoked by then, confirmed or not)\n";
 
     const LimitsConfig &l = cfg.limits;
     os << "\n[limits]\n"
@@ -186,7 +188,8 @@ std::string describeJson(const Config &cfg, const TransportChoice &choice) {
     j["security"] = {{"allowed_uids", s.allowed_uids},
                      {"allowed_gids", s.allowed_gids},
                      {"peer_key_file", s.peer_key_file},
-                     {"tcp_integrity", toString(s.tcp_integrity)}};
+                     {"tcp_integrity", toString(s.tcp_integrity)},
+                     {"revoke_timeout_ms", s.revoke_timeout_ms}};
     j["limits"] = {{"regions", cfg.limits.regions},
                    {"registered_bytes", cfg.limits.registered_bytes},
                    {"in_flight", cfg.limits.in_flight},

@@ -401,8 +401,8 @@ constexpr std::array<std::string_view, 9> kTcpKeys = {
     "connect_timeout_ms",   "reconnect_min_ms", "reconnect_max_ms", "window",
     "tag_threads"};
 constexpr std::array<std::string_view, 3> kIpcKeys = {"ring_depth", "poll_mode", "spin_us"};
-constexpr std::array<std::string_view, 4> kSecurityKeys = {"allowed_uids", "allowed_gids",
-                                                           "peer_key_file", "tcp_integrity"};
+constexpr std::array<std::string_view, 5> kSecurityKeys = {
+    "allowed_uids", "allowed_gids", "peer_key_file", "tcp_integrity", "revoke_timeout_ms"};
 constexpr std::array<std::string_view, 4> kLimitsKeys = {"regions", "registered_bytes", "in_flight",
                                                          "peer_regions"};
 constexpr std::array<std::string_view, 1> kMetricsKeys = {"listen"};
@@ -519,6 +519,7 @@ bool readSecurity(const TableReader &r, SecurityConfig &out) {
     r.idList("allowed_uids", out.allowed_uids);
     r.idList("allowed_gids", out.allowed_gids);
     r.enumeration("tcp_integrity", kTcpIntegrities, out.tcp_integrity);
+    r.range("revoke_timeout_ms", 10, 600000, out.revoke_timeout_ms);
     return r.string(
         "peer_key_file", "a non-empty file path",
         [](std::string_view s) { return !s.empty() && !hasNul(s); }, out.peer_key_file);

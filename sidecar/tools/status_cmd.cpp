@@ -151,6 +151,10 @@ void formatVerbsPeer(std::ostringstream &os, const Json &p) {
                << static_cast<uint64_t>(num(s, "gdr_flushes")) << " GDR flushes\n";
         }
     }
+    if (const auto forced = static_cast<uint64_t>(num(p, "revocations_forced")); forced != 0) {
+        os << "    " << forced
+           << " revocation(s) not confirmed in time: the key was revoked anyway\n";
+    }
     if (p.contains("nic_counters") && p["nic_counters"].is_object() && !p["nic_counters"].empty()) {
         os << "    NIC counters:";
         for (const auto &[k, v] : p["nic_counters"].items()) {

@@ -142,6 +142,7 @@ TEST(ConfigDescribe, JsonMirrorsTheTables) {
     EXPECT_EQ(j["fabric"].size(), 18u);
     EXPECT_EQ(j["fabric"]["tclass_override"], "fail");
     EXPECT_EQ(j["security"]["tcp_integrity"], "mac");
+    EXPECT_EQ(j["security"]["revoke_timeout_ms"], 1500);
     EXPECT_EQ(j["limits"]["registered_bytes"], uint64_t{1} << 40);
     EXPECT_EQ(j["limits"]["in_flight"], 1024);
     EXPECT_EQ(j["metrics"]["listen"], "");

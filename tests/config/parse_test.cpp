@@ -729,5 +729,20 @@ TEST(ConfigEnums, NewFabricAndSecurityValues) {
     EXPECT_EQ(formatBytes(3u << 20), "3MiB");
 }
 
+TEST(ConfigSecurity, RevokeTimeoutHasADefaultAndARange) {
+    auto d = parse("");
+    ASSERT_TRUE(d.ok()) << allErrors(d);
+    EXPECT_EQ(d.config->security.revoke_timeout_ms, 1500u);
+    auto r = parse("[security]\nrevoke_timeout_ms = 250\n");
+    ASSERT_TRUE(r.ok()) << allErrors(r);
+    EXPECT_EQ(r.config->security.revoke_timeout_ms, 250u);
+    for (const char *bad : {"0", "9", "600001", "-1", "\"1s\""}) {
+        const Error e =
+            onlyError(parse(std::string("[security]\nrevoke_timeout_ms = ") + bad + "\n"));
+        EXPECT_EQ(e.key, "security.revoke_timeout_ms") << bad;
+        EXPECT_NE(e.expected.find("10-600000"), std::string::npos) << bad << ": " << e.expected;
+    }
+}
+
 }  // namespace
 }  // namespace tensorlane::config

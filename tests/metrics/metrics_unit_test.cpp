@@ -210,7 +210,7 @@ Snapshot sampleSnapshot() {
                    "late_wakeups": 0, "writes_queued": 1, "writes_in_flight": 2},
       "peers": [
         {"name": "node-b", "address": "10.0.0.2:18515", "state": "up", "transport": "verbs",
-         "failures": 1, "control_connections": 2, "remote_regions": 1, "async_events": 3,
+         "failures": 1, "control_connections": 2, "remote_regions": 1, "async_events": 3, "revocations_forced": 2,
          "send": {"qps": [{"qpn": "0x000011", "state": "RTS"}, {"qpn": "0x000012", "state": "ERR"}],
                   "work_requests": 77, "errors": 1},
          "receive": {"qps": [{"qpn": "0x000021", "state": "RTR"}]}},
@@ -309,6 +309,7 @@ TEST(MetricFamilies, FromASnapshot) {
     EXPECT_EQ(v.at("tensorlane_peer_qps{peer=node-b,direction=receive,state=RTR}"), 1);
     EXPECT_EQ(v.at("tensorlane_peer_verbs_work_requests_total{peer=node-b}"), 77);
     EXPECT_EQ(v.at("tensorlane_verbs_async_events_total"), 3);
+    EXPECT_EQ(v.at("tensorlane_peer_verbs_revocations_forced_total{peer=node-b}"), 2);
     EXPECT_EQ(v.at("tensorlane_peer_tcp_data_connections{peer=node-c}"), 2);
     EXPECT_EQ(v.count("tensorlane_peer_qps{peer=node-c,direction=send,state=RTS}"), 0u);
     EXPECT_EQ(v.at("tensorlane_rdma_port_active{device=mlx5_0,port=1}"), 1);

@@ -62,7 +62,10 @@ protected:
         ob.transport = "verbs";
         ob.peers = {{"node-a", port_a}, {"node-evil", freePort()}};
         const config::GdrFlush flush = flushMode();
-        ob.tweak = [flush](config::Config &c) { c.fabric.gdr_flush = flush; };
+        ob.tweak = [flush](config::Config &c) {
+            c.fabric.gdr_flush = flush;
+            c.security.revoke_timeout_ms = kRevokeTimeoutMs;
+        };
         b_ = std::make_unique<Node>(ob);
         NodeOptions oa;
         oa.name = "node-a";
@@ -104,8 +107,40 @@ protected:
         EXPECT_EQ(0, std::memcmp(dst_->base, src_->base, kRegion));
     }
 
-    /// The raw peer's session to node-b over verbs, and node-b's key for "recv".
-    void openEvil(RawVerbsEnd *end, std::unique_ptr<RawClientPeer> *evil, RegionKey *key) {
+    /// node-b's status of peer `peer` (an empty object when it has none).
+    nlohmann::json peerStatusAtB(const std::string &peer) {
+        auto j = nlohmann::json::parse(b_->statusJson());
+        for (auto &p : j["peers"]) {
+            if (p.value("name", "") == peer) {
+                return p;
+            }
+        }
+        return nlohmann::json::object();
+    }
+
+    /// A range of a node-b host buffer, exposed as `name` alone: kRegion bytes at kRegion into a
+    /// buffer of 3 * kRegion (what a caching allocator makes of one tensor in its block).
+    std::shared_ptr<Region> exposeRange(const std::string &name, std::shared_ptr<Region> *buffer) {
+        *buffer = b_->addRegion(3 * kRegion);
+        fillRandom((*buffer)->base, 3 * kRegion, 77);
+        auto range = std::make_shared<Region>();
+        range->owner = (*buffer)->owner;
+        range->parent = (*buffer)->id;
+        range->base = (*buffer)->base + kRegion;
+        range->bytes = kRegion;
+        range->mapping = (*buffer)->mapping;
+        b_->call([&] { return b_->regions().add(range); });
+        b_->expose(range, name);
+        return range;
+    }
+
+    /// The raw peer's session to node-b over verbs, and node-b's key for "recv" (or for the
+    /// region `region`).
+    void openEvil(RawVerbsEnd *end, std::unique_ptr<RawClientPeer> *evil, RegionKey *key,
+                  RegionId region = 0) {
+        if (region == 0) {
+            region = dst_->id;
+        }
         std::string why;
         ASSERT_TRUE(end->open(nextSimDevice(), 2, &why)) << why;
         RawCaps caps;
@@ -124,7 +159,7 @@ protected:
             if (h.type == FrameType::kTransport &&
                 sidecar::verbsMsgOf(h.arg) == static_cast<uint32_t>(VerbsMsg::kKeyAdd)) {
                 ASSERT_TRUE(sidecar::decodeRegionKey(p, key));
-                if (key->region == dst_->id) {
+                if (key->region == region) {
                     break;
                 }
             }
@@ -145,7 +180,61 @@ protected:
         return d;
     }
 
+    /// A raw-verbs write to node-b of 4 KiB, notified as `imm`, whose descriptor names the
+    /// range's last 4 KiB but whose data goes `shift` bytes from the range's first byte (the
+    /// same allocation, outside the range): the HCA must refuse it, nothing outside the range
+    /// may change and nobody is told.
+    void shiftedWriteIsRefused(int64_t shift, uint32_t imm) {
+        std::shared_ptr<Region> buffer;
+        auto range = exposeRange("kv", &buffer);
+        RawVerbsEnd end;
+        std::unique_ptr<RawClientPeer> evil;
+        RegionKey key;
+        openEvil(&end, &evil, &key, range->id);
+        if (HasFatalFailure()) {
+            return;
+        }
+        EXPECT_EQ(key.bytes, kRegion);
+        // An honest write into the range first: its key works for the range's own bytes.
+        ASSERT_TRUE(end.postDescriptor(0, descriptor(1, key.region, 0, 4096, imm - 1)));
+        ASSERT_TRUE(end.postData(0, key.addr, key.rkey, 4096, WireImm::encode(1, 1)));
+        EXPECT_EQ(end.nextCompletion(5000), IBV_WC_SUCCESS);
+        EXPECT_EQ(end.nextCompletion(5000), IBV_WC_SUCCESS);
+        ASSERT_TRUE(arrivedWithin(*b_, "node-evil", imm - 1, 1));
+        const std::vector<uint8_t> before(buffer->base, buffer->base + 3 * kRegion);
+
+        ASSERT_TRUE(end.postDescriptor(0, descriptor(2, key.region, kRegion - 4096, 4096, imm)));
+        ASSERT_TRUE(end.postData(0, key.addr + static_cast<uint64_t>(shift), key.rkey, 4096,
+                                 WireImm::encode(2, 1)));
+        int last = IBV_WC_SUCCESS;
+        for (int i = 0; i < 2 && last == IBV_WC_SUCCESS; ++i) {
+            last = end.nextCompletion(5000);
+        }
+        EXPECT_EQ(last, IBV_WC_REM_ACCESS_ERR)
+            << "the HCA let a write " << shift << " bytes from the range's start through: "
+            << ibv_wc_status_str(static_cast<ibv_wc_status>(last));
+        EXPECT_TRUE(evil->control().closedWithin(5000)) << "node-b kept the session";
+        std::this_thread::sleep_for(200ms);
+        EXPECT_EQ(0, std::memcmp(buffer->base, before.data(), before.size()))
+            << "bytes of the allocation outside the exposed range changed";
+        EXPECT_EQ(arrivalsFrom(*b_, "node-evil", imm), 0u) << "the shifted write was notified";
+
+        // node-a's writes to the range itself still land, and only there.
+        auto [ls, remote] = a_->lookup("node-b", "kv");
+        ASSERT_TRUE(ls.isOk()) << ls.message();
+        auto [ps, op] = a_->post("node-b", src_, 0, remote.id, 0, kRegion, imm + 1);
+        ASSERT_TRUE(ps.isOk()) << ps.message();
+        auto c = a_->sink.completion(op, 10s);
+        ASSERT_TRUE(c.has_value());
+        ASSERT_EQ(c->code, Code::kOk) << c->reason;
+        EXPECT_TRUE(arrivedWithin(*b_, "node-a", imm + 1, 1));
+        EXPECT_EQ(0, std::memcmp(range->base, src_->base, kRegion));
+        EXPECT_EQ(0, std::memcmp(buffer->base, before.data(), kRegion));
+        EXPECT_EQ(0, std::memcmp(buffer->base + 2 * kRegion, before.data() + 2 * kRegion, kRegion));
+    }
+
     static constexpr size_t kRegion = 256u << 10;
+    static constexpr uint32_t kRevokeTimeoutMs = 300;
     TempDir dir_;
     std::string key_;
     std::unique_ptr<Node> b_, a_;
@@ -207,6 +296,75 @@ TEST_F(HostileVerbsPeer, WriteOutsideTheKeyEndsOnlyThatSession) {
     EXPECT_EQ(arrivalsFrom(*b_, "node-evil", 7), 0u);
     fillRandom(src_->base, kRegion, 5);
     honestWriteWorks(22);
+}
+
+// The key a peer gets for a range of a buffer covers that range alone: a write shifted past its
+// end, or before its start, into the same allocation is refused by the HCA itself.
+TEST_F(HostileVerbsPeer, WriteShiftedPastAnExposedRangeIsRefusedByTheHca) {
+    shiftedWriteIsRefused(static_cast<int64_t>(kRegion), 30);
+}
+
+TEST_F(HostileVerbsPeer, WriteShiftedBeforeAnExposedRangeIsRefusedByTheHca) {
+    shiftedWriteIsRefused(-4096, 34);
+}
+
+TEST_F(HostileVerbsPeer, WriteStraddlingAnExposedRangesEndIsRefusedByTheHca) {
+    shiftedWriteIsRefused(static_cast<int64_t>(kRegion) - 64, 38);
+}
+
+// A peer that never confirms a revocation (KEY_DEL, no KEY_DEL_DONE) and keeps writing: after
+// [security] revoke_timeout_ms the region's MR is gone, so its write fails on the HCA and the
+// memory its owner took back is never written. node-a, which confirms, is not forced.
+TEST_F(HostileVerbsPeer, UnconfirmedRevocationIsForcedAfterTheDeadline) {
+    honestWriteWorks(50);
+    RawVerbsEnd end;
+    std::unique_ptr<RawClientPeer> evil;
+    RegionKey key;
+    openEvil(&end, &evil, &key);
+    if (HasFatalFailure()) {
+        return;
+    }
+    ASSERT_TRUE(end.postDescriptor(0, descriptor(1, key.region, 0, 4096, 51)));
+    ASSERT_TRUE(end.postData(0, key.addr, key.rkey, 4096, WireImm::encode(1, 1)));
+    EXPECT_EQ(end.nextCompletion(5000), IBV_WC_SUCCESS);
+    EXPECT_EQ(end.nextCompletion(5000), IBV_WC_SUCCESS);
+    ASSERT_TRUE(arrivedWithin(*b_, "node-evil", 51, 1));
+
+    b_->revoke(dst_->id);
+    FrameHeader h;
+    std::vector<uint8_t> p;
+    bool asked = false;
+    while (!asked && evil->control().recv(&h, &p, 5000)) {
+        uint64_t id = 0;
+        asked = h.type == FrameType::kTransport &&
+                sidecar::verbsMsgOf(h.arg) == static_cast<uint32_t>(VerbsMsg::kKeyDel) &&
+                sidecar::decodeU64(p, &id) && id == dst_->id;
+    }
+    ASSERT_TRUE(asked) << "node-b never sent KEY_DEL";
+    // No KEY_DEL_DONE. Past the deadline (and the engine's idle tick) the owner reuses the
+    // memory; the peer writes with its old key.
+    std::this_thread::sleep_for(std::chrono::milliseconds(kRevokeTimeoutMs * 3 + 300));
+    // Counted per peer (node-a, which confirmed in time, is not).
+    EXPECT_EQ(peerStatusAtB("node-evil").value("revocations_forced", uint64_t{0}), 1u);
+    const auto honest = peerStatusAtB("node-a");
+    EXPECT_EQ(honest.value("revocations_forced", uint64_t{99}), 0u);
+    ASSERT_TRUE(honest.contains("receive"));
+    EXPECT_EQ(honest["receive"].value("revoking", uint64_t{99}), 0u);
+    fillRandom(dst_->base, kRegion, 99);
+    const std::vector<uint8_t> reused(dst_->base, dst_->base + kRegion);
+    ASSERT_TRUE(end.postDescriptor(0, descriptor(2, key.region, 0, 4096, 52)));
+    ASSERT_TRUE(end.postData(0, key.addr, key.rkey, 4096, WireImm::encode(2, 1)));
+    int last = IBV_WC_SUCCESS;
+    for (int i = 0; i < 2 && last == IBV_WC_SUCCESS; ++i) {
+        last = end.nextCompletion(5000);
+    }
+    EXPECT_EQ(last, IBV_WC_REM_ACCESS_ERR) << "a write with a revoked key went through: "
+                                           << ibv_wc_status_str(static_cast<ibv_wc_status>(last));
+    std::this_thread::sleep_for(200ms);
+    EXPECT_EQ(0, std::memcmp(dst_->base, reused.data(), kRegion))
+        << "memory reused after the revocation deadline was written";
+    EXPECT_EQ(arrivalsFrom(*b_, "node-evil", 52), 0u);
+    EXPECT_TRUE(evil->control().closedWithin(5000)) << "node-b kept the session";
 }
 
 // [fabric] gdr_flush = "on": every notification waits for a flush READ on the receiver's

@@ -268,6 +268,10 @@ void peerFamilies(const Json &status, Families *f) {
             f->counter("tensorlane_peer_verbs_completion_errors_total",
                        "Error completions on the send QPs to the peer (current session)", peer,
                        num(send, "errors"));
+            f->counter("tensorlane_peer_verbs_revocations_forced_total",
+                       "Revocations the peer did not confirm within [security] "
+                       "revoke_timeout_ms (its key was revoked anyway)",
+                       peer, num(p, "revocations_forced"));
             if (!verbs_seen) {
                 verbs_seen = true;
                 f->counter("tensorlane_verbs_async_events_total",

@@ -135,6 +135,9 @@ struct SecurityConfig {
     std::string peer_key_file = "/etc/tensorlane/peer.key";
     /// mac | none: authenticate every TCP data frame with a key derived from the handshake.
     TcpIntegrity tcp_integrity = TcpIntegrity::kMac;
+    /// How long a verbs receiver waits for a peer to confirm a revocation (KEY_DEL_DONE)
+    /// before it deregisters the region's MR anyway (10-600000 ms).
+    uint32_t revoke_timeout_ms = 1500;
 };
 
 /// [limits]: per-client quotas (and one per peer), refused with a clear status when exceeded.

@@ -11,25 +11,60 @@ namespace tensorlane::sidecar {
 
 namespace {
 std::atomic<uint64_t> g_next_job{1};
+
+constexpr uint8_t kKeyRegion = 0;
+constexpr uint8_t kKeyHostSegment = 1;
+constexpr uint8_t kKeyCudaImport = 2;
+constexpr uint8_t kKeyCudaDmabuf = 3;
+constexpr uint64_t kPageMask = 4095;
+
+uint64_t identity(const void *p) {
+    return reinterpret_cast<uint64_t>(p);
+}
+
+/// Whether host region `r` lies inside the segment mapping it holds.
+bool insideMapping(const Region &r) {
+    if (!r.mapping || !*r.mapping || r.base == nullptr) {
+        return false;
+    }
+    const auto *start = static_cast<const unsigned char *>(r.mapping->data());
+    return r.base >= start && static_cast<uint64_t>(r.base - start) <= r.mapping->size() &&
+           r.bytes <= r.mapping->size() - static_cast<uint64_t>(r.base - start);
+}
 }  // namespace
 
-MrCache::MrCache(std::shared_ptr<ibv_pd> pd, Registrar &registrar, RegionTable &regions)
-    : pd_(std::move(pd)), registrar_(registrar), regions_(regions) {}
+MrCache::MrCache(std::shared_ptr<ibv_pd> pd, Registrar &registrar, Scope scope)
+    : pd_(std::move(pd)), registrar_(registrar), scope_(scope) {}
 
 MrCache::~MrCache() {
     // MRs before the PD (the MrPtrs go with the entries; the PD's last owner may be us).
     entries_.clear();
 }
 
-uint64_t MrCache::rootOf(const Region &r) {
-    if (r.kind == MemoryKind::kCuda) {
-        // One allocation, one dma-buf fd shared by every region registered inside it.
-        if (r.cuda.dmabuf) {
-            return reinterpret_cast<uint64_t>(r.cuda.dmabuf.get());
-        }
-        return r.cuda.client_address - r.cuda.alloc_offset;
+MrCache::Key MrCache::keyOf(const Region &r, unsigned access, Scope scope) {
+    if (scope == Scope::kRegion) {
+        return Key{kKeyRegion, r.id, access};
     }
-    return r.parent != 0 ? r.parent : r.id;
+    if (r.kind == MemoryKind::kCuda) {
+        // The sidecar's import of the allocation, shared by every region registered in it (the
+        // client's addresses and keys name nothing here).
+        if (r.cuda.import) {
+            return Key{kKeyCudaImport, identity(r.cuda.import.get()), access};
+        }
+        if (r.cuda.dmabuf) {
+            return Key{kKeyCudaDmabuf, identity(r.cuda.dmabuf.get()), access};
+        }
+        return Key{kKeyRegion, r.id, access};
+    }
+    // A tl_alloc_host buffer and its ranges share the segment's mapping.
+    if (insideMapping(r)) {
+        return Key{kKeyHostSegment, identity(r.mapping.get()), access};
+    }
+    return Key{kKeyRegion, r.id, access};
+}
+
+uint64_t MrCache::cudaRegionIova(const Region &r) {
+    return (r.cuda.client_address & ~kPageMask) | (r.cuda.alloc_offset & kPageMask);
 }
 
 size_t MrCache::dmabufCount() const {
@@ -41,73 +76,104 @@ size_t MrCache::dmabufCount() const {
 }
 
 MrView MrCache::get(const Region &r, unsigned access, std::string *error) {
-    const uint64_t root = rootOf(r);
-    const Key key{root, access};
+    const Key key = keyOf(r, access, scope_);
     auto it = entries_.find(key);
-    if (it != entries_.end()) {
-        Entry &e = it->second;
-        if (e.mr) {
-            const uint64_t offset = r.kind == MemoryKind::kCuda
-                                        ? r.cuda.alloc_offset
-                                        : reinterpret_cast<uint64_t>(r.base) - e.base;
-            return MrView{e.mr.get(), e.base + offset};
-        }
-        if (e.error != 0) {
-            *error = std::string("memory registration failed: ") + std::strerror(e.error);
-        }
-        return {};  // still pending
-    }
-    Registrar::Job job;
-    job.id = g_next_job.fetch_add(1);
-    job.pd = pd_;
-    job.access = access;
-    Entry e;
-    e.job = job.id;
-    if (r.kind == MemoryKind::kCuda) {
-        // The iova is the owner's address of the allocation whichever path registers it (the
-        // HCA does not care what number names the memory; peers see the owner's addresses).
-        job.iova = r.cuda.client_address - r.cuda.alloc_offset;
-        job.length = r.cuda.alloc_bytes;
-        if (r.cuda.dmabuf && r.cuda.dmabuf->get() >= 0) {
-            // The owner's dma-buf fd of the whole allocation (DESIGN.md step 2): no
-            // nvidia-peermem needed.
-            job.dmabuf_fd = r.cuda.dmabuf->get();
-            job.dmabuf_offset = 0;
-            e.dmabuf = true;
-        }
-        if (r.cuda.import) {
-            // nvidia-peermem: the sidecar's own mapping of the allocation (an IPC import, made
-            // on the registrar's thread), when there is no fd or the host refuses dma-buf MRs.
-            std::shared_ptr<CudaImport> imp = r.cuda.import;
-            job.peermem_addr = [imp](void **addr) {
-                uint64_t base = 0;
-                if (Status st = imp->base(&base); !st.isOk() || base == 0) {
-                    return EFAULT;
-                }
-                *addr = reinterpret_cast<void *>(base);
-                return 0;
-            };
-            job.keepalive = imp;
-        } else if (!e.dmabuf) {
-            *error = "a CUDA region with neither a dma-buf fd nor an IPC handle";
+    if (it == entries_.end()) {
+        Registrar::Job job;
+        Entry e;
+        if (!prepare(r, key, &job, &e, error)) {
             return {};
-        } else {
-            job.keepalive = r.cuda.dmabuf;
         }
-    } else {
-        std::shared_ptr<Region> root_region = regions_.find(root);
-        const Region &owner = root_region ? *root_region : r;
-        job.addr = owner.base;
-        job.length = owner.bytes;
-        job.iova = reinterpret_cast<uint64_t>(owner.base);
-        job.keepalive = owner.mapping;
+        job.id = g_next_job.fetch_add(1);
+        job.pd = pd_;
+        job.access = access;
+        e.job = job.id;
+        by_job_[job.id] = key;
+        it = entries_.emplace(key, std::move(e)).first;
+        registrar_.submit(std::move(job));
     }
-    e.base = job.iova;
-    e.keepalive = job.keepalive;
-    by_job_[job.id] = key;
-    entries_.emplace(key, std::move(e));
-    registrar_.submit(std::move(job));
-    return {};
+    Entry &e = it->second;
+    if (e.users.insert(r.id).second) {
+        keys_of_[r.id].push_back(key);
+    }
+    if (e.mr) {
+        if (r.kind == MemoryKind::kHost) {
+            // Host MRs are registered with iova = address.
+            return MrView{e.mr.get(), reinterpret_cast<uint64_t>(r.base)};
+        }
+        const bool whole = key.kind == kKeyCudaImport || key.kind == kKeyCudaDmabuf;
+        return MrView{e.mr.get(), e.base + (whole ? r.cuda.alloc_offset : 0)};
+    }
+    if (e.error != 0) {
+        *error = std::string("memory registration failed: ") + std::strerror(e.error);
+    }
+    return {};  // still pending
+}
+
+bool MrCache::prepare(const Region &r, const Key &key, Registrar::Job *job, Entry *e,
+                      std::string *error) const {
+    if (r.kind == MemoryKind::kHost) {
+        if (r.base == nullptr || r.bytes == 0) {
+            *error = "a host region with no memory";
+            return false;
+        }
+        unsigned char *start = r.base;
+        uint64_t length = r.bytes;
+        if (key.kind == kKeyHostSegment) {
+            // A local key: the whole segment, whichever of its ranges asked first.
+            start = static_cast<unsigned char *>(r.mapping->data());
+            length = r.mapping->size();
+        }
+        job->addr = start;
+        job->length = length;
+        job->iova = identity(start);
+        job->keepalive = r.mapping;
+        e->base = job->iova;
+        e->keepalive = job->keepalive;
+        return true;
+    }
+    const CudaMemory &c = r.cuda;
+    if (r.bytes == 0 || c.alloc_offset > c.alloc_bytes ||
+        r.bytes > c.alloc_bytes - c.alloc_offset) {
+        *error = "a CUDA region outside its allocation";
+        return false;
+    }
+    const bool whole = key.kind == kKeyCudaImport || key.kind == kKeyCudaDmabuf;
+    // The region alone (a remote key), or the whole allocation (a local key). The iova is the
+    // owner's address whichever path registers it (the HCA does not care what number names the
+    // memory; peers see the owner's addresses).
+    const uint64_t offset = whole ? 0 : c.alloc_offset;
+    job->length = whole ? c.alloc_bytes : r.bytes;
+    job->iova = whole ? (c.client_address - c.alloc_offset) & ~kPageMask : cudaRegionIova(r);
+    if (c.dmabuf && c.dmabuf->get() >= 0) {
+        // The owner's dma-buf fd of the whole allocation (DESIGN.md step 2), at the range's
+        // offset in it: no nvidia-peermem needed.
+        job->dmabuf_fd = c.dmabuf->get();
+        job->dmabuf_offset = offset;
+        e->dmabuf = true;
+    }
+    if (c.import) {
+        // nvidia-peermem: the sidecar's own mapping of the allocation (an IPC import, made on
+        // the registrar's thread), when there is no fd or the host refuses dma-buf MRs.
+        std::shared_ptr<CudaImport> imp = c.import;
+        job->peermem_addr = [imp, offset](void **addr) {
+            uint64_t base = 0;
+            if (Status st = imp->base(&base); !st.isOk() || base == 0) {
+                return EFAULT;
+            }
+            *addr = reinterpret_cast<void *>(base + offset);
+            return 0;
+        };
+        job->keepalive = imp;
+    } else if (!e->dmabuf) {
+        *error = "a CUDA region with neither a dma-buf fd nor an IPC handle";
+        return false;
+    } else {
+        job->keepalive = c.dmabuf;
+    }
+    e->base = job->iova;
+    e->keepalive = job->keepalive;
+    return true;
 }
 
 bool MrCache::complete(Registrar::Result &result) {
@@ -116,7 +182,7 @@ bool MrCache::complete(Registrar::Result &result) {
     }
     auto j = by_job_.find(result.id);
     if (j == by_job_.end()) {
-        // An allocation dropped while it was being registered: let the MR go.
+        // Released while it was being registered: let the MR go.
         if (result.mr != nullptr) {
             (void)ibv_dereg_mr(result.mr);
             result.mr = nullptr;
@@ -139,15 +205,23 @@ bool MrCache::complete(Registrar::Result &result) {
     return true;
 }
 
-void MrCache::dropAllocation(uint64_t root) {
-    for (auto it = entries_.begin(); it != entries_.end();) {
-        if (it->first.first == root) {
+void MrCache::release(RegionId id) {
+    auto k = keys_of_.find(id);
+    if (k == keys_of_.end()) {
+        return;
+    }
+    for (const Key &key : k->second) {
+        auto it = entries_.find(key);
+        if (it == entries_.end()) {
+            continue;
+        }
+        it->second.users.erase(id);
+        if (it->second.users.empty()) {
             by_job_.erase(it->second.job);
-            it = entries_.erase(it);
-        } else {
-            ++it;
+            entries_.erase(it);  // ibv_dereg_mr: the HCA refuses its key from now on
         }
     }
+    keys_of_.erase(k);
 }
 
 }  // namespace tensorlane::sidecar

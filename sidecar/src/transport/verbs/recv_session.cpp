@@ -6,6 +6,8 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "logging.hpp"
+#include "net/socket.hpp"
 #include "transport/verbs/verbs_transport.hpp"
 #include "transport/verbs/wc_status.hpp"
 
@@ -16,6 +18,11 @@ namespace {
 /// Descriptor slots per session: at least the largest window a sender may use.
 constexpr uint32_t kRingSlots = 4096;
 
+spdlog::logger &verbsLog() {
+    static const std::shared_ptr<spdlog::logger> log = sidecarLogger("verbs");
+    return *log;
+}
+
 }  // namespace
 
 RecvSession::RecvSession(VerbsTransport &t, PeerId peer, std::shared_ptr<ibv_pd> pd,
@@ -24,7 +31,7 @@ RecvSession::RecvSession(VerbsTransport &t, PeerId peer, std::shared_ptr<ibv_pd>
       peer_(peer),
       pd_(pd),
       peer_name_(std::move(peer_name)),
-      mrs_(pd, t.registrar(), t.regions()) {}
+      mrs_(pd, t.registrar(), MrCache::Scope::kRegion) {}
 
 RecvSession::~RecvSession() {
     qps_.clear();
@@ -50,7 +57,7 @@ Status RecvSession::create(const VerbsBlob &sender) {
     }
     cq_.reset(cq);
     ring_.assign(kRingSlots, WriteDescriptor{});
-    slots_.assign(kRingSlots, Slot{});
+    window_ = RecvWindow(kRingSlots);
     ibv_mr *mr = ibv_reg_mr(pd_.get(), ring_.data(), ring_.size() * sizeof(WriteDescriptor),
                             IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
     if (mr == nullptr) {
@@ -116,42 +123,6 @@ VerbsBlob RecvSession::blob() const {
     return b;
 }
 
-bool RecvSession::onImm(uint32_t imm, std::string *error) {
-    const uint32_t seq23 = WireImm::seqOf(imm);
-    const uint32_t stripes = WireImm::stripesOf(imm);
-    // The full sequence number: the one in [next_deliver_, next_deliver_ + slots) with these
-    // low bits (a sender keeps fewer than `slots` writes unconsumed).
-    const uint64_t full =
-        next_deliver_ + ((seq23 - static_cast<uint32_t>(next_deliver_)) & WireImm::kSeqMask);
-    if (full - next_deliver_ >= slots_.size()) {
-        *error = "immediate for write " + std::to_string(full) + ", outside the window";
-        return false;
-    }
-    Slot &s = slots_[full % slots_.size()];
-    if (s.seq == 0) {
-        s = Slot{};
-        s.seq = full;
-        s.stripes = stripes;
-    } else if (s.seq != full || s.stripes != stripes || s.ready) {
-        *error = "immediates of write " + std::to_string(full) + " disagree";
-        return false;
-    }
-    if (++s.count < s.stripes) {
-        return true;
-    }
-    // Every stripe's WRITE_WITH_IMM has arrived, and each was the last WR on its QP for this
-    // write: RC places a QP's requests in order, so all the data is in place, and so is the
-    // descriptor, written on the first stripe's QP before that stripe.
-    std::memcpy(&s.desc, &ring_[full % ring_.size()], sizeof s.desc);
-    if (s.desc.seq != full || s.desc.stripes != stripes ||
-        s.desc.check != descriptorCheck(s.desc) || s.desc.bytes == 0) {
-        *error = "write " + std::to_string(full) + " has no valid descriptor";
-        return false;
-    }
-    s.ready = true;
-    return true;
-}
-
 bool RecvSession::needsFlush(const Region &r) const {
     switch (t_.config().fabric.gdr_flush) {
         case config::GdrFlush::kOn:
@@ -196,27 +167,23 @@ bool RecvSession::startFlush(const Region &r, uint64_t upto, std::string *error)
 
 bool RecvSession::deliver(EventSink &sink, std::string *error, bool closing) {
     for (;;) {
-        Slot &s = slots_[next_deliver_ % slots_.size()];
-        if (s.seq != next_deliver_ || !s.ready) {
+        const RecvWindow::Slot *s = window_.ready();
+        if (s == nullptr) {
             break;
         }
-        const WriteDescriptor d = s.desc;
+        const WriteDescriptor d = s->desc;
         auto r = t_.regions().find(d.region);
         auto e = exposed_.find(d.region);
-        const bool gone = !r || r->revoked.load(std::memory_order_acquire) ||
-                          !r->exposed.load(std::memory_order_acquire) || e == exposed_.end() ||
-                          e->second.revoking;
-        if (!gone && d.seq > flushed_upto_ && needsFlush(*r)) {
+        const bool usable = r && !r->revoked.load(std::memory_order_acquire) &&
+                            r->exposed.load(std::memory_order_acquire) && e != exposed_.end() &&
+                            !e->second.revoking;
+        if (usable && d.seq > flushed_upto_ && needsFlush(*r)) {
             // The owner may read the data as soon as it is told: first make the NIC's writes
             // visible (one READ for every write that is complete by now). Closing: the flush
             // pair is our own and still works, so wait for it here.
             if (!flush_in_flight_) {
                 uint64_t upto = d.seq;
-                while (true) {
-                    const Slot &n = slots_[(upto + 1) % slots_.size()];
-                    if (n.seq != upto + 1 || !n.ready) {
-                        break;
-                    }
+                while (window_.readyAt(upto + 1)) {
                     ++upto;
                 }
                 if (!startFlush(*r, upto, error)) {
@@ -246,22 +213,22 @@ bool RecvSession::deliver(EventSink &sink, std::string *error, bool closing) {
                 break;  // cannot make it visible: not notified (its writer was told it landed)
             }
         }
-        s = Slot{};
-        if (gone) {
-            // Revoked while the write was on its way: its owner is gone, nobody is told.
-            ++dropped_;
-        } else if (!r->contains(d.offset, d.bytes)) {
-            // The HCA kept the data inside the MR; a descriptor that claims more than the
-            // region holds is a lie (or a bug) of the sender's.
-            *error = "descriptor of write " + std::to_string(d.seq) + " is past region " +
-                     std::to_string(d.region) + "'s end";
-            return false;
-        } else {
-            sink.arrived(d.region, d.imm, d.offset, d.bytes, peer_name_);
-            ++writes_received_;
-            bytes_received_ += d.bytes;
+        window_.pop();
+        switch (judge(d, r.get(), usable)) {
+            case Verdict::kDrop:
+                // Revoked while the write was on its way: its owner is gone, nobody is told.
+                ++dropped_;
+                break;
+            case Verdict::kRefuse:
+                *error = "descriptor of write " + std::to_string(d.seq) + " is past region " +
+                         std::to_string(d.region) + "'s end";
+                return false;
+            case Verdict::kDeliver:
+                sink.arrived(d.region, d.imm, d.offset, d.bytes, peer_name_);
+                ++writes_received_;
+                bytes_received_ += d.bytes;
+                break;
         }
-        ++next_deliver_;
         ++consumed_;
     }
     credit(false);
@@ -269,7 +236,7 @@ bool RecvSession::deliver(EventSink &sink, std::string *error, bool closing) {
 }
 
 void RecvSession::credit(bool force) {
-    const uint64_t every = slots_.size() / 4;
+    const uint64_t every = window_.slots() / 4;
     if (consumed_ - credit_sent_ >= every || (force && consumed_ != credit_sent_)) {
         if (t_.link()
                 .sendControl(peer_, SessionSide::kIn, FrameType::kTransport,
@@ -309,7 +276,7 @@ bool RecvSession::onCompletion(const ibv_wc &wc, std::string *error, bool closin
     if (wc.wr_id < reposts_.size()) {
         ++reposts_[wc.wr_id];
     }
-    return onImm(ntohl(wc.imm_data), error);
+    return window_.onImm(ntohl(wc.imm_data), ring_.data(), error);
 }
 
 bool RecvSession::poll(EventSink &sink, std::string *error, bool closing) {
@@ -352,7 +319,7 @@ void RecvSession::expose(const std::shared_ptr<Region> &r) {
     if (exposed_.count(r->id) != 0) {
         return;
     }
-    exposed_[r->id] = Exposed{r, false, false};
+    exposed_[r->id] = Exposed{r};
     sendReadyKeys();
 }
 
@@ -383,18 +350,41 @@ void RecvSession::sendReadyKeys() {
 
 void RecvSession::revoke(RegionId id) {
     auto it = exposed_.find(id);
-    if (it == exposed_.end()) {
+    if (it == exposed_.end() || it->second.revoking) {
         return;
     }
     if (!it->second.key_sent) {
         exposed_.erase(it);
+        mrs_.release(id);  // the peer never had its key (a registration running ends unused)
         return;
     }
     // The MR stays until the sender says no write of its uses the key any more: deregistering
     // it now would turn its writes in flight into remote access errors that kill the session.
+    // But not longer than [security] revoke_timeout_ms: the memory is its owner's again.
     it->second.revoking = true;
+    it->second.revoke_by = monotonicMs() + t_.config().security.revoke_timeout_ms;
+    ++revoking_;
     (void)t_.link().sendControl(peer_, SessionSide::kIn, FrameType::kTransport,
                                 verbsMsgArg(VerbsMsg::kKeyDel), encodeU64(id));
+}
+
+void RecvSession::expireRevocations(int64_t now) {
+    for (auto it = exposed_.begin(); it != exposed_.end();) {
+        Exposed &e = it->second;
+        if (!e.revoking || now < e.revoke_by) {
+            ++it;
+            continue;
+        }
+        const RegionId id = it->first;
+        verbsLog().warn(
+            "peer '{}' did not confirm the revocation of region {} within {} ms: its key is "
+            "revoked now (a write of its with it fails on the HCA and ends its session)",
+            peer_name_, id, t_.config().security.revoke_timeout_ms);
+        it = exposed_.erase(it);
+        --revoking_;
+        mrs_.release(id);
+        t_.countForcedRevocation(peer_);
+    }
 }
 
 bool RecvSession::onMessage(VerbsMsg m, std::span<const uint8_t> payload, std::string *error) {
@@ -410,17 +400,11 @@ bool RecvSession::onMessage(VerbsMsg m, std::span<const uint8_t> payload, std::s
     }
     auto it = exposed_.find(id);
     if (it == exposed_.end() || !it->second.revoking) {
-        return true;  // late or repeated: harmless
+        return true;  // late (the deadline took it), repeated or unasked: harmless
     }
-    const uint64_t root = MrCache::rootOf(*it->second.region);
     exposed_.erase(it);
-    // Other exposed ranges of the same allocation keep its MR.
-    for (const auto &[other, e] : exposed_) {
-        if (MrCache::rootOf(*e.region) == root) {
-            return true;
-        }
-    }
-    mrs_.dropAllocation(root);
+    --revoking_;
+    mrs_.release(id);  // the region's own MR: its key reaches nothing from now on
     return true;
 }
 
@@ -445,6 +429,7 @@ std::string RecvSession::statusJson() const {
     j["dropped"] = dropped_;
     j["gdr_flushes"] = flushes_;
     j["exposed"] = exposed_.size();
+    j["revoking"] = revoking_;
     j["mrs"] = mrs_.size();
     j["dmabuf_mrs"] = mrs_.dmabufCount();
     return j.dump();

@@ -36,7 +36,7 @@ uint64_t seqOfWr(uint64_t id) {
 }  // namespace
 
 SendSession::SendSession(VerbsTransport &t, PeerId peer, std::shared_ptr<ibv_pd> pd)
-    : t_(t), peer_(peer), pd_(pd), mrs_(pd, t.registrar(), t.regions()) {}
+    : t_(t), peer_(peer), pd_(pd), mrs_(pd, t.registrar(), MrCache::Scope::kAllocation) {}
 
 SendSession::~SendSession() {
     // QPs before the CQ, MRs before the PD (the members' order does the rest).
@@ -159,7 +159,7 @@ Status SendSession::post(const WriteOp &op) {
         return {Code::kAgain, "waiting for the region's key"};
     }
     key_waits_.erase(op.remote_region);
-    if (op.dst_offset > key->second.bytes || op.bytes > key->second.bytes - op.dst_offset) {
+    if (!withinKey(key->second, op.dst_offset, op.bytes)) {
         return {Code::kInvalid, "the write is out of the remote region's bounds"};
     }
     std::string error;

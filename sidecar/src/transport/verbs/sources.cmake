@@ -5,6 +5,7 @@ set(TENSORLANE_VERBS_SOURCES
   src/transport/verbs/mr_cache.cpp
   src/transport/verbs/qp.cpp
   src/transport/verbs/recv_session.cpp
+  src/transport/verbs/recv_window.cpp
   src/transport/verbs/registrar.cpp
   src/transport/verbs/send_session.cpp
   src/transport/verbs/verbs_transport.cpp

@@ -228,12 +228,16 @@ void VerbsTransport::regionRevoked(PeerId peer, RegionId r) {
 }
 
 void VerbsTransport::deregisterRegion(RegionId r) {
-    // No write of ours uses it any more: the sending sides let its allocation's MRs go.
-    // (Receiving sides keep theirs until the peer confirmed the revocation.)
+    // No write of ours uses it any more: the sending sides let go of their MRs of its
+    // allocation that no other region uses. (Receiving sides keep a region's MR until the peer
+    // confirmed its revocation, or [security] revoke_timeout_ms passed.)
     for (auto &[id, p] : peers_) {
         if (p.out) {
-            p.out->mrs().dropAllocation(r);
+            p.out->mrs().release(r);
         }
+    }
+    for (auto &s : dead_out_) {
+        s->mrs().release(r);
     }
 }
 
@@ -385,6 +389,10 @@ size_t VerbsTransport::progress(EventSink &sink) {
             }
         }
         if (p.in) {
+            if (p.in->revoking()) {
+                // Not counted as work: nothing woke the engine for it (its idle tick did).
+                p.in->expireRevocations(monotonicMs());
+            }
             std::string error;
             const uint64_t before = events;
             if (!p.in->poll(sink, &error)) {
@@ -486,6 +494,9 @@ std::string VerbsTransport::peerStatusJson(PeerId peer) const {
     j["gpu_registration"] = dmabuf == 1                               ? "dma-buf"
                             : dmabuf == 0 || registrar_.peermemUsed() ? "peermem"
                                                                       : "untried";
+    // Revocations this peer did not confirm within [security] revoke_timeout_ms (its MRs were
+    // deregistered anyway), over all its sessions.
+    j["revocations_forced"] = forcedRevocations(peer);
     auto it = peers_.find(peer);
     if (it != peers_.end()) {
         if (it->second.out) {

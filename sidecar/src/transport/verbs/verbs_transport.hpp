@@ -30,6 +30,7 @@
 #include "transport/verbs/gdr_flush.hpp"
 #include "transport/verbs/mr_cache.hpp"
 #include "transport/verbs/qp.hpp"
+#include "transport/verbs/recv_window.hpp"
 #include "transport/verbs/registrar.hpp"
 #include "transport/verbs/wire.hpp"
 
@@ -148,8 +149,13 @@ public:
     bool poll(EventSink &sink, std::string *error, bool closing = false);
     /// Registers `r` for remote writes by this peer and sends its key when registered.
     void expose(const std::shared_ptr<Region> &r);
-    /// Tells the sender to stop using `id`'s key; its MR goes once the sender says it has.
+    /// Tells the sender to stop using `id`'s key; its MR goes once the sender says it has, or
+    /// [security] revoke_timeout_ms later (expireRevocations()), whichever comes first.
     void revoke(RegionId id);
+    /// Deregisters the MRs of revocations the peer did not confirm by their deadline.
+    void expireRevocations(int64_t now_ms);
+    /// Whether a revocation waits for the peer's KEY_DEL_DONE.
+    bool revoking() const { return revoking_ != 0; }
     bool onMessage(VerbsMsg m, std::span<const uint8_t> payload, std::string *error);
     /// Sends the keys whose registrations finished.
     void sendReadyKeys();
@@ -158,19 +164,12 @@ public:
     std::string statusJson() const;
 
 private:
-    struct Slot {
-        uint64_t seq = 0;  ///< the write it counts for (0: free)
-        uint32_t count = 0;
-        uint32_t stripes = 0;
-        bool ready = false;
-        WriteDescriptor desc;
-    };
     struct Exposed {
         std::shared_ptr<Region> region;
         bool key_sent = false;
         bool revoking = false;
+        int64_t revoke_by = 0;  ///< monotonic ms: its MR goes then, confirmed or not
     };
-    bool onImm(uint32_t imm, std::string *error);
     /// Takes one work completion (counts its receive WQE in reposts_); false on an error.
     bool onCompletion(const ibv_wc &wc, std::string *error, bool closing);
     bool deliver(EventSink &sink, std::string *error, bool closing);
@@ -197,11 +196,11 @@ private:
     /// The ring the sender writes descriptors into; registered for remote writes here only.
     std::vector<WriteDescriptor> ring_;
     verbs_detail::MrPtr ring_mr_;
-    std::vector<Slot> slots_;
-    uint64_t next_deliver_ = 1;
+    RecvWindow window_;
     uint64_t consumed_ = 0;
     uint64_t credit_sent_ = 0;
     std::map<RegionId, Exposed> exposed_;
+    size_t revoking_ = 0;  ///< entries of exposed_ waiting for KEY_DEL_DONE
     uint64_t writes_received_ = 0;
     uint64_t bytes_received_ = 0;
     uint64_t dropped_ = 0;  ///< notifications for regions revoked meanwhile
@@ -263,6 +262,12 @@ public:
     /// The QP parameters for a session whose sender announced `tc`/`sl` and `mtu`.
     QpParams qpParams(uint8_t tc, uint8_t sl, uint32_t peer_mtu) const;
     std::vector<Completion> &completions() { return completions_; }
+    /// A revocation `peer` did not confirm in time (its MR was deregistered anyway).
+    void countForcedRevocation(PeerId peer) { ++forced_revocations_[peer]; }
+    uint64_t forcedRevocations(PeerId peer) const {
+        auto it = forced_revocations_.find(peer);
+        return it == forced_revocations_.end() ? 0 : it->second;
+    }
 
 private:
     struct PeerData {
@@ -304,6 +309,8 @@ private:
     /// A CQ was armed since the channel was last drained: only then can it hold events.
     bool cq_armed_ = false;
     std::vector<Completion> done_scratch_;  ///< progress()'s batch, reused (keeps its capacity)
+    /// Per peer, across its sessions: revocations forced by [security] revoke_timeout_ms.
+    std::unordered_map<PeerId, uint64_t> forced_revocations_;
 };
 
 }  // namespace tensorlane::sidecar

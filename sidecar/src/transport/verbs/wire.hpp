@@ -54,6 +54,11 @@ struct RegionKey {
     uint32_t rkey = 0;
     uint64_t bytes = 0;
 };
+/// Whether [offset, offset + bytes) lies inside the region a key covers (overflow-safe): what
+/// a sender checks before it posts a write with that key.
+inline bool withinKey(const RegionKey &k, uint64_t offset, uint64_t bytes) {
+    return offset <= k.bytes && bytes <= k.bytes - offset;
+}
 std::vector<uint8_t> encodeRegionKey(const RegionKey &k);
 bool decodeRegionKey(std::span<const uint8_t> payload, RegionKey *out);
 std::vector<uint8_t> encodeU64(uint64_t v);
