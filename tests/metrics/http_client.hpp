@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -37,6 +38,38 @@ inline int tcpConnect(const std::string &host, uint16_t port) {
         return -1;
     }
     return fd;
+}
+
+/// A socket connected to host:port from the local address `from` (another loopback address of
+/// this host, say, to stand for another client), or -1.
+inline int tcpConnectFrom(const std::string &from, const std::string &host, uint16_t port) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in src{};
+    src.sin_family = AF_INET;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    if (fd < 0 || ::inet_pton(AF_INET, from.c_str(), &src.sin_addr) != 1 ||
+        ::bind(fd, reinterpret_cast<sockaddr *>(&src), sizeof src) != 0 ||
+        ::inet_pton(AF_INET, host.c_str(), &a.sin_addr) != 1 ||
+        ::connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) != 0) {
+        if (fd >= 0) {
+            ::close(fd);
+        }
+        return -1;
+    }
+    return fd;
+}
+
+/// Whether the other end has closed `fd` (or reset it); false while it is open and silent.
+inline bool closedByPeer(int fd) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 0) <= 0) {
+        return false;
+    }
+    char c;
+    const ssize_t n = ::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
 }
 
 /// Reads until the peer closes or `timeout` passes.

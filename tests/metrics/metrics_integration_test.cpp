@@ -357,6 +357,47 @@ TEST(MetricsEndpoint, HostileHttpClients) {
     EXPECT_EQ(sampleValue(after.body, "tensorlane_peer_write_bytes_total{peer=\"node-a\"}"), 6400);
 }
 
+TEST(MetricsEndpoint, SlowHeaderFloodNeitherDelaysAScrapeNorHoldsMoreThanItsShare) {
+    // Slow-header clients (half a request line, then nothing) used to hold civetweb's four
+    // workers for its 5 s request timeout each, in turn: 16 of them delayed a scrape by 18 s.
+    const uint16_t port = freePort();
+    Sidecar sc(SidecarOptions{.extra = metricsToml(port)});
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    // 32 from the scraper's own address, 16 from another loopback address of this host.
+    std::vector<int> slow;
+    for (int i = 0; i < 48; ++i) {
+        const int fd = tcpConnectFrom(i < 32 ? "127.0.0.1" : "127.0.0.2", "127.0.0.1", port);
+        ASSERT_GE(fd, 0) << "connection " << i;
+        (void)::send(fd, "GET /metr", 9, MSG_NOSIGNAL);
+        slow.push_back(fd);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    const HttpResponse r = httpGet("127.0.0.1", port, "/metrics", std::chrono::seconds(2));
+    const auto took = std::chrono::steady_clock::now() - t0;
+    EXPECT_EQ(r.status, 200) << "no answer within 2 s behind 48 slow-header connections";
+    EXPECT_LT(took, std::chrono::seconds(2));
+    EXPECT_EQ(sampleValue(r.body, "tensorlane_engine_up"), 1);
+    // Each source keeps at most 8 connections waiting for their request (its oldest go first).
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    size_t open = 0;
+    for (int fd : slow) {
+        open += closedByPeer(fd) ? 0 : 1;
+    }
+    EXPECT_LE(open, 16u) << "slow connections held open";
+    // None outlives the header timeout (2 s).
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    open = 0;
+    for (int fd : slow) {
+        open += closedByPeer(fd) ? 0 : 1;
+    }
+    EXPECT_EQ(open, 0u) << "slow connections outlived the header timeout";
+    for (int fd : slow) {
+        ::close(fd);
+    }
+    EXPECT_EQ(scrape(port).status, 200);
+    EXPECT_TRUE(sc.alive()) << sc.log();
+}
+
 TEST(MetricsEndpoint, StopsPromptlyWithAScrapeInFlight) {
     const uint16_t port = freePort();
     auto sc = std::make_unique<Sidecar>(SidecarOptions{.extra = metricsToml(port)});

@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -486,6 +487,256 @@ TEST(Integrity, WithoutTagsTheSameChangeGoesUnnoticed) {
     EXPECT_EQ(r.completion->code, Code::kOk);
     EXPECT_TRUE(r.arrived);
     EXPECT_FALSE(r.intact);
+}
+
+/// A TCP relay between a node and its peer, without the key, that changes one byte of the first
+/// CHUNK frame whose payload is `payload_bytes` long, on whichever connection carries it (found
+/// by its header; handshakes and other frames pass unchanged): the byte `at` bytes from the
+/// frame's first byte is XORed with `mask`. Its tag then fails: what matters is whether the
+/// target's memory changed before the target found out.
+class ChunkRewritingProxy {
+public:
+    ChunkRewritingProxy(uint16_t target_port, uint32_t payload_bytes, size_t at, uint8_t mask)
+        : target_(target_port), at_(at), mask_(mask) {
+        // The frame header: magic 0x4C54, type CHUNK, flags 0, the payload length.
+        sidecar::encodeFrameHeader(pattern_.data(), FrameType::kChunk, payload_bytes, 0);
+        listen_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        int one = 1;
+        ::setsockopt(listen_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        ::bind(listen_, reinterpret_cast<sockaddr *>(&a), sizeof a);
+        ::listen(listen_, 16);
+        socklen_t len = sizeof a;
+        ::getsockname(listen_, reinterpret_cast<sockaddr *>(&a), &len);
+        port_ = ntohs(a.sin_port);
+        thread_ = std::thread([this] { run(); });
+    }
+    ~ChunkRewritingProxy() {
+        stop_ = true;
+        thread_.join();
+        ::close(listen_);
+        for (Pair &p : pairs_) {
+            ::close(p.client);
+            ::close(p.target);
+        }
+    }
+    uint16_t port() const { return port_; }
+    bool changed() const { return changed_.load(); }
+
+private:
+    struct Pair {
+        int client = -1;
+        int target = -1;
+        std::vector<uint8_t> seen;      ///< what the client sent so far
+        uint64_t edit_at = UINT64_MAX;  ///< the stream position of the byte to change
+    };
+
+    /// `n` new client bytes in `buf`, after `p.seen`: finds the frame (its first 8 bytes, which
+    /// may straddle reads) and changes its byte once that comes by.
+    void inspect(Pair &p, uint8_t *buf, size_t n) {
+        const uint64_t old_end = p.seen.size();
+        p.seen.insert(p.seen.end(), buf, buf + n);
+        if (!found_) {
+            const uint64_t from = old_end >= 7 ? old_end - 7 : 0;
+            for (uint64_t i = from; i + 8 <= p.seen.size(); ++i) {
+                if (std::memcmp(p.seen.data() + i, pattern_.data(), 8) == 0) {
+                    found_ = true;
+                    p.edit_at = i + at_;
+                    break;
+                }
+            }
+        }
+        if (p.edit_at >= old_end && p.edit_at < old_end + n) {
+            buf[p.edit_at - old_end] ^= mask_;
+            changed_ = true;
+        }
+    }
+
+    void run() {
+        while (!stop_) {
+            std::vector<pollfd> fds{{listen_, POLLIN, 0}};
+            for (Pair &p : pairs_) {
+                fds.push_back({p.client, POLLIN, 0});
+                fds.push_back({p.target, POLLIN, 0});
+            }
+            if (::poll(fds.data(), fds.size(), 20) <= 0) {
+                continue;
+            }
+            if (fds[0].revents & POLLIN) {
+                Pair p;
+                p.client = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
+                p.target = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+                sockaddr_in a{};
+                a.sin_family = AF_INET;
+                a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+                a.sin_port = htons(target_);
+                ::connect(p.target, reinterpret_cast<sockaddr *>(&a), sizeof a);
+                pairs_.push_back(std::move(p));
+            }
+            const size_t polled = (fds.size() - 1) / 2;
+            for (size_t i = 0; i < polled; ++i) {
+                for (int dir = 0; dir < 2; ++dir) {
+                    const pollfd &pf = fds[1 + 2 * i + dir];
+                    if ((pf.revents & (POLLIN | POLLHUP | POLLERR)) == 0) {
+                        continue;
+                    }
+                    Pair &p = pairs_[i];
+                    const int from = dir == 0 ? p.client : p.target;
+                    const int to = dir == 0 ? p.target : p.client;
+                    uint8_t buf[65536];
+                    ssize_t n = ::recv(from, buf, sizeof buf, MSG_DONTWAIT);
+                    if (n <= 0) {
+                        ::shutdown(to, SHUT_WR);
+                        continue;
+                    }
+                    if (dir == 0) {
+                        inspect(p, buf, static_cast<size_t>(n));
+                    }
+                    for (ssize_t off = 0; off < n;) {
+                        ssize_t w =
+                            ::send(to, buf + off, static_cast<size_t>(n - off), MSG_NOSIGNAL);
+                        if (w <= 0) {
+                            break;
+                        }
+                        off += w;
+                    }
+                }
+            }
+        }
+    }
+
+    uint16_t target_;
+    size_t at_;
+    uint8_t mask_;
+    std::array<uint8_t, sidecar::kFrameHeaderBytes> pattern_{};
+    int listen_ = -1;
+    uint16_t port_ = 0;
+    bool found_ = false;
+    std::atomic<bool> stop_{false};
+    std::atomic<bool> changed_{false};
+    std::vector<Pair> pairs_;
+    std::thread thread_;
+};
+
+/// node-a writes 256 KiB (one chunk) to offset 0 of "recv" at node-b, a 1 MiB range at 1 MiB
+/// into a 4 MiB host buffer of node-b, through a ChunkRewritingProxy.
+struct RewriteResult {
+    std::optional<Event> completion;
+    size_t arrivals = 0;
+    uint64_t arrived_offset = 0;
+    bool changed = false;    ///< the proxy changed the byte
+    bool untouched = false;  ///< every byte of node-b's 4 MiB buffer is as it was
+    bool shifted = false;    ///< the data is at offset 512 KiB of the range instead
+    std::string error;       ///< why the write could not be made
+};
+
+constexpr uint32_t kRewriteLen = 256u << 10;
+constexpr uint64_t kRangeAt = 1u << 20;
+constexpr uint64_t kShift = 512u << 10;
+/// The write_offset field is bytes 24..31 of the frame; its byte 26 XOR 0x08 adds 512 KiB.
+constexpr size_t kWriteOffsetByte = sidecar::kFrameHeaderBytes + 8 + 2;
+/// A data byte well inside the chunk.
+constexpr size_t kDataByte = sidecar::kChunkFrameOverhead + 1000;
+
+RewriteResult writeThroughRewritingProxy(size_t at, uint8_t mask, bool integrity,
+                                         std::optional<uint32_t> tag_threads) {
+    TempDir dir;
+    const auto key = dir.writeFile("peer.key", kSecret);
+    const uint16_t pa = freePort(), pb = freePort();
+    const auto mode = integrity ? config::TcpIntegrity::kMac : config::TcpIntegrity::kNone;
+    ChunkRewritingProxy proxy(pb, static_cast<uint32_t>(sidecar::kChunkHeaderBytes) + kRewriteLen,
+                              at, mask);
+    NodeOptions oa{
+        .name = "node-a", .port = pa, .key_file = key, .peers = {{"node-b", proxy.port()}}};
+    oa.tweak = [mode, tag_threads](config::Config &c) {
+        c.security.tcp_integrity = mode;
+        c.tcp.tag_threads = tag_threads;
+    };
+    NodeOptions ob{.name = "node-b", .port = pb, .key_file = key, .peers = {{"node-a", pa}}};
+    ob.tweak = oa.tweak;
+    Node a(oa), b(ob);
+    RewriteResult r;
+    if (!a.ok() || !b.ok()) {
+        r.error = "the nodes did not start";
+        return r;
+    }
+    // node-b's buffer (registered, not exposed) and the range of it that is exposed.
+    auto buffer = b.addRegion(4u << 20);
+    fillRandom(buffer->base, 4u << 20, 31);
+    const std::vector<unsigned char> before(buffer->base, buffer->base + (4u << 20));
+    auto range = std::make_shared<sidecar::Region>();
+    range->base = buffer->base + kRangeAt;
+    range->bytes = 1u << 20;
+    range->parent = buffer->id;
+    range->mapping = buffer->mapping;
+    b.call([&] { return b.regions().add(range); });
+    b.expose(range, "recv");
+    auto src = a.addRegion(kRewriteLen);
+    fillRandom(src->base, kRewriteLen, 77);
+    auto [ls, remote] = a.lookup("node-b", "recv");
+    if (!ls.isOk()) {
+        r.error = "lookup: " + ls.message();
+        return r;
+    }
+    auto [ps, op] = a.post("node-b", src, 0, remote.id, 0, kRewriteLen, 5);
+    if (!ps.isOk()) {
+        r.error = "post: " + ps.message();
+        return r;
+    }
+    r.completion = a.sink.completion(op, 10s);
+    // Whatever node-b's engine (or a tag worker) still does with the chunk has been done by the
+    // time node-a hears the session go; a little more for certainty.
+    std::this_thread::sleep_for(100ms);
+    const auto arrivals = b.sink.arrivals();
+    r.arrivals = arrivals.size();
+    r.arrived_offset = arrivals.empty() ? 0 : arrivals[0].offset;
+    r.changed = proxy.changed();
+    r.untouched = std::memcmp(buffer->base, before.data(), before.size()) == 0;
+    r.shifted = std::memcmp(range->base + kShift, src->base, kRewriteLen) == 0;
+    return r;
+}
+
+void expectNothingLanded(const RewriteResult &r) {
+    ASSERT_TRUE(r.error.empty()) << r.error;
+    ASSERT_TRUE(r.changed) << "the proxy did not see the chunk it was to change";
+    ASSERT_TRUE(r.completion.has_value());
+    EXPECT_EQ(r.completion->code, Code::kPeer) << r.completion->reason;
+    EXPECT_EQ(r.arrivals, 0u) << "the owner was told about a write changed on the way";
+    EXPECT_TRUE(r.untouched)
+        << "a chunk that fails its tag changed the target's memory before it was checked";
+    EXPECT_TRUE(peerLogHas({"node-a", "authentication tag"}));
+}
+
+TEST(Integrity, ARewrittenWriteOffsetChangesNoByteOfTheTarget) {
+    expectNothingLanded(writeThroughRewritingProxy(kWriteOffsetByte, 0x08, true, 0));
+}
+
+TEST(Integrity, ARewrittenWriteOffsetChangesNoByteWithTheTagsOnWorkerThreads) {
+    expectNothingLanded(writeThroughRewritingProxy(kWriteOffsetByte, 0x08, true, 2));
+}
+
+TEST(Integrity, ChangedChunkDataChangesNoByteOfTheTarget) {
+    expectNothingLanded(writeThroughRewritingProxy(kDataByte, 0x01, true, 0));
+}
+
+TEST(Integrity, ChangedChunkDataChangesNoByteWithTheTagsOnWorkerThreads) {
+    expectNothingLanded(writeThroughRewritingProxy(kDataByte, 0x01, true, 2));
+}
+
+TEST(Integrity, WithoutTagsARewrittenWriteOffsetMovesTheWrite) {
+    // The control case, and what tcp_integrity = "none" offers against such a proxy: nothing.
+    // The write lands 512 KiB further into the range, and is notified there.
+    RewriteResult r = writeThroughRewritingProxy(kWriteOffsetByte, 0x08, false, 0);
+    ASSERT_TRUE(r.error.empty()) << r.error;
+    ASSERT_TRUE(r.changed);
+    ASSERT_TRUE(r.completion.has_value());
+    EXPECT_EQ(r.completion->code, Code::kOk) << r.completion->reason;
+    EXPECT_EQ(r.arrivals, 1u);
+    EXPECT_EQ(r.arrived_offset, kShift);
+    EXPECT_TRUE(r.shifted);
+    EXPECT_FALSE(r.untouched);
 }
 
 TEST(Integrity, BothEndsMustAgree) {

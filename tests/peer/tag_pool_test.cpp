@@ -120,6 +120,46 @@ TEST(TagPool, WorkersSignAndVerifyAsTheEngineThreadWould) {
     EXPECT_GT(v, 0u);
 }
 
+TEST(TagPool, AVerifiedChunkIsCopiedToItsTargetAndABadOneNever) {
+    // A host chunk is checked in its receive buffer and copied into its region by the worker,
+    // only when its tag is good: a bad tag leaves every byte of the target as it was, on a
+    // worker, with finishNow() on this thread, and when taken back.
+    TagPool pool(2);
+    FrameAuth tx(keyOf(9)), rx(keyOf(9));
+    uint8_t head[kChunkFrameOverhead];
+    std::memset(head, 7, sizeof head);
+    constexpr int kJobs = 12;
+    std::vector<std::vector<uint8_t>> datas, targets;
+    std::vector<std::shared_ptr<TagJob>> checks;
+    for (int i = 0; i < kJobs; ++i) {
+        datas.push_back(randomBytes(256u << 10, 200 + i));
+        Tag tag;
+        tx.sign(head, sizeof head, datas.back().data(), datas.back().size(), tag.data());
+        targets.push_back(std::vector<uint8_t>(datas.back().size(), 0xee));
+        auto check = jobFor(rx, head, datas.back(), true);
+        check->tag = tag;
+        if (i % 3 == 1) {
+            check->tag[5] ^= 0x01;  // changed on the way
+        }
+        check->copy_to = targets.back().data();
+        checks.push_back(check);
+        pool.submit(check);
+    }
+    pool.finishNow(*checks[kJobs - 1]);  // perhaps computed here
+    pool.finishNow(*checks[kJobs - 2]);  // a bad one, perhaps here
+    for (int i = 0; i < kJobs; ++i) {
+        waitDone(*checks[i]);
+        const bool good = i % 3 != 1;
+        EXPECT_EQ(checks[i]->good, good) << "frame " << i;
+        if (good) {
+            EXPECT_EQ(targets[i], datas[i]) << "frame " << i << " verified but not copied";
+        } else {
+            EXPECT_EQ(targets[i], std::vector<uint8_t>(datas[i].size(), 0xee))
+                << "frame " << i << " failed its tag and still changed its target";
+        }
+    }
+}
+
 TEST(TagPool, TheNextFrameNumberIsTheNextKey) {
     // A frame whose key was taken for the pool still uses up its number: frames after it,
     // tagged here, are numbered as on the wire.

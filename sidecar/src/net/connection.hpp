@@ -2,8 +2,9 @@
 // path into region memory, and an output queue flushed with one gathered send. Plus the epoll
 // wrapper that routes readiness to connections by token.
 //
-// Output goes out with sendmsg(MSG_NOSIGNAL) scatter-gather; input of chunk data is read straight
-// into the target memory with readv.
+// Output goes out with sendmsg(MSG_NOSIGNAL) scatter-gather; input of chunk data is read with
+// readv into the memory the receiver names (a receive buffer or staging slot while the chunk's
+// tag is to be checked, the target itself without tags).
 #pragma once
 
 #include <sys/epoll.h>
@@ -79,6 +80,9 @@ struct ChunkRx {
     /// from `start` (submitted once the tag has come). Null: checked here as the data lands.
     std::shared_ptr<TagJob> job;
     uint8_t *start = nullptr;
+    /// Set when the chunk is read into a staging buffer (at `start`) because its tag must verify
+    /// before any byte reaches its target: where the chunk goes then. Null: read in place.
+    uint8_t *land = nullptr;
 };
 
 /// A connected, non-blocking TCP socket registered with a Poller. Move-only by pointer: the

@@ -10,8 +10,9 @@
 //          8  u64 arg     type-specific: a sequence number, a region id, ...
 //
 // All integers are little-endian. A CHUNK frame's payload starts with a 40-byte chunk header
-// (ChunkHeader) and carries the chunk's data after it, which the receiver reads straight into
-// the target region.
+// (ChunkHeader) and carries the chunk's data after it, which the receiver reads into a receive
+// buffer and copies into the target region once the frame's tag verified (straight into the
+// region when frames carry no tags).
 //
 // Once a connection has authenticated ([security] tcp_integrity = "mac", the default), every
 // frame after the handshake is followed by a 16-byte tag (FrameAuth) over its header and

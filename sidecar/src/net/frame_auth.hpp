@@ -7,8 +7,8 @@
 // from the pre-shared key and both handshake nonces (peer/handshake.cpp), so it differs per
 // connection and direction, and a frame number is used at most once per key. The receiver
 // numbers frames itself, so a frame replayed, dropped, reordered or injected fails its tag.
-// The tag can be computed in pieces, so chunk data is authenticated where it lands, with no
-// extra copy.
+// The tag can be computed in pieces, so chunk data is authenticated as it lands in its receive
+// buffer; it reaches the target region only once the tag verified (transport/tcp/links.hpp).
 //
 // Poly1305 itself runs in OpenSSL's implementation (EVP_MAC "POLY1305": AVX2/AVX-512 code,
 // 7.8 GB/s on one core of the vm against 2.2 GB/s for libsodium's portable one): the tag is the

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 
 namespace tensorlane::sidecar {
 
@@ -111,6 +112,9 @@ void TagPool::compute(FrameMac &mac, TagJob &job) {
     mac.update(job.data, job.len);
     if (job.verify) {
         job.good = mac.verify(job.tag.data());
+        if (job.good && job.copy_to != nullptr) {
+            std::memcpy(job.copy_to, job.data, job.len);
+        }
     } else {
         mac.final(job.tag.data());
     }

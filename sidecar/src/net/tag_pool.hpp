@@ -6,7 +6,9 @@
 //
 // The engine thread takes each frame's one-time key in wire order (FrameAuth::nextKey()), hands
 // the job over, and picks the result up later: a sender's flush stops before the tag bytes of a
-// frame whose tag is not there yet; a receiver counts a chunk only once its tag has verified.
+// frame whose tag is not there yet; a receiver counts a chunk only once its tag has verified,
+// and a host chunk, checked in its receive buffer, is copied into its region by the worker only
+// then (TagJob::copy_to).
 // The job's data must stay valid until it is done: whoever frees that memory first calls
 // cancelOrWait() (a queued job is taken back, a running one waited for; a job costs tens of
 // microseconds).
@@ -37,6 +39,10 @@ struct TagJob {
     const uint8_t *data = nullptr;
     size_t len = 0;
     bool verify = false;
+    /// verify: where the `len` bytes at `data` are copied once the tag has verified (by whoever
+    /// computes it, before `done`); null: nothing is copied. A chunk for a host region is read
+    /// into a staging buffer and reaches the region only this way (docs/peers.md).
+    uint8_t *copy_to = nullptr;
     /// sign: written by the worker; verify: the tag that came with the frame.
     std::array<uint8_t, kFrameTagBytes> tag{};
     /// verify's answer, once done (a cancelled job is not good).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 
 namespace tensorlane::sidecar {
 
@@ -304,12 +305,13 @@ uint64_t OutLink::uncutBytes() const {
 // ----- InLink
 
 InLink::InLink(RegionTable &regions, std::string peer_name, uint32_t max_chunk, size_t window,
-               TcpStaging &staging, TagPool *tags)
+               TcpStaging &staging, HostStaging &host, TagPool *tags)
     : regions_(regions),
       peer_name_(std::move(peer_name)),
       max_chunk_(max_chunk),
       window_(window),
       staging_(staging),
+      host_(host),
       tags_(tags),
       scratch_(kScratchBytes) {}
 
@@ -320,12 +322,19 @@ InLink::~InLink() {
         if (v.slot.slot >= 0) {
             staging_.give(v.slot.slot);
         }
+        if (v.buf) {
+            host_.give(std::move(v.buf));
+            host_.endCheck();
+        }
     }
     // Copies still running give their slots back when they end; slots of chunks half read are
     // ours to return (their connections are closed).
     staging_.forget(this);
     for (auto &[conn, rs] : rx_slots_) {
         staging_.give(rs.slot);
+    }
+    for (auto &[conn, buf] : rx_bufs_) {
+        host_.give(std::move(buf));
     }
 }
 
@@ -400,12 +409,28 @@ int InLink::beginChunk(Connection &c, std::string *error) {
         return EPROTO;
     }
     const bool gpu = w->code == Code::kOk && w->region->kind == MemoryKind::kCuda;
+    // A host chunk whose tag must verify first is read into a staging buffer (a GPU one is read
+    // into its staging slot anyway; without tags there is nothing to wait for).
+    const bool staged = w->code == Code::kOk && !gpu && c.authenticated();
     int slot = -1;
     if (gpu) {
         slot = staging_.take();
         if (slot < 0) {
             blocked_ = true;
             return EBUSY;  // nothing consumed: the header is read again with a slot
+        }
+    }
+    HostStaging::Buffer buf;
+    if (staged) {
+        if (chunk_len > host_.bufferBytes()) {
+            *error = "chunk of " + std::to_string(chunk_len) + " bytes, receive buffers of " +
+                     std::to_string(host_.bufferBytes());
+            return EPROTO;
+        }
+        buf = host_.take();
+        if (!buf) {
+            *error = "no memory for a receive buffer of " + std::to_string(max_chunk_) + " bytes";
+            return ENOMEM;
         }
     }
     std::shared_ptr<TagJob> job;
@@ -437,10 +462,15 @@ int InLink::beginChunk(Connection &c, std::string *error) {
     c.rx.remaining = chunk_len;
     c.rx.length = chunk_len;
     c.rx.awaiting_tag = false;
+    c.rx.land = nullptr;
     if (gpu) {
         const Region &r = *w->region;
         rx_slots_[&c] = RxSlot{slot, r.cuda.alloc_offset + w->offset + ch.chunk_offset, seq};
         c.rx.dest = staging_.data(slot);
+    } else if (staged) {
+        c.rx.dest = buf.get();
+        c.rx.land = w->region->base + w->offset + ch.chunk_offset;
+        rx_bufs_[&c] = std::move(buf);
     } else {
         c.rx.dest = w->code == Code::kOk ? w->region->base + w->offset + ch.chunk_offset : nullptr;
     }
@@ -462,6 +492,23 @@ void InLink::checkHere(Connection &c) {
     c.rxAuth().update(job.head.data(), job.head_len);
     c.rxAuth().update(rx.start, rx.length - rx.remaining);
     rx.job.reset();
+}
+
+void InLink::landStaged(Connection &c, RxWrite &w) {
+    auto it = rx_bufs_.find(&c);
+    if (it == rx_bufs_.end()) {
+        return;
+    }
+    // Revoked while it arrived: the owner has taken the memory back (or is about to hear so on
+    // this thread), so the bytes are thrown away and the write is answered kNotFound.
+    if (w.code == Code::kOk && w.region->revoked.load(std::memory_order_acquire)) {
+        w.code = Code::kNotFound;
+    }
+    if (w.code == Code::kOk) {
+        std::memcpy(c.rx.land, c.rx.start, c.rx.length);
+    }
+    host_.give(std::move(it->second));
+    rx_bufs_.erase(it);
 }
 
 void InLink::countChunk(RxWrite &w, uint64_t len, const RxSlot *slot) {
@@ -489,8 +536,12 @@ int InLink::collectTags(std::string *error) {
             *error = "a chunk fails its authentication tag (injected or corrupted on the way)";
             return EPROTO;  // nothing of it counts; the session goes (the destructor cleans up)
         }
-        const Verifying v = std::move(*it);
+        Verifying v = std::move(*it);
         it = verifying_.erase(it);
+        if (v.buf) {
+            host_.give(std::move(v.buf));  // the job copied it into the region
+            host_.endCheck();
+        }
         countChunk(*v.write, v.len, v.slot.slot >= 0 ? &v.slot : nullptr);
     }
     return 0;
@@ -498,14 +549,18 @@ int InLink::collectTags(std::string *error) {
 
 void InLink::quiesceRegion(RegionId r, const std::vector<Connection *> &conns) {
     for (Connection *c : conns) {
-        if (c != nullptr && c->rx.active && c->rx.job &&
+        // A chunk read into a staging buffer is not in the region: it goes on, and sees the
+        // revocation when it would be copied (landStaged()).
+        if (c != nullptr && c->rx.active && c->rx.job && c->rx.land == nullptr &&
             static_cast<RxWrite *>(c->rx.write)->region_id == r) {
             checkHere(*c);  // the next read sees the revocation and stops writing
         }
     }
     for (Verifying &v : verifying_) {
         if (v.write->region_id == r && v.slot.slot < 0) {
-            tags_->finishNow(*v.job);  // over the bytes as they landed, before the owner knows
+            // Its worker copies it into the region once the tag verified: that copy ends now,
+            // before the owner knows.
+            tags_->finishNow(*v.job);
         }
     }
 }
@@ -522,6 +577,9 @@ int InLink::finishChunk(Connection &c, int64_t now_ms, std::string *error) {
                 return EAGAIN;
             }
         }
+        if (c.rx.job && c.rx.land != nullptr && !host_.startCheck()) {
+            checkHere(c);  // as many host chunks as allowed are with the workers: checked here
+        }
         if (c.rx.job) {
             // The pool checks it while we read on; it counts in collectTags().
             Verifying v;
@@ -534,6 +592,19 @@ int InLink::finishChunk(Connection &c, int64_t now_ms, std::string *error) {
                 v.slot = rs->second;
                 rx_slots_.erase(rs);
             }
+            if (auto rb = rx_bufs_.find(&c); rb != rx_bufs_.end()) {
+                // The worker copies it into the region once the tag verified. Revoked since
+                // (on this thread, so not between this check and the submit): only checked.
+                if (v.write->code == Code::kOk &&
+                    v.write->region->revoked.load(std::memory_order_acquire)) {
+                    v.write->code = Code::kNotFound;
+                }
+                if (v.write->code == Code::kOk) {
+                    v.job->copy_to = c.rx.land;
+                }
+                v.buf = std::move(rb->second);
+                rx_bufs_.erase(rb);
+            }
             tags_->submit(v.job);
             verifying_.push_back(std::move(v));
             c.rx = ChunkRx{};
@@ -542,13 +613,16 @@ int InLink::finishChunk(Connection &c, int64_t now_ms, std::string *error) {
         const bool good = c.rxAuth().verify(c.bufferedData());
         c.consume(kFrameTagBytes);
         if (!good) {
-            // The bytes already landed in the region (or its staging slot), but nobody is told:
-            // the write never completes and the session is dropped.
+            // Nothing of it reached the region (it is in a staging buffer or slot), and nobody
+            // is told: the write never completes and the session is dropped.
             *error = "a chunk fails its authentication tag (injected or corrupted on the way)";
             return EPROTO;
         }
     }
     auto *w = static_cast<RxWrite *>(c.rx.write);
+    if (c.rx.land != nullptr) {
+        landStaged(c, *w);
+    }
     const uint64_t len = c.rx.length;
     if (auto rs = rx_slots_.find(&c); rs != rx_slots_.end()) {
         const RxSlot slot = rs->second;
@@ -610,8 +684,10 @@ int InLink::onReadable(Connection &c, size_t budget, int64_t now_ms, std::string
                 return EINPROGRESS;
             }
             // A region revoked mid-write takes no more bytes (a chunk in the middle of a readv
-            // may still finish: the shared_ptr keeps that memory mapped).
-            if (rx.dest != nullptr && w->region->revoked.load(std::memory_order_acquire)) {
+            // may still finish: the shared_ptr keeps that memory mapped). A chunk read into a
+            // staging buffer goes on there: it is not copied into the region (landStaged()).
+            if (rx.dest != nullptr && rx.land == nullptr &&
+                w->region->revoked.load(std::memory_order_acquire)) {
                 checkHere(c);  // the rest goes to scratch, which the pool cannot see
                 rx.dest = nullptr;
                 w->code = Code::kNotFound;

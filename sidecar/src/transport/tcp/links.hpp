@@ -1,6 +1,7 @@
 // The TCP data path of one authenticated session: the sending side (OutLink: writes cut into
 // chunks as the sockets drain, striped over the data connections, completed by the target's
-// ACKs) and the receiving side (InLink: chunks read straight into the target region, writes
+// ACKs) and the receiving side (InLink: chunks read into a staging buffer and copied into the
+// target region once their tags have verified, or straight into it without tags; writes
 // delivered in sequence order, each one notified before it is acknowledged).
 #pragma once
 
@@ -116,11 +117,15 @@ private:
 
 /// The receiver's half for one peer session.
 ///
-/// With a tag pool, a big chunk's tag is checked by a worker once the chunk has landed, while
-/// the engine reads the next one: the chunk counts (or starts its copy into the GPU) only when
-/// collectTags() sees its tag verified. A region revoked while such chunks are in it is
-/// quiesced first (quiesceRegion()), so no tag is ever computed over memory its owner has
-/// taken back.
+/// On an authenticated connection no byte reaches a region before its frame's tag has
+/// verified: a chunk for a host region is read into a buffer of the HostStaging pool, and
+/// copied into the region once the tag is good (a chunk whose tag fails changes nothing). With a
+/// tag pool, a big chunk's tag is checked (and the chunk copied into its region) by a worker
+/// while the engine reads the next one; the chunk counts (or starts its copy into the GPU) only
+/// when collectTags() sees it done. A region revoked while such chunks are checked is quiesced
+/// first (quiesceRegion()): their copies are finished before its owner hears of it, so nothing
+/// is written into memory its owner has taken back. Without tags (`tcp_integrity = "none"`)
+/// chunks are read straight into the region: nothing is checked, and nothing protects it.
 ///
 /// A chunk for a GPU region is read into a staging slot of the receive pool (and authenticated
 /// there as it lands), then copied host-to-device by the stager while the next chunk arrives;
@@ -129,9 +134,10 @@ private:
 /// has ended).
 class InLink final : public StagingClient {
 public:
-    /// `tags` (may be null: every tag checked here) must outlive the link.
+    /// `tags` (may be null: every tag checked here) and `host` must outlive the link; `host`'s
+    /// buffers hold a chunk of `max_chunk` bytes.
     InLink(RegionTable &regions, std::string peer_name, uint32_t max_chunk, size_t window,
-           TcpStaging &staging, TagPool *tags = nullptr);
+           TcpStaging &staging, HostStaging &host, TagPool *tags = nullptr);
     ~InLink() override;
 
     /// Reads chunk frames from data connection `c`, at most about `budget` bytes. Returns 0
@@ -193,7 +199,8 @@ private:
         std::shared_ptr<TagJob> job;
         RxWrite *write = nullptr;  ///< stays in pending_: it cannot complete before this counts
         uint64_t len = 0;
-        RxSlot slot;  ///< slot >= 0: a GPU chunk in a staging slot
+        RxSlot slot;              ///< slot >= 0: a GPU chunk in a staging slot
+        HostStaging::Buffer buf;  ///< a host chunk's staging buffer (the job copies it out)
     };
     /// Most chunks whose tags are checked at once; beyond, tags are checked on this thread.
     static constexpr size_t kMaxVerifying = 64;
@@ -208,15 +215,21 @@ private:
     /// The chunk `c` is reading stops being checked by the pool: its tag is computed here, over
     /// what has landed so far and what follows.
     static void checkHere(Connection &c);
+    /// A host chunk's tag verified: copies it from its staging buffer into its region (unless
+    /// the write was refused or revoked meanwhile) and returns the buffer.
+    void landStaged(Connection &c, RxWrite &w);
 
     RegionTable &regions_;
     std::string peer_name_;
     uint32_t max_chunk_;
     uint64_t window_;
     TcpStaging &staging_;
+    HostStaging &host_;
     TagPool *tags_;
     std::deque<Verifying> verifying_;
     std::unordered_map<const Connection *, RxSlot> rx_slots_;
+    /// The staging buffer of each connection reading a host chunk.
+    std::unordered_map<const Connection *, HostStaging::Buffer> rx_bufs_;
     std::unordered_map<uint64_t, RxCopy> copies_;  ///< by cookie
     uint64_t next_cookie_ = 1;
     bool blocked_ = false;

@@ -1,5 +1,7 @@
 #include "transport/tcp/staging.hpp"
 
+#include <new>
+
 #include "cuda/import.hpp"
 #include "cuda/stager.hpp"
 
@@ -102,6 +104,54 @@ void TcpStaging::forget(StagingClient *owner) {
         if (p.owner == owner) {
             p.owner = nullptr;
         }
+    }
+}
+
+// ----- HostStaging
+
+HostStaging::HostStaging(uint32_t bytes, size_t max_checks)
+    : bytes_(bytes), max_checks_(max_checks), keep_(max_checks + 8) {}
+
+HostStaging::Buffer HostStaging::take() {
+    Buffer b;
+    if (!free_.empty()) {
+        b = std::move(free_.back());
+        free_.pop_back();
+    } else {
+        // Not zeroed: every byte is written by the socket before it is read.
+        b.reset(new (std::nothrow) uint8_t[bytes_]);
+        if (!b) {
+            return b;
+        }
+        ++made_;
+    }
+    ++lent_;
+    return b;
+}
+
+void HostStaging::give(Buffer b) {
+    if (!b) {
+        return;
+    }
+    --lent_;
+    if (free_.size() < keep_) {
+        free_.push_back(std::move(b));
+    } else {
+        --made_;  // freed here
+    }
+}
+
+bool HostStaging::startCheck() {
+    if (checks_ >= max_checks_) {
+        return false;
+    }
+    ++checks_;
+    return true;
+}
+
+void HostStaging::endCheck() {
+    if (checks_ > 0) {
+        --checks_;
     }
 }
 

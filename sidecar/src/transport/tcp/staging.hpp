@@ -86,4 +86,45 @@ private:
     uint64_t next_job_ = 1;
 };
 
+/// Host buffers of one chunk each, for chunks of host regions on authenticated connections: such
+/// a chunk is read into a buffer, and reaches its region only once its tag has verified (copied
+/// by the tag worker that checked it, or by the engine thread), so a frame changed on the way
+/// changes no byte of the target (docs/peers.md, "Integrity"). Buffers are made on first use and
+/// kept for reuse (as many free as checks may run, and 8 more); one is lent per chunk being read or checked.
+/// Engine thread only.
+class HostStaging {
+public:
+    using Buffer = std::unique_ptr<uint8_t[]>;
+
+    /// Buffers of `bytes` each; at most `max_checks` lent to tag workers at once (beyond, a
+    /// chunk's tag is checked on the engine thread, which needs no further buffer).
+    HostStaging(uint32_t bytes, size_t max_checks);
+    HostStaging(const HostStaging &) = delete;
+    HostStaging &operator=(const HostStaging &) = delete;
+
+    uint32_t bufferBytes() const { return bytes_; }
+    /// A buffer, or null when the memory cannot be had.
+    Buffer take();
+    void give(Buffer b);
+
+    /// Whether one more chunk may go to the tag workers in its buffer (counted until
+    /// endCheck()).
+    bool startCheck();
+    void endCheck();
+
+    /// Buffers made and not freed (tests, status).
+    size_t made() const { return made_; }
+    /// Buffers lent out now.
+    size_t lent() const { return lent_; }
+
+private:
+    const uint32_t bytes_;
+    const size_t max_checks_;
+    const size_t keep_;
+    std::vector<Buffer> free_;
+    size_t made_ = 0;
+    size_t lent_ = 0;
+    size_t checks_ = 0;
+};
+
 }  // namespace tensorlane::sidecar

@@ -45,6 +45,7 @@ TcpTransport::TcpTransport(const config::Config &cfg, RegionTable &regions)
       tags_(std::make_unique<TagPool>(tagThreadsFor(cfg))),
       send_staging_(cfg.tcp.chunk_bytes, kStagingSlots),
       recv_staging_(cfg.tcp.chunk_bytes, kStagingSlots),
+      host_staging_(cfg.tcp.chunk_bytes, kHostChecksPerTagThread * tags_->threads()),
       read_budget_(readBudget()) {}
 
 void TcpTransport::setReadBudgetForTests(size_t bytes) {
@@ -111,8 +112,9 @@ Status TcpTransport::openSession(PeerId id, SessionSide side, const SessionInfo 
         p.in = std::make_unique<InSide>();
         p.in->info = info;
         p.in->data.resize(info.connections);
-        p.in->link = std::make_unique<InLink>(regions_, info.peer_name, info.chunk_bytes,
-                                              kMaxWindow, recv_staging_, tags_.get());
+        p.in->link =
+            std::make_unique<InLink>(regions_, info.peer_name, info.chunk_bytes, kMaxWindow,
+                                     recv_staging_, host_staging_, tags_.get());
     }
     return Status::ok();
 }

@@ -28,6 +28,9 @@ public:
     static constexpr size_t kMaxWindow = 4096;
     /// Staging slots (one chunk each) for GPU regions, per direction.
     static constexpr uint32_t kStagingSlots = 16;
+    /// Host chunks checked by the tag workers at once, per worker (each holds a receive buffer
+    /// of one chunk until its tag is checked and the chunk copied into its region).
+    static constexpr size_t kHostChecksPerTagThread = 4;
 
     TcpTransport(const config::Config &cfg, RegionTable &regions);
     ~TcpTransport() override;
@@ -41,7 +44,7 @@ public:
     const char *name() const override { return "tcp"; }
     Status connect(PeerId) override { return Status::ok(); }
     void disconnect(PeerId) override {}
-    /// Nothing to register: the target reads straight into the region's mapped memory.
+    /// Nothing to register: the target writes into the region's mapped memory.
     Status registerRegion(Region &) override { return Status::ok(); }
     void deregisterRegion(RegionId) override {}
     /// kPeer at once while the session is not up; kAgain when its window is full.
@@ -124,6 +127,9 @@ private:
     std::unique_ptr<TagPool> tags_;
     TcpStaging send_staging_;
     TcpStaging recv_staging_;
+    /// Receive buffers of host chunks, checked before they are copied into the region; after
+    /// tags_ (its limit follows the workers) and before every InLink, which returns buffers.
+    HostStaging host_staging_;
     bool send_watched_ = false;
     bool recv_watched_ = false;
     std::unordered_map<PeerId, PeerData> peers_;
