@@ -137,8 +137,10 @@ Status EngineImpl::init() {
         const ipc::CgroupMemory cg = ipc::readCgroupMemory(root);
         const bool by_cgroup = cg.version != 0 && cg.limit == budget;
         node_registered_cap_ =
-            budget == UINT64_MAX ? cfg_.limits.registered_bytes
-                                 : budget / 100 * config::LimitsConfig::kAutoNodeRegisteredPercent;
+            budget == UINT64_MAX
+                ? cfg_.limits.registered_bytes
+                : static_cast<uint64_t>(static_cast<unsigned __int128>(budget) *
+                                        config::LimitsConfig::kAutoNodeRegisteredPercent / 100);
         node_cap_source_ =
             "auto: " + std::to_string(config::LimitsConfig::kAutoNodeRegisteredPercent) + "% of " +
             (budget == UINT64_MAX ? std::string("an unknown memory size (the per-client quota)")
