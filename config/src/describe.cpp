@@ -121,7 +121,19 @@ std::string describeText(const Config &cfg, const TransportChoice &choice) {
        << "registered_bytes = " << quote(formatBytes(l.registered_bytes), kNoCut) << " ("
        << l.registered_bytes << " bytes)\n"
        << "in_flight = " << l.in_flight << "\n"
-       << "peer_regions = " << l.peer_regions << "\n";
+       << "peer_regions = " << l.peer_regions << "\n"
+       << "notification_backlog = " << l.notification_backlog << "\n"
+       << "sessions_per_uid = " << l.sessions_per_uid << "\n"
+       << "sessions_per_pid = " << l.sessions_per_pid << "\n"
+       << "fd_reserve = " << l.fd_reserve << "\n"
+       << "node_registered_bytes = "
+       << (l.node_registered_bytes == 0
+               ? std::string("\"auto\" (") +
+                     std::to_string(LimitsConfig::kAutoNodeRegisteredPercent) +
+                     "% of the memory the sidecar may use)"
+               : quote(formatBytes(l.node_registered_bytes), kNoCut) + " (" +
+                     std::to_string(l.node_registered_bytes) + " bytes)")
+       << "\n";
 
     os << "\n[metrics]\n"
        << "listen = "
@@ -193,7 +205,14 @@ std::string describeJson(const Config &cfg, const TransportChoice &choice) {
     j["limits"] = {{"regions", cfg.limits.regions},
                    {"registered_bytes", cfg.limits.registered_bytes},
                    {"in_flight", cfg.limits.in_flight},
-                   {"peer_regions", cfg.limits.peer_regions}};
+                   {"peer_regions", cfg.limits.peer_regions},
+                   {"notification_backlog", cfg.limits.notification_backlog},
+                   {"sessions_per_uid", cfg.limits.sessions_per_uid},
+                   {"sessions_per_pid", cfg.limits.sessions_per_pid},
+                   {"fd_reserve", cfg.limits.fd_reserve},
+                   {"node_registered_bytes", cfg.limits.node_registered_bytes == 0
+                                                 ? Json("auto")
+                                                 : Json(cfg.limits.node_registered_bytes)}};
     j["metrics"] = {{"listen", cfg.metrics.listen ? cfg.metrics.listen->text() : std::string()}};
     Json peers = Json::array();
     for (const auto &peer : cfg.peers) {

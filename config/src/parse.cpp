@@ -403,8 +403,10 @@ constexpr std::array<std::string_view, 9> kTcpKeys = {
 constexpr std::array<std::string_view, 3> kIpcKeys = {"ring_depth", "poll_mode", "spin_us"};
 constexpr std::array<std::string_view, 5> kSecurityKeys = {
     "allowed_uids", "allowed_gids", "peer_key_file", "tcp_integrity", "revoke_timeout_ms"};
-constexpr std::array<std::string_view, 4> kLimitsKeys = {"regions", "registered_bytes", "in_flight",
-                                                         "peer_regions"};
+constexpr std::array<std::string_view, 9> kLimitsKeys = {
+    "regions",          "registered_bytes",     "in_flight",
+    "peer_regions",     "notification_backlog", "sessions_per_uid",
+    "sessions_per_pid", "fd_reserve",           "node_registered_bytes"};
 constexpr std::array<std::string_view, 1> kMetricsKeys = {"listen"};
 constexpr std::array<std::string_view, 2> kPeerKeys = {"name", "address"};
 constexpr std::array<std::string_view, 8> kTopKeys = {"node",     "fabric", "tcp",     "ipc",
@@ -577,34 +579,52 @@ std::optional<uint64_t> parseBytes(std::string_view text) {
     return std::nullopt;
 }
 
+/// A size key of [limits]: bytes as an integer or a string with a unit, 4 KiB - 1 PiB; with
+/// `allow_auto`, also "auto" (stored as 0).
+void readLimitBytes(const TableReader &r, const char *key, bool allow_auto, uint64_t &out) {
+    const toml::node *n = r.node(key);
+    if (n == nullptr) {
+        return;
+    }
+    const std::string expected =
+        std::string("a size 4KiB-1PiB, as bytes or with a unit (\"64GiB\", \"1TiB\")") +
+        (allow_auto ? ", or \"auto\"" : "");
+    constexpr uint64_t kLo = 4096, kHi = uint64_t{1} << 50;
+    std::optional<uint64_t> v;
+    std::string found;
+    if (n->is_integer()) {
+        const int64_t i = n->as_integer()->get();
+        found = std::to_string(i);
+        if (i > 0) {
+            v = static_cast<uint64_t>(i);
+        }
+    } else if (n->is_string()) {
+        found = quote(n->as_string()->get());
+        if (allow_auto && n->as_string()->get() == "auto") {
+            out = 0;
+            return;
+        }
+        v = parseBytes(n->as_string()->get());
+    } else {
+        found = foundTyped(*n);
+    }
+    if (v && *v >= kLo && *v <= kHi) {
+        out = *v;
+    } else {
+        r.collector().add(n->source(), r.keyPath(key), expected, found);
+    }
+}
+
 void readLimits(const TableReader &r, LimitsConfig &out) {
     r.range("regions", 1, 1 << 20, out.regions);
     r.range("in_flight", 1, 65536, out.in_flight);
     r.range("peer_regions", 1, 1 << 24, out.peer_regions);
-    if (const toml::node *n = r.node("registered_bytes")) {
-        static const std::string kExpected =
-            "a size 4KiB-1PiB, as bytes or with a unit (\"64GiB\", \"1TiB\")";
-        constexpr uint64_t kLo = 4096, kHi = uint64_t{1} << 50;
-        std::optional<uint64_t> v;
-        std::string found;
-        if (n->is_integer()) {
-            const int64_t i = n->as_integer()->get();
-            found = std::to_string(i);
-            if (i > 0) {
-                v = static_cast<uint64_t>(i);
-            }
-        } else if (n->is_string()) {
-            found = quote(n->as_string()->get());
-            v = parseBytes(n->as_string()->get());
-        } else {
-            found = foundTyped(*n);
-        }
-        if (v && *v >= kLo && *v <= kHi) {
-            out.registered_bytes = *v;
-        } else {
-            r.collector().add(n->source(), r.keyPath("registered_bytes"), kExpected, found);
-        }
-    }
+    r.range("notification_backlog", 1, 1 << 20, out.notification_backlog);
+    r.range("sessions_per_uid", 1, 1 << 20, out.sessions_per_uid);
+    r.range("sessions_per_pid", 1, 1 << 20, out.sessions_per_pid);
+    r.range("fd_reserve", 0, 65536, out.fd_reserve);
+    readLimitBytes(r, "registered_bytes", false, out.registered_bytes);
+    readLimitBytes(r, "node_registered_bytes", true, out.node_registered_bytes);
 }
 
 void readMetrics(const TableReader &r, MetricsConfig &out) {

@@ -1,5 +1,7 @@
 #include "tensorlane/ipc/shm.hpp"
 
+#include "tensorlane/ipc/memory_limits.hpp"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -37,47 +39,12 @@ private:
 /// EPERM, so no mapping of the sidecar's can ever point past the end of the object (SIGBUS).
 constexpr int kSegmentSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
 
-/// Reads one "Key:   N kB" line of /proc/meminfo, in bytes; 0 when missing.
-uint64_t meminfoBytes(const char *key) {
-    std::ifstream in("/proc/meminfo");
-    std::string line;
-    const size_t klen = std::strlen(key);
-    while (std::getline(in, line)) {
-        if (line.compare(0, klen, key) == 0 && line.size() > klen && line[klen] == ':') {
-            return std::strtoull(line.c_str() + klen + 1, nullptr, 10) * 1024;
-        }
-    }
-    return 0;
-}
-
-/// Room left in this process's cgroup (v2 memory.max - memory.current); UINT64_MAX when
-/// unlimited or unknown.
-uint64_t cgroupRoom() {
-    std::ifstream self("/proc/self/cgroup");
-    std::string line, path;
-    while (std::getline(self, line)) {
-        if (line.rfind("0::", 0) == 0) {
-            path = "/sys/fs/cgroup" + line.substr(3);
-        }
-    }
-    if (path.empty()) {
-        return UINT64_MAX;
-    }
-    std::ifstream max_in(path + "/memory.max"), cur_in(path + "/memory.current");
-    std::string max_text;
-    uint64_t current = 0;
-    if (!(max_in >> max_text) || max_text == "max" || !(cur_in >> current)) {
-        return UINT64_MAX;
-    }
-    const uint64_t max = std::strtoull(max_text.c_str(), nullptr, 10);
-    return max > current ? max - current : 0;
-}
-
 }  // namespace
 
 uint64_t availableMemory() {
-    const uint64_t avail = meminfoBytes("MemAvailable");
-    return std::min(avail == 0 ? UINT64_MAX : avail, cgroupRoom());
+    const std::string root = memoryRoot();
+    const uint64_t avail = readMeminfo(root, "MemAvailable");
+    return std::min(avail == 0 ? UINT64_MAX : avail, readCgroupMemory(root).room());
 }
 
 Mapping::Mapping(bip::mapped_region &&region)

@@ -1,6 +1,8 @@
 // The client socket protocol: accepting workers (credentials, segment, doorbells) and the
 // infrequent calls that travel over the socket (alloc, register, expose, lookup, status).
+#include <dirent.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -43,7 +45,66 @@ bool validName(const char *s) {
     return true;
 }
 
+/// File descriptors this process has open now (/proc/self/fd); 0 when it cannot be read.
+uint64_t openFds() {
+    DIR *d = ::opendir("/proc/self/fd");
+    if (d == nullptr) {
+        return 0;
+    }
+    uint64_t n = 0;
+    while (const dirent *e = ::readdir(d)) {
+        n += e->d_name[0] != '.';
+    }
+    ::closedir(d);
+    return n > 0 ? n - 1 : 0;  // less the directory's own fd
+}
+
+/// The fds one more session needs at most: its socket (already accepted), two eventfds and
+/// the segment's memfd until the greeting has left.
+constexpr uint64_t kSessionFds = 4;
+
 }  // namespace
+
+bool EngineImpl::admitSession(const ipc::PeerCred &cred, std::string *why) const {
+    const auto &l = cfg_.limits;
+    const auto u = sessions_of_uid_.find(cred.uid);
+    const uint32_t of_uid = u == sessions_of_uid_.end() ? 0 : u->second;
+    if (of_uid >= l.sessions_per_uid) {
+        *why = "quota: uid " + std::to_string(cred.uid) + " holds " + std::to_string(of_uid) +
+               " sessions, the most [limits] sessions_per_uid allows";
+        return false;
+    }
+    // pid 0: a client in a pid namespace we cannot see into; its pid says nothing.
+    if (cred.pid != 0) {
+        const auto p = sessions_of_pid_.find(cred.pid);
+        const uint32_t of_pid = p == sessions_of_pid_.end() ? 0 : p->second;
+        if (of_pid >= l.sessions_per_pid) {
+            *why = "quota: pid " + std::to_string(cred.pid) + " holds " + std::to_string(of_pid) +
+                   " sessions, the most [limits] sessions_per_pid allows";
+            return false;
+        }
+    }
+    // A uid that holds a session already may not use the last fd_reserve fds: they are kept
+    // so that another uid always gets in (and `tensorlane status` with it). Counted only for
+    // such a uid, and only here: accepting is rare, /proc/self/fd is read once per accept.
+    if (of_uid > 0 && l.fd_reserve > 0) {
+        rlimit lim{};
+        if (::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY) {
+            const uint64_t open = openFds();
+            const uint64_t left = lim.rlim_cur > open ? lim.rlim_cur - open : 0;
+            if (left < kSessionFds + l.fd_reserve) {
+                *why = "the sidecar has " + std::to_string(left) +
+                       " file descriptors left, and [limits] fd_reserve = " +
+                       std::to_string(l.fd_reserve) +
+                       " of them are held back for uids with no "
+                       "session yet (uid " +
+                       std::to_string(cred.uid) + " holds " + std::to_string(of_uid) + ")";
+                return false;
+            }
+        }
+    }
+    return true;
+}
 
 bool EngineImpl::allowed(const ipc::PeerCred &cred, int fd, std::string *why) const {
     if (cred.uid == 0 || cred.uid == ::geteuid()) {
@@ -95,6 +156,15 @@ Status EngineImpl::checkQuota(const Session &s, uint64_t new_bytes, bool new_map
                                      "this client past [limits] registered_bytes = " +
                                      config::formatBytes(l.registered_bytes) + " (it holds " +
                                      std::to_string(s.host_bytes) + ")"};
+    }
+    if (new_bytes > 0 &&
+        (new_bytes > node_registered_cap_ || node_host_bytes_ > node_registered_cap_ - new_bytes)) {
+        return {Code::kNoMemory, "quota: " + std::to_string(new_bytes) +
+                                     " more bytes would take all clients together past [limits] "
+                                     "node_registered_bytes = " +
+                                     config::formatBytes(node_registered_cap_) + " (" +
+                                     node_cap_source_ + "; they hold " +
+                                     std::to_string(node_host_bytes_) + ")"};
     }
     if (new_mapping && mappings_ >= max_mappings_) {
         return {Code::kNoMemory,
@@ -149,6 +219,12 @@ void EngineImpl::acceptClients() {
             refuse(fd.get(), Code::kPermission, why);
             continue;
         }
+        if (!admitSession(cred, &why)) {
+            log_->warn("refused pid {} uid {}: {}", cred.pid, cred.uid, why);
+            ++counters_.session_cap_refusals;
+            refuse(fd.get(), Code::kNoMemory, why);
+            continue;
+        }
         if (mappings_ >= max_mappings_) {
             log_->warn("refused pid {}: the sidecar maps {} segments already", cred.pid, mappings_);
             refuse(fd.get(), Code::kNoMemory,
@@ -184,6 +260,7 @@ void EngineImpl::acceptClients() {
             s->view.completion_ctl, s->view.completions, geometry.completion_depth);
         s->notifications = ipc::RingProducer<ipc::Notification>(
             s->view.notification_ctl, s->view.notifications, geometry.notification_depth);
+        s->notification_bound = cfg_.limits.notification_backlog;
 
         ipc::HelloMsg hello{};
         hello.h = header(ipc::MsgType::kHello, 0);
@@ -221,6 +298,8 @@ void EngineImpl::acceptClients() {
         ++mappings_;
         s->mappings = 1;
         ++counters_.sessions_accepted;
+        ++sessions_of_uid_[cred.uid];
+        ++sessions_of_pid_[cred.pid];
         active_.push_back(s.get());
         sessions_.emplace(s->id, std::move(s));
     }
@@ -381,6 +460,7 @@ void EngineImpl::onAllocHost(Session &s, const ipc::AllocHostMsg &m) {
     }
     RegionId id = regions_.add(r);
     s.host_bytes += r->bytes;
+    node_host_bytes_ += r->bytes;
     ++s.mappings;
     ++mappings_;
     reply(s, m.h.seq, Code::kOk, id, r->bytes, "", seg.fd.get());
@@ -526,7 +606,10 @@ void EngineImpl::onLookup(Session &s, const ipc::LookupMsg &m) {
 }
 
 void EngineImpl::onStatus(Session &s, const ipc::StatusMsg &m) {
-    std::string text = statusJson();
+    // Root and the sidecar's own uid (the operators) see every client; anyone else only the
+    // sessions of its own uid.
+    const bool all = s.cred.uid == 0 || s.cred.uid == ::geteuid();
+    std::string text = statusJson(all ? std::nullopt : std::optional<uid_t>(s.cred.uid));
     if (text.size() > ipc::kMaxStatusText) {
         text.resize(ipc::kMaxStatusText);
     }

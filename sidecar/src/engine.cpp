@@ -1,6 +1,7 @@
 #include "tensorlane/sidecar/engine.hpp"
 
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,6 +18,7 @@
 #include "logging.hpp"
 #include "metrics/metrics_server.hpp"
 #include "tensorlane/ipc/doorbell.hpp"
+#include "tensorlane/ipc/memory_limits.hpp"
 #include "tensorlane/ipc/socket.hpp"
 
 namespace tensorlane::sidecar {
@@ -49,6 +51,22 @@ uint64_t mappingBudget() {
     }
     constexpr uint64_t kHeadroom = 4096;
     return max_map > 2 * kHeadroom ? max_map - kHeadroom : max_map / 2;
+}
+
+/// Raises RLIMIT_NOFILE's soft limit to the hard one: every session costs three fds, and
+/// [limits] fd_reserve holds some back for uids with no session yet. Returns the soft limit.
+rlim_t raiseFdLimit() {
+    rlimit lim{};
+    if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) {
+        return 0;
+    }
+    if (lim.rlim_cur < lim.rlim_max) {
+        rlimit raised{lim.rlim_max, lim.rlim_max};
+        if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) {
+            return raised.rlim_cur;
+        }
+    }
+    return lim.rlim_cur;
 }
 
 /// The names of the peer ids, for the write counters: this node, then [[peers]] in order.
@@ -108,6 +126,35 @@ Status EngineImpl::init() {
         return {Code::kInternal, std::string("eventfd: ") + std::strerror(rc)};
     }
     max_mappings_ = mappingBudget();
+    const rlim_t fds = raiseFdLimit();
+    // The node-wide cap on host buffers: all of them are charged to our memory cgroup (we back
+    // them), so together they must leave the sidecar room to live.
+    if (cfg_.limits.node_registered_bytes != 0) {
+        node_registered_cap_ = cfg_.limits.node_registered_bytes;
+        node_cap_source_ = "set";
+    } else {
+        const std::string root = ipc::memoryRoot();
+        const uint64_t budget = ipc::memoryBudget(root);
+        const ipc::CgroupMemory cg = ipc::readCgroupMemory(root);
+        const bool by_cgroup = cg.version != 0 && cg.limit == budget;
+        node_registered_cap_ =
+            budget == UINT64_MAX
+                ? cfg_.limits.registered_bytes
+                : static_cast<uint64_t>(static_cast<unsigned __int128>(budget) *
+                                        config::LimitsConfig::kAutoNodeRegisteredPercent / 100);
+        node_cap_source_ =
+            "auto: " + std::to_string(config::LimitsConfig::kAutoNodeRegisteredPercent) + "% of " +
+            (budget == UINT64_MAX ? std::string("an unknown memory size (the per-client quota)")
+             : by_cgroup          ? "the cgroup v" + std::to_string(cg.version) + " limit " +
+                               config::formatBytes(budget)
+                         : "MemTotal " + config::formatBytes(budget));
+    }
+    log_->info(
+        "limits: host buffers of all clients up to {} ({}), {} per client; {} sessions "
+        "per uid, {} per pid; {} file descriptors, {} held back for new uids",
+        config::formatBytes(node_registered_cap_), node_cap_source_,
+        config::formatBytes(cfg_.limits.registered_bytes), cfg_.limits.sessions_per_uid,
+        cfg_.limits.sessions_per_pid, static_cast<uint64_t>(fds), cfg_.limits.fd_reserve);
     // The CUDA driver is initialised here, before serving (cuInit may take a while); contexts
     // and imports come later, on the transports' threads, when a GPU region first needs one.
     if (CudaRuntime &cuda = CudaRuntime::get(); cuda.available()) {
@@ -548,6 +595,14 @@ void EngineImpl::destroySession(SessionId id) {
         ++released;
     }
     --mappings_;  // the session segment
+    if (auto u = sessions_of_uid_.find(s.cred.uid);
+        u != sessions_of_uid_.end() && --u->second == 0) {
+        sessions_of_uid_.erase(u);
+    }
+    if (auto p = sessions_of_pid_.find(s.cred.pid);
+        p != sessions_of_pid_.end() && --p->second == 0) {
+        sessions_of_pid_.erase(p);
+    }
     log_->info(
         "session {} (pid {}, uid {}) closed: {}; released {} region(s), {} request(s) in "
         "flight, {} queued write(s) dropped",
@@ -570,6 +625,9 @@ void EngineImpl::releaseRegion(const std::shared_ptr<Region> &r) {
     }
     if (r->parent == 0 && r->kind == MemoryKind::kHost) {
         --mappings_;
+        if (r->owner != 0) {
+            node_host_bytes_ -= r->bytes;  // a client's tl_alloc_host buffer (onAllocHost)
+        }
     }
     if (was_exposed && peers_) {
         peers_->regionRevoked(r->id);
@@ -668,9 +726,12 @@ void EngineImpl::arrived(RegionId region, uint32_t imm, uint64_t offset, uint64_
     n.imm = imm;
     std::string name(peer_name.substr(0, ipc::kPeerNameBytes - 1));
     std::memcpy(n.peer, name.data(), name.size());
-    ++counters_.notifications;
-    if (!s->notify(n)) {
-        closeSession(*s, "client does not drain its notification ring");
+    if (s->notify(n)) {
+        ++counters_.notifications;
+    } else {
+        // Its backlog is full ([limits] notification_backlog): dropped and counted; the
+        // writer's ticket still ends TL_OK (the data is in place).
+        ++counters_.notifications_dropped;
     }
 }
 
@@ -683,7 +744,7 @@ void EngineImpl::peerState(PeerId peer, PeerState state, std::string_view reason
     }
 }
 
-std::string EngineImpl::statusJson() const {
+std::string EngineImpl::statusJson(std::optional<uid_t> only_uid) const {
     using nlohmann::json;
     json j;
     j["node"] = cfg_.node.name;
@@ -693,6 +754,9 @@ std::string EngineImpl::statusJson() const {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
     json clients = json::array();
     for (const auto &[id, s] : sessions_) {
+        if (only_uid && s->cred.uid != *only_uid) {
+            continue;  // another user's: its pid, uid and counters are not ours to show
+        }
         clients.push_back({{"session", id},
                            {"pid", s->cred.pid},
                            {"uid", s->cred.uid},
@@ -700,12 +764,14 @@ std::string EngineImpl::statusJson() const {
                            {"requests", s->counters.requests},
                            {"completions", s->counters.completions},
                            {"notifications", s->counters.notifications},
+                           {"notifications_dropped", s->counters.notifications_dropped},
                            {"rejected", s->counters.rejected},
                            {"bytes_written", s->counters.bytes_written},
                            {"host_bytes", s->host_bytes},
                            {"in_flight", s->in_flight}});
     }
     j["clients"] = clients;
+    j["clients_shown"] = only_uid ? "uid " + std::to_string(*only_uid) : std::string("all");
     // The clients' regions: the sidecar's own probe region (4 KiB) is not counted.
     const bool probe = probe_region_ != 0;
     j["regions"] = regions_.size() - (probe ? 1 : 0);
@@ -722,6 +788,13 @@ std::string EngineImpl::statusJson() const {
     j["registered_bytes"] = regions_.registeredBytes() - (probe ? 4096 : 0);
     j["limits"] = {{"regions", cfg_.limits.regions},
                    {"registered_bytes", cfg_.limits.registered_bytes},
+                   {"node_registered_bytes", node_registered_cap_},
+                   {"node_registered_bytes_source", node_cap_source_},
+                   {"node_host_bytes", node_host_bytes_},
+                   {"notification_backlog", cfg_.limits.notification_backlog},
+                   {"sessions_per_uid", cfg_.limits.sessions_per_uid},
+                   {"sessions_per_pid", cfg_.limits.sessions_per_pid},
+                   {"fd_reserve", cfg_.limits.fd_reserve},
                    {"in_flight", cfg_.limits.in_flight},
                    {"mappings", mappings_},
                    {"max_mappings", max_mappings_}};
@@ -736,6 +809,7 @@ std::string EngineImpl::statusJson() const {
                      {"notifications_dropped", counters_.notifications_dropped},
                      {"probes_received", counters_.probes_received},
                      {"quota_refusals", counters_.quota_refusals},
+                     {"session_cap_refusals", counters_.session_cap_refusals},
                      {"accept_pauses", counters_.accept_pauses},
                      {"late_wakeups", counters_.late_wakeups},
                      {"writes_queued", queued_},

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -42,7 +43,9 @@ public:
     Status start();
     void run();
     void stop();
-    std::string statusJson() const;
+    /// The status document. With `only_uid`, the clients[] of that uid alone (a non-root
+    /// client's tl_sidecar_status: it must not learn other users' pids and counters).
+    std::string statusJson(std::optional<uid_t> only_uid = std::nullopt) const;
 
     // EventSink: transports report here, on the engine thread.
     void completed(uint64_t op_id, Code status, std::string_view reason) override;
@@ -91,6 +94,9 @@ private:
     void acceptClients();
     /// Whether the client may use the socket; `*why` says why not.
     bool allowed(const ipc::PeerCred &cred, int fd, std::string *why) const;
+    /// Whether a client of `cred` may have one more session ([limits] sessions_per_uid,
+    /// sessions_per_pid, fd_reserve); `*why` says why not.
+    bool admitSession(const ipc::PeerCred &cred, std::string *why) const;
     void refuse(int fd, Code code, const std::string &why);
     void readControl(Session &s);
     void handleControl(Session &s, const unsigned char *msg, size_t bytes, ipc::UniqueFd *fds,
@@ -183,6 +189,7 @@ private:
         uint64_t notifications_dropped = 0;
         uint64_t probes_received = 0;  ///< writes into the peer probe's region
         uint64_t quota_refusals = 0;
+        uint64_t session_cap_refusals = 0;  ///< sessions_per_uid/pid, fd_reserve
         uint64_t accept_pauses = 0;
         uint64_t late_wakeups = 0;  ///< sleeps that ended by the idle tick with work waiting
     };
@@ -214,6 +221,14 @@ private:
     size_t last_poll_events_ = 0;
     uint64_t mappings_ = 0;      ///< segments this sidecar maps (sessions and host buffers)
     uint64_t max_mappings_ = 0;  ///< what it allows itself (vm.max_map_count minus headroom)
+    /// Bytes of tl_alloc_host buffers all clients hold, and the most they may
+    /// ([limits] node_registered_bytes, "auto" resolved in init()).
+    uint64_t node_host_bytes_ = 0;
+    uint64_t node_registered_cap_ = 0;
+    std::string node_cap_source_;  ///< how the cap was chosen, for messages and status
+    /// Sessions held now by each uid and each pid ([limits] sessions_per_uid/pid).
+    std::unordered_map<uid_t, uint32_t> sessions_of_uid_;
+    std::unordered_map<pid_t, uint32_t> sessions_of_pid_;
     SessionId next_session_ = 1;
     uint64_t next_op_ = 1;
     Counters counters_;

@@ -30,6 +30,7 @@ struct SessionCounters {
     uint64_t requests = 0;
     uint64_t completions = 0;
     uint64_t notifications = 0;
+    uint64_t notifications_dropped = 0;  ///< past notification_bound ([limits])
     uint64_t rejected = 0;
     uint64_t bytes_written = 0;
 };
@@ -48,6 +49,12 @@ struct Session {
     /// Entries that did not fit in the client's rings (a slow client); bounded.
     std::deque<ipc::Completion> completion_backlog;
     std::deque<ipc::Notification> notification_backlog;
+    /// Most entries of notification_backlog ([limits] notification_backlog). Other clients'
+    /// writes fill it, so past it notifications are dropped and counted, never the session
+    /// closed: a writer must not be able to disconnect the target.
+    size_t notification_bound = kMaxBacklog;
+    /// Dropped since the last one that entered the ring: the next one to enter carries it.
+    uint64_t dropped_pending = 0;
     std::unordered_map<uint64_t, RemoteRef> remotes;
     /// The handle already given out for a (peer, region): a lookup repeated in a loop reuses
     /// it instead of growing `remotes`.
@@ -86,18 +93,24 @@ struct Session {
 
     /// Writes a completion (or backlogs it). False when the backlog bound is exceeded.
     bool complete(uint64_t ticket, Code status, uint64_t bytes);
-    /// Writes a notification (or backlogs it). False when the backlog bound is exceeded.
+    /// Writes a notification (or backlogs it). False when the backlog is full: it was dropped
+    /// and counted, and the next one to reach the ring says how many were.
     bool notify(const ipc::Notification &n);
     /// Moves backlog into the rings as space allows; publishes; returns entries moved.
     size_t flushBacklog();
     /// Publishes rings and rings the client's doorbell if it sleeps.
     void publish();
 
-    /// Most entries kept for a client that does not drain its rings, per ring.
+    /// Most completions kept for a client that does not drain its ring (its own requests'),
+    /// and the most notification_bound may be.
     static constexpr size_t kMaxBacklog = 1u << 20;
     /// Every this many publishes (and on the first) the client-owned heads are validated even
     /// when the rings have room; in between, a head is read only when a ring looks full.
     static constexpr uint32_t kHeadCheckEvery = 64;
+
+private:
+    /// Pushes `n` into the ring with the pending drop count; false when the ring is full.
+    bool pushNotification(ipc::Notification n);
 };
 
 }  // namespace tensorlane::sidecar

@@ -143,7 +143,12 @@ TEST(ConfigDescribe, JsonMirrorsTheTables) {
     EXPECT_EQ(j["fabric"]["tclass_override"], "fail");
     EXPECT_EQ(j["security"]["tcp_integrity"], "mac");
     EXPECT_EQ(j["security"]["revoke_timeout_ms"], 1500);
-    EXPECT_EQ(j["limits"]["registered_bytes"], uint64_t{1} << 40);
+    EXPECT_EQ(j["limits"]["registered_bytes"], uint64_t{64} << 30);
+    EXPECT_EQ(j["limits"]["notification_backlog"], 65536);
+    EXPECT_EQ(j["limits"]["sessions_per_uid"], 1024);
+    EXPECT_EQ(j["limits"]["sessions_per_pid"], 256);
+    EXPECT_EQ(j["limits"]["fd_reserve"], 256);
+    EXPECT_EQ(j["limits"]["node_registered_bytes"], "auto");
     EXPECT_EQ(j["limits"]["in_flight"], 1024);
     EXPECT_EQ(j["metrics"]["listen"], "");
     EXPECT_EQ(j["tcp"]["chunk_bytes"], 1048576);

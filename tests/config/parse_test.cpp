@@ -60,9 +60,14 @@ TEST(ConfigDefaults, EmptyFileGivesEveryDefault) {
     EXPECT_EQ(c.fabric.preflight, Preflight::kWarn);
     EXPECT_EQ(c.fabric.gdr_flush, GdrFlush::kAuto);
     EXPECT_EQ(c.limits.regions, 4096u);
-    EXPECT_EQ(c.limits.registered_bytes, uint64_t{1} << 40);
+    EXPECT_EQ(c.limits.registered_bytes, uint64_t{64} << 30);
     EXPECT_EQ(c.limits.in_flight, 1024u);
     EXPECT_EQ(c.limits.peer_regions, 65536u);
+    EXPECT_EQ(c.limits.notification_backlog, 65536u);
+    EXPECT_EQ(c.limits.sessions_per_uid, 1024u);
+    EXPECT_EQ(c.limits.sessions_per_pid, 256u);
+    EXPECT_EQ(c.limits.fd_reserve, 256u);
+    EXPECT_EQ(c.limits.node_registered_bytes, 0u) << "auto";
     EXPECT_FALSE(c.metrics.listen.has_value());
     EXPECT_TRUE(c.peers.empty());
 }
@@ -707,6 +712,33 @@ TEST(ConfigLimits, CountsHaveRanges) {
     EXPECT_EQ(onlyError(parse("[limits]\nregions = 0\n")).key, "limits.regions");
     EXPECT_EQ(onlyError(parse("[limits]\nin_flight = 65537\n")).key, "limits.in_flight");
     EXPECT_EQ(onlyError(parse("[limits]\npeer_regions = 0\n")).key, "limits.peer_regions");
+    EXPECT_EQ(onlyError(parse("[limits]\nnotification_backlog = 0\n")).key,
+              "limits.notification_backlog");
+    EXPECT_EQ(onlyError(parse("[limits]\nsessions_per_uid = 0\n")).key, "limits.sessions_per_uid");
+    EXPECT_EQ(onlyError(parse("[limits]\nsessions_per_pid = 1048577\n")).key,
+              "limits.sessions_per_pid");
+    EXPECT_EQ(onlyError(parse("[limits]\nfd_reserve = 65537\n")).key, "limits.fd_reserve");
+}
+
+TEST(ConfigLimits, SessionAndNodeLimitsAreRead) {
+    const ParseResult r = parse(
+        "[limits]\nnotification_backlog = 64\nsessions_per_uid = 8\nsessions_per_pid = 2\n"
+        "fd_reserve = 0\nnode_registered_bytes = \"16MiB\"\n");
+    ASSERT_TRUE(r.ok()) << allErrors(r);
+    EXPECT_EQ(r.config->limits.notification_backlog, 64u);
+    EXPECT_EQ(r.config->limits.sessions_per_uid, 8u);
+    EXPECT_EQ(r.config->limits.sessions_per_pid, 2u);
+    EXPECT_EQ(r.config->limits.fd_reserve, 0u);
+    EXPECT_EQ(r.config->limits.node_registered_bytes, uint64_t{16} << 20);
+    const ParseResult a = parse("[limits]\nnode_registered_bytes = \"auto\"\n");
+    ASSERT_TRUE(a.ok()) << allErrors(a);
+    EXPECT_EQ(a.config->limits.node_registered_bytes, 0u);
+    // "auto" is for the node cap only; the per-client quota is a size.
+    EXPECT_EQ(onlyError(parse("[limits]\nregistered_bytes = \"auto\"\n")).key,
+              "limits.registered_bytes");
+    const Error e = onlyError(parse("[limits]\nnode_registered_bytes = \"lots\"\n"));
+    EXPECT_EQ(e.key, "limits.node_registered_bytes");
+    EXPECT_NE(e.expected.find("auto"), std::string::npos) << e.expected;
 }
 
 TEST(ConfigMetrics, EmptyListenIsOffAndBadAddressesAreErrors) {

@@ -136,7 +136,8 @@ void engineFamilies(const Snapshot &snap, const Json &status, Families *f) {
         {"notifications", "tensorlane_notifications_total",
          "Notifications handed to the owners of local regions"},
         {"notifications_dropped", "tensorlane_notifications_dropped_total",
-         "Writes that landed in a region whose owner was gone"},
+         "Notifications not delivered: the region's owner was gone, or its backlog was full "
+         "([limits] notification_backlog)"},
         {"quota_refusals", "tensorlane_quota_refusals_total",
          "Calls refused by a [limits] quota (TL_ENOMEM)"},
         {"accept_pauses", "tensorlane_accept_pauses_total",

@@ -144,12 +144,27 @@ struct SecurityConfig {
 struct LimitsConfig {
     /// Regions one client may hold, 1-1048576.
     uint32_t regions = 4096;
-    /// Bytes one client may allocate or register, 4 KiB - 1 PiB ("1TiB" or an integer).
-    uint64_t registered_bytes = uint64_t{1} << 40;
+    /// Bytes of host buffers one client may allocate, 4 KiB - 1 PiB ("64GiB" or an integer).
+    uint64_t registered_bytes = uint64_t{64} << 30;
     /// Requests one client may have in flight (the rest waits in its ring), 1-65536.
     uint32_t in_flight = 1024;
     /// Regions a peer may describe to us, 1-16777216.
     uint32_t peer_regions = 65536;
+    /// Notifications kept for one client whose ring is full, 1-1048576; past it they are
+    /// dropped and counted (the next one delivered carries the count).
+    uint32_t notification_backlog = 65536;
+    /// Sessions one uid may hold at once, 1-1048576.
+    uint32_t sessions_per_uid = 1024;
+    /// Sessions one process may hold at once, 1-1048576.
+    uint32_t sessions_per_pid = 256;
+    /// File descriptors held back for uids with no session yet, 0-65536.
+    uint32_t fd_reserve = 256;
+    /// Bytes of host buffers all clients together may allocate, 4 KiB - 1 PiB; 0 is "auto":
+    /// kAutoNodeRegisteredPercent of the memory the sidecar may use (its cgroup's limit, v1 or
+    /// v2, else MemTotal), resolved when the sidecar starts.
+    uint64_t node_registered_bytes = 0;
+    /// What "auto" resolves node_registered_bytes to, in percent of the memory it may use.
+    static constexpr uint64_t kAutoNodeRegisteredPercent = 75;
 };
 
 /// [metrics]: the Prometheus endpoint.

@@ -81,12 +81,16 @@ struct Notification {
     uint32_t imm;
     uint32_t reserved;
     char peer[kPeerNameBytes];  ///< NUL-terminated node name of the writer
-    uint64_t reserved2[3];
+    /// Notifications dropped since the previous one delivered: the client's backlog in the
+    /// sidecar was full ([limits] notification_backlog). Their data is in place all the same.
+    uint64_t dropped;
+    uint64_t reserved2[2];
     uint64_t ring_seq;  ///< the ring's
 };
 static_assert(sizeof(Notification) == 128 && std::is_trivially_copyable_v<Notification>);
 static_assert(isRingEntry<Notification>());
 static_assert(offsetof(Notification, peer) == 32);
+static_assert(offsetof(Notification, dropped) == 96);
 
 /// Flags of the doorbell protocol; each on its own line because each has one writer.
 struct alignas(kCacheLine) DoorbellFlag {

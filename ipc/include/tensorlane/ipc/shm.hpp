@@ -63,8 +63,8 @@ int mapSegment(int fd, size_t bytes, Mapping *out);
 /// The size of the object behind `fd` (fstat), or 0 on error.
 uint64_t segmentSize(int fd);
 
-/// Memory a new segment may take: MemAvailable, or less when this process's cgroup has less
-/// room. UINT64_MAX when neither is known.
+/// Memory a new segment may take: MemAvailable, or less when this process's cgroup (v2 or v1,
+/// memory_limits.hpp) has less room. UINT64_MAX when neither is known.
 uint64_t availableMemory();
 
 /// True when `fd` is a memfd whose size can no longer change (the seals createSegment adds).
