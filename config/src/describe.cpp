@@ -112,6 +112,14 @@ std::string describeText(const Config &cfg, const TransportChoice &choice) {
        << "tcp_integrity = " << toString(s.tcp_integrity)
        << (s.tcp_integrity == TcpIntegrity::kNone ? " (TCP data frames are not authenticated)" : "")
        << "\n";
+    os << "reserved_names = [";
+    for (size_t i = 0; i < s.reserved_names.size(); ++i) {
+        const ReservedName &e = s.reserved_names[i];
+        os << (i == 0 ? "" : ", ") << "{ prefix = " << quote(e.prefix, kNoCut)
+           << ", uids = " << idList(e.uids) << ", gids = " << idList(e.gids) << " }";
+    }
+    os << "]" << (s.reserved_names.empty() ? " (any local client may expose any name)" : "")
+       << "\n";
 
     const LimitsConfig &l = cfg.limits;
     os << "\n[limits]\n"
@@ -187,6 +195,11 @@ std::string describeJson(const Config &cfg, const TransportChoice &choice) {
                      {"allowed_gids", s.allowed_gids},
                      {"peer_key_file", s.peer_key_file},
                      {"tcp_integrity", toString(s.tcp_integrity)}};
+    Json reserved = Json::array();
+    for (const ReservedName &e : s.reserved_names) {
+        reserved.push_back({{"prefix", e.prefix}, {"uids", e.uids}, {"gids", e.gids}});
+    }
+    j["security"]["reserved_names"] = std::move(reserved);
     j["limits"] = {{"regions", cfg.limits.regions},
                    {"registered_bytes", cfg.limits.registered_bytes},
                    {"in_flight", cfg.limits.in_flight},
