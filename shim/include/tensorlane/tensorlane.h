@@ -176,7 +176,9 @@ typedef struct tl_notification_ex {
 #define TL_UID_UNKNOWN 0xfffffffeu /* writer_uid the sidecar could not attribute (not expected) */
 
 /** tl_wait_notification with the writer's uid and the count of drops; the two take from one
- *  queue (each notification goes to one of them) and may run concurrently. */
+ *  queue (each notification goes to one of them) and may run concurrently, from any thread.
+ *  `*out` is a plain copy (no pointers into the client), written only on TL_OK; reserved and
+ *  flags are 0. */
 TL_API tl_status tl_wait_notification_ex(tl_client *c, tl_notification_ex *out, int timeout_ms);
 
 /* ---- Stream-ordered calls (DESIGN.md; CUDA builds; `s` is a cudaStream_t / CUstream, NULL
