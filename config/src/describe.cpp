@@ -114,6 +114,14 @@ std::string describeText(const Config &cfg, const TransportChoice &choice) {
        << "\n"
        << "revoke_timeout_ms = " << s.revoke_timeout_ms
        << " (a verbs peer's key is revoked by then, confirmed or not)\n";
+    os << "reserved_names = [";
+    for (size_t i = 0; i < s.reserved_names.size(); ++i) {
+        const ReservedName &e = s.reserved_names[i];
+        os << (i == 0 ? "" : ", ") << "{ prefix = " << quote(e.prefix, kNoCut)
+           << ", uids = " << idList(e.uids) << ", gids = " << idList(e.gids) << " }";
+    }
+    os << "]" << (s.reserved_names.empty() ? " (any local client may expose any name)" : "")
+       << "\n";
 
     const LimitsConfig &l = cfg.limits;
     os << "\n[limits]\n"
@@ -202,6 +210,11 @@ std::string describeJson(const Config &cfg, const TransportChoice &choice) {
                      {"peer_key_file", s.peer_key_file},
                      {"tcp_integrity", toString(s.tcp_integrity)},
                      {"revoke_timeout_ms", s.revoke_timeout_ms}};
+    Json reserved = Json::array();
+    for (const ReservedName &e : s.reserved_names) {
+        reserved.push_back({{"prefix", e.prefix}, {"uids", e.uids}, {"gids", e.gids}});
+    }
+    j["security"]["reserved_names"] = std::move(reserved);
     j["limits"] = {{"regions", cfg.limits.regions},
                    {"registered_bytes", cfg.limits.registered_bytes},
                    {"in_flight", cfg.limits.in_flight},

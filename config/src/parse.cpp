@@ -401,8 +401,10 @@ constexpr std::array<std::string_view, 9> kTcpKeys = {
     "connect_timeout_ms",   "reconnect_min_ms", "reconnect_max_ms", "window",
     "tag_threads"};
 constexpr std::array<std::string_view, 3> kIpcKeys = {"ring_depth", "poll_mode", "spin_us"};
-constexpr std::array<std::string_view, 5> kSecurityKeys = {
-    "allowed_uids", "allowed_gids", "peer_key_file", "tcp_integrity", "revoke_timeout_ms"};
+constexpr std::array<std::string_view, 6> kSecurityKeys = {"allowed_uids",      "allowed_gids",
+                                                           "peer_key_file",     "tcp_integrity",
+                                                           "revoke_timeout_ms", "reserved_names"};
+constexpr std::array<std::string_view, 3> kReservedNameKeys = {"prefix", "uids", "gids"};
 constexpr std::array<std::string_view, 9> kLimitsKeys = {
     "regions",          "registered_bytes",     "in_flight",
     "peer_regions",     "notification_backlog", "sessions_per_uid",
@@ -516,10 +518,65 @@ void readIpc(const TableReader &r, IpcConfig &out) {
     r.range("spin_us", 0, 10000, out.spin_us);
 }
 
+/// A region name prefix: 1-63 characters of what tl_expose accepts in a name.
+bool isNamePrefix(std::string_view s) {
+    return !s.empty() && s.size() < 64 && std::all_of(s.begin(), s.end(), [](char ch) {
+        return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+               ch == '.' || ch == '_' || ch == '-' || ch == '/' || ch == ':';
+    });
+}
+
+/// [security] reserved_names = [{ prefix = "kv.", uids = [1000], gids = [] }, ...].
+void readReservedNames(const TableReader &r, std::vector<ReservedName> &out) {
+    static const std::string kEntry = "a table { prefix = \"...\", uids = [...], gids = [...] }";
+    static const std::string kPrefix = "a name prefix of 1-63 characters of [A-Za-z0-9._-/:]";
+    const toml::node *n = r.node("reserved_names");
+    if (n == nullptr) {
+        return;
+    }
+    Collector &c = r.collector();
+    const toml::array *arr = n->as_array();
+    if (arr == nullptr) {
+        c.add(n->source(), r.keyPath("reserved_names"), "an array of " + kEntry, foundTyped(*n));
+        return;
+    }
+    for (size_t i = 0; i < arr->size(); ++i) {
+        const toml::node &el = *arr->get(i);
+        const std::string path = r.keyPath("reserved_names") + "[" + std::to_string(i) + "]";
+        const toml::table *tbl = el.as_table();
+        if (tbl == nullptr) {
+            c.add(el.source(), path, kEntry, foundTyped(el));
+            continue;
+        }
+        const TableReader er(c, *tbl, path, "a reserved_names entry", kReservedNameKeys);
+        ReservedName entry;
+        if (er.node("prefix") == nullptr) {
+            c.add(tbl->source(), er.keyPath("prefix"), kPrefix, "no prefix key");
+            continue;
+        }
+        bool ok = er.string("prefix", kPrefix, isNamePrefix, entry.prefix);
+        ok = er.idList("uids", entry.uids) && ok;
+        ok = er.idList("gids", entry.gids) && ok;
+        if (!ok) {
+            continue;
+        }
+        const bool dup = std::any_of(out.begin(), out.end(), [&](const ReservedName &e) {
+            return e.prefix == entry.prefix;
+        });
+        if (dup) {
+            c.add(er.node("prefix")->source(), er.keyPath("prefix"),
+                  "a prefix no other reserved_names entry has", quote(entry.prefix));
+            continue;
+        }
+        out.push_back(std::move(entry));
+    }
+}
+
 /// Returns whether peer_key_file is a usable path (the key file check needs one).
 bool readSecurity(const TableReader &r, SecurityConfig &out) {
     r.idList("allowed_uids", out.allowed_uids);
     r.idList("allowed_gids", out.allowed_gids);
+    readReservedNames(r, out.reserved_names);
     r.enumeration("tcp_integrity", kTcpIntegrities, out.tcp_integrity);
     r.range("revoke_timeout_ms", 10, 600000, out.revoke_timeout_ms);
     return r.string(

@@ -28,6 +28,10 @@ static_assert(TL_ECONN == static_cast<int>(Code::kConnection));
 static_assert(TL_ECUDA == static_cast<int>(Code::kCuda));
 static_assert(TL_EINTERNAL == static_cast<int>(Code::kInternal));
 static_assert(sizeof(tl_notification) == 96);
+static_assert(sizeof(tl_notification_ex) == 96 + 8 + 8 + 32);
+static_assert(sizeof(tl_access) == 32);
+static_assert(TL_UID_PEER == tensorlane::ipc::kWriterUidPeer &&
+              TL_UID_UNKNOWN == tensorlane::ipc::kWriterUidUnknown);
 
 struct tl_client {
     Client impl;
@@ -121,6 +125,15 @@ TL_API tl_status tl_expose(tl_client *c, tl_region r, const char *name) {
     return guarded([&] { return c->impl.expose(r, name); });
 }
 
+TL_API tl_status tl_expose_access(tl_client *c, tl_region r, const char *name,
+                                  const tl_access *access) {
+    TL_REQUIRE_CLIENT(c);
+    if (!access) {
+        return guarded([&] { return c->impl.expose(r, name); });
+    }
+    return guarded([&] { return c->impl.exposeAccess(r, name, access); });
+}
+
 TL_API tl_status tl_lookup(tl_client *c, const char *peer, const char *name, tl_remote *out,
                            uint64_t *bytes) {
     TL_REQUIRE_CLIENT(c);
@@ -147,6 +160,11 @@ TL_API tl_status tl_test(tl_client *c, tl_ticket t, int *done) {
 TL_API tl_status tl_wait_notification(tl_client *c, tl_notification *out, int timeout_ms) {
     TL_REQUIRE_CLIENT(c);
     return guarded([&] { return c->impl.waitNotification(out, timeout_ms); });
+}
+
+TL_API tl_status tl_wait_notification_ex(tl_client *c, tl_notification_ex *out, int timeout_ms) {
+    TL_REQUIRE_CLIENT(c);
+    return guarded([&] { return c->impl.waitNotificationEx(out, timeout_ms); });
 }
 
 TL_API tl_status tl_nop(tl_client *c, tl_ticket *out) {

@@ -25,6 +25,16 @@ ipc::MsgHeader header(ipc::MsgType type) {
     return ipc::MsgHeader{ipc::kControlMagic, ipc::kControlVersion, static_cast<uint16_t>(type), 0};
 }
 
+/// tl_wait's and tl_test's detail for a write that failed with `st`.
+std::string writeFailure(int32_t st) {
+    const Code c = static_cast<Code>(st);
+    if (c == Code::kPermission) {
+        return "write refused (TL_EPERM): the target's owner does not let this uid write it; "
+               "the owner names who may with tl_expose_access";
+    }
+    return std::string("write failed: ") + ipc::codeName(c);
+}
+
 }  // namespace
 
 const char *lastError() {
@@ -315,14 +325,49 @@ tl_status Client::deregister(tl_region r) {
 }
 
 tl_status Client::expose(tl_region r, const char *name) {
+    return exposeAccess(r, name, nullptr);
+}
+
+tl_status Client::exposeAccess(tl_region r, const char *name, const tl_access *access) {
+    const char *what = access ? "tl_expose_access" : "tl_expose";
     if (!name || !*name || std::strlen(name) >= ipc::kRegionNameBytes) {
-        return fail(Code::kInvalid, "tl_expose: a name is 1-63 bytes");
+        return fail(Code::kInvalid, std::string(what) + ": a name is 1-63 bytes");
     }
-    ipc::ExposeMsg m{};
-    m.h = header(ipc::MsgType::kExpose);
+    ipc::ReplyMsg reply{};
+    if (!access) {
+        ipc::ExposeMsg m{};
+        m.h = header(ipc::MsgType::kExpose);
+        m.region = r;
+        ipc::copyName(m.name, sizeof(m.name), name);
+        return toStatus(call(&m, sizeof(m), &reply, nullptr));
+    }
+    static_assert(TL_ACCESS_PEERS == ipc::kAccessPeers &&
+                  TL_ACCESS_LOCAL_ANY == ipc::kAccessLocalAny);
+    static_assert(TL_ACCESS_MAX_IDS == ipc::kMaxAccessIds);
+    if ((access->flags & ~ipc::kAccessFlagMask) != 0) {
+        return fail(Code::kInvalid, "tl_expose_access: unknown flags " +
+                                        std::to_string(access->flags) +
+                                        " (TL_ACCESS_PEERS | TL_ACCESS_LOCAL_ANY)");
+    }
+    if (access->n_uids > ipc::kMaxAccessIds || access->n_gids > ipc::kMaxAccessIds) {
+        return fail(Code::kInvalid, "tl_expose_access: at most " +
+                                        std::to_string(ipc::kMaxAccessIds) + " uids and " +
+                                        std::to_string(ipc::kMaxAccessIds) + " gids (got " +
+                                        std::to_string(access->n_uids) + " and " +
+                                        std::to_string(access->n_gids) + ")");
+    }
+    if ((access->n_uids != 0 && !access->uids) || (access->n_gids != 0 && !access->gids)) {
+        return fail(Code::kInvalid, "tl_expose_access: uids or gids is NULL with a count");
+    }
+    ipc::ExposeAccessMsg m{};
+    m.h = header(ipc::MsgType::kExposeAccess);
     m.region = r;
     ipc::copyName(m.name, sizeof(m.name), name);
-    ipc::ReplyMsg reply{};
+    m.flags = access->flags;
+    m.n_uids = access->n_uids;
+    m.n_gids = access->n_gids;
+    std::copy_n(access->uids, access->n_uids, m.uids);
+    std::copy_n(access->gids, access->n_gids, m.gids);
     return toStatus(call(&m, sizeof(m), &reply, nullptr));
 }
 
@@ -510,13 +555,17 @@ void Client::drainLocked(bool all) {
     }
     for (uint32_t i = 0; i < n; ++i) {
         ipc::Notification in = notifications_.read(i);
-        tl_notification out{};
-        out.region = in.region;
-        out.imm = in.imm;
-        out.offset = in.offset;
-        out.bytes = in.bytes;
-        std::memcpy(out.peer, in.peer, sizeof(out.peer));
-        out.peer[sizeof(out.peer) - 1] = '\0';
+        tl_notification_ex out{};
+        out.n.region = in.region;
+        out.n.imm = in.imm;
+        out.n.offset = in.offset;
+        out.n.bytes = in.bytes;
+        std::memcpy(out.n.peer, in.peer, sizeof(out.n.peer));
+        out.n.peer[sizeof(out.n.peer) - 1] = '\0';
+        out.writer_uid = in.writer_uid;
+        // The sidecar's count of notifications it dropped for this client before this one
+        // (h-engine names the field `dropped`; reserved2[0] until that rename is merged).
+        out.dropped = in.reserved2[0];
         notes_.push_back(out);
     }
     if (n) {
@@ -687,9 +736,7 @@ tl_status Client::wait(tl_ticket t, int timeout_ms) {
         }
         if (st != TicketTable::kPending) {
             tickets_.erase(t);
-            return st == 0 ? TL_OK
-                           : fail(static_cast<Code>(st), std::string("write failed: ") +
-                                                             ipc::codeName(static_cast<Code>(st)));
+            return st == 0 ? TL_OK : fail(static_cast<Code>(st), writeFailure(st));
         }
         // An endless wait skips this before its first turn: the polling thread watches the
         // socket too, and the clock read in sidecarGone() would sit between submitting and
@@ -731,13 +778,29 @@ tl_status Client::test(tl_ticket t, int *done) {
     }
     tickets_.erase(t);
     *done = 1;
-    return st == 0 ? TL_OK : fail(static_cast<Code>(st), "write failed");
+    return st == 0 ? TL_OK : fail(static_cast<Code>(st), writeFailure(st));
 }
 
 tl_status Client::waitNotification(tl_notification *out, int timeout_ms) {
-    using Clock = std::chrono::steady_clock;
     if (!out) {
         return fail(Code::kInvalid, "tl_wait_notification: out is NULL");
+    }
+    tl_notification_ex ex{};
+    tl_status st = waitNotificationEx(&ex, timeout_ms, "tl_wait_notification");
+    if (st == TL_OK) {
+        *out = ex.n;
+    }
+    return st;
+}
+
+tl_status Client::waitNotificationEx(tl_notification_ex *out, int timeout_ms) {
+    return waitNotificationEx(out, timeout_ms, "tl_wait_notification_ex");
+}
+
+tl_status Client::waitNotificationEx(tl_notification_ex *out, int timeout_ms, const char *what) {
+    using Clock = std::chrono::steady_clock;
+    if (!out) {
+        return fail(Code::kInvalid, std::string(what) + ": out is NULL");
     }
     const auto deadline = timeout_ms < 0 ? Clock::time_point::max()
                                          : Clock::now() + std::chrono::milliseconds(timeout_ms);
@@ -753,7 +816,7 @@ tl_status Client::waitNotification(tl_notification *out, int timeout_ms) {
             return fail(Code::kConnection, "sidecar connection lost: " + dead_reason_);
         }
         if (Clock::now() >= deadline) {
-            return fail(Code::kTimedOut, "tl_wait_notification: nothing arrived");
+            return fail(Code::kTimedOut, std::string(what) + ": nothing arrived");
         }
         waitTurn(lock, deadline);
     }

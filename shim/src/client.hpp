@@ -51,6 +51,8 @@ public:
     tl_status registerMemory(void *ptr, size_t bytes, tl_region *out);
     tl_status deregister(tl_region r);
     tl_status expose(tl_region r, const char *name);
+    /// tl_expose_access; access null: tl_expose.
+    tl_status exposeAccess(tl_region r, const char *name, const tl_access *access);
     tl_status lookup(const char *peer, const char *name, tl_remote *out, uint64_t *bytes);
     /// Submits n writes (one doorbell); `*submitted` (may be null) says how many went in.
     tl_status write(const tl_write_desc *w, size_t n, tl_ticket *out, size_t *submitted);
@@ -58,6 +60,7 @@ public:
     tl_status wait(tl_ticket t, int timeout_ms);
     tl_status test(tl_ticket t, int *done);
     tl_status waitNotification(tl_notification *out, int timeout_ms);
+    tl_status waitNotificationEx(tl_notification_ex *out, int timeout_ms);
     tl_status sidecarStatus(std::string *json);
 
     // Stream-ordered calls (cuda_client.cpp; DESIGN.md, "Stream-ordered calls").
@@ -149,10 +152,12 @@ private:
         uint64_t pos = 0;
         uint64_t word = 0;
     };
+    tl_status waitNotificationEx(tl_notification_ex *out, int timeout_ms, const char *what);
+
     SlotWatch comp_watch_;
     SlotWatch notif_watch_;
     TicketTable tickets_;
-    std::deque<tl_notification> notes_;
+    std::deque<tl_notification_ex> notes_;
     std::atomic<bool> dead_{false};
     std::string dead_reason_;
 

@@ -329,7 +329,7 @@ tl_status Client::streamWaitNotification(tl_region r, uint32_t imm, void *stream
                 std::lock_guard lock(comp_mu_);
                 drainLocked(true);
                 for (auto it = notes_.begin(); it != notes_.end();) {
-                    if (it->region == r && it->imm == imm) {
+                    if (it->n.region == r && it->n.imm == imm) {
                         it = notes_.erase(it);
                         ++earlier;
                     } else {

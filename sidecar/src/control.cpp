@@ -235,6 +235,18 @@ void EngineImpl::acceptClients() {
         auto s = std::make_unique<Session>();
         s->id = next_session_++;
         s->cred = cred;
+        {
+            // For access lists with gids and reserved names. Unreadable: the primary gid only
+            // (a gid list then matches less, never more).
+            std::vector<gid_t> groups;
+            if (int grc = ipc::peerGroups(fd.get(), cred.pid, &groups)) {
+                log_->warn("groups of pid {}: {}; only its primary gid {} counts", cred.pid,
+                           std::strerror(grc), cred.gid);
+                groups.clear();
+            }
+            s->groups.assign(groups.begin(), groups.end());
+            s->groups.push_back(cred.gid);
+        }
         const auto geometry = ipc::SegmentGeometry::forDepth(cfg_.ipc.ring_depth);
         std::string error;
         int err = ipc::makeEventFd(&s->to_sidecar);
@@ -402,6 +414,8 @@ void EngineImpl::handleControl(Session &s, const unsigned char *msg, size_t byte
             return dispatch(s, h, msg, bytes, &EngineImpl::onDeregister);
         case ipc::MsgType::kExpose:
             return dispatch(s, h, msg, bytes, &EngineImpl::onExpose);
+        case ipc::MsgType::kExposeAccess:
+            return dispatch(s, h, msg, bytes, &EngineImpl::onExposeAccess);
         case ipc::MsgType::kLookup:
             return dispatch(s, h, msg, bytes, &EngineImpl::onLookup);
         case ipc::MsgType::kStatus:
@@ -521,34 +535,111 @@ void EngineImpl::onDeregister(Session &s, const ipc::DeregisterMsg &m) {
     reply(s, m.h.seq, Code::kOk, 0, 0, "");
 }
 
-void EngineImpl::onExpose(Session &s, const ipc::ExposeMsg &m) {
+namespace {
+
+std::string idList(const std::vector<uint32_t> &ids) {
+    std::string out = "[";
+    for (size_t i = 0; i < ids.size(); ++i) {
+        out += (i == 0 ? "" : ", ") + std::to_string(ids[i]);
+    }
+    return out + "]";
+}
+
+bool meets(const std::vector<uint32_t> &groups, const std::vector<uint32_t> &gids) {
+    return std::any_of(gids.begin(), gids.end(), [&](uint32_t g) {
+        return std::find(groups.begin(), groups.end(), g) != groups.end();
+    });
+}
+
+}  // namespace
+
+Status EngineImpl::checkReservedName(const Session &s, std::string_view name) const {
+    // The longest reserved prefix of the name decides ("kv." for uid 1000 and "kv.team2." for
+    // uid 1001: uid 1001 may expose "kv.team2.x", uid 1000 may not).
+    const config::ReservedName *match = nullptr;
+    for (const auto &e : cfg_.security.reserved_names) {
+        if (name.starts_with(e.prefix) && (!match || e.prefix.size() > match->prefix.size())) {
+            match = &e;
+        }
+    }
+    if (!match || s.cred.uid == 0 ||
+        std::find(match->uids.begin(), match->uids.end(), s.cred.uid) != match->uids.end() ||
+        meets(s.groups, match->gids)) {
+        return Status::ok();
+    }
+    return {Code::kPermission,
+            "names starting with '" + match->prefix +
+                "' are reserved by the sidecar's [security] reserved_names for uids " +
+                idList(match->uids) + ", gids " + idList(match->gids) + "; this client is uid " +
+                std::to_string(s.cred.uid)};
+}
+
+void EngineImpl::exposeRegion(Session &s, uint64_t seq, uint64_t region, const char *field,
+                              RegionAccess access, const char *call) {
+    const std::string what = std::string(call) + ": ";
     const char *name = nullptr;
-    if (!ipc::readName(m.name, sizeof(m.name), &name) || !validName(name)) {
-        reply(s, m.h.seq, Code::kInvalid, 0, 0,
-              "tl_expose: a name is 1-63 characters of [A-Za-z0-9._-/:]");
+    if (!ipc::readName(field, ipc::kRegionNameBytes, &name) || !validName(name)) {
+        reply(s, seq, Code::kInvalid, 0, 0, what + "a name is 1-63 characters of [A-Za-z0-9._-/:]");
         return;
     }
     if (std::string_view(name).starts_with(kReservedNamePrefix)) {
-        reply(s, m.h.seq, Code::kInvalid, 0, 0,
-              std::string("tl_expose: names starting with '") + kReservedNamePrefix +
-                  "' are the sidecar's own");
+        reply(s, seq, Code::kInvalid, 0, 0,
+              what + "names starting with '" + kReservedNamePrefix + "' are the sidecar's own");
         return;
     }
-    auto r = regions_.find(m.region);
+    if (Status st = checkReservedName(s, name); !st.isOk()) {
+        log_->warn("session {} (pid {} uid {}): {} of '{}' refused: {}", s.id, s.cred.pid,
+                   s.cred.uid, call, name, st.message());
+        reply(s, seq, st.code(), 0, 0, what + st.message());
+        return;
+    }
+    auto r = regions_.find(region);
     if (!r || r->owner != s.id) {
-        reply(s, m.h.seq, Code::kNotFound, 0, 0,
-              "tl_expose: no region " + std::to_string(m.region) + " of this client");
+        reply(s, seq, Code::kNotFound, 0, 0,
+              what + "no region " + std::to_string(region) + " of this client");
         return;
     }
-    Status st = regions_.expose(r->id, name);
+    access.owner_uid = s.cred.uid;
+    const bool peers = access.peers;
+    Status st = regions_.expose(r->id, name, std::move(access));
     if (!st.isOk()) {
-        reply(s, m.h.seq, st.code(), 0, 0, "tl_expose: " + st.message());
+        reply(s, seq, st.code(), 0, 0, what + st.message());
         return;
     }
-    if (peers_) {
+    // The one place that decides which names peers are offered (RegionTable::exposed() is
+    // the other half: the bootstrap snapshot and the verbs MRs).
+    if (peers_ && peers) {
         peers_->regionExposed(*r);
     }
-    reply(s, m.h.seq, Code::kOk, r->id, r->bytes, "");
+    reply(s, seq, Code::kOk, r->id, r->bytes, "");
+}
+
+void EngineImpl::onExpose(Session &s, const ipc::ExposeMsg &m) {
+    // tl_expose: the default access, peers and the owner's uid (and root).
+    exposeRegion(s, m.h.seq, m.region, m.name, RegionAccess{}, "tl_expose");
+}
+
+void EngineImpl::onExposeAccess(Session &s, const ipc::ExposeAccessMsg &m) {
+    if ((m.flags & ~ipc::kAccessFlagMask) != 0) {
+        reply(s, m.h.seq, Code::kInvalid, 0, 0,
+              "tl_expose_access: unknown access flags " + std::to_string(m.flags) +
+                  " (TL_ACCESS_PEERS | TL_ACCESS_LOCAL_ANY)");
+        return;
+    }
+    if (m.n_uids > ipc::kMaxAccessIds || m.n_gids > ipc::kMaxAccessIds) {
+        reply(s, m.h.seq, Code::kInvalid, 0, 0,
+              "tl_expose_access: an access list names at most " +
+                  std::to_string(ipc::kMaxAccessIds) + " uids and " +
+                  std::to_string(ipc::kMaxAccessIds) + " gids (got " + std::to_string(m.n_uids) +
+                  " and " + std::to_string(m.n_gids) + ")");
+        return;
+    }
+    RegionAccess access;
+    access.peers = (m.flags & ipc::kAccessPeers) != 0;
+    access.any_local = (m.flags & ipc::kAccessLocalAny) != 0;
+    access.uids.assign(m.uids, m.uids + m.n_uids);
+    access.gids.assign(m.gids, m.gids + m.n_gids);
+    exposeRegion(s, m.h.seq, m.region, m.name, std::move(access), "tl_expose_access");
 }
 
 void EngineImpl::onLookup(Session &s, const ipc::LookupMsg &m) {
@@ -564,6 +655,13 @@ void EngineImpl::onLookup(Session &s, const ipc::LookupMsg &m) {
         if (!r) {
             reply(s, m.h.seq, Code::kNotFound, 0, 0,
                   std::string("tl_lookup: nothing is exposed as '") + name + "' on " + peer);
+            return;
+        }
+        if (!r->access.allows(s.cred.uid, s.groups)) {
+            reply(s, m.h.seq, Code::kPermission, 0, 0,
+                  "tl_lookup: uid " + std::to_string(s.cred.uid) + " may not write '" + name +
+                      "': its owner's access list allows " + r->access.describe() +
+                      "; the owner grants more with tl_expose_access");
             return;
         }
         const uint64_t handle =

@@ -516,7 +516,10 @@ size_t EngineImpl::progressTransports() {
     }
     size_t work = 0;
     for (Transport *t : transports_) {
+        in_local_progress_ = t == local_.get();
         work += t->progress(*this);
+        in_local_progress_ = false;
+        releaseHeldArrival(ipc::kWriterUidUnknown);  // none is left unless that order changed
     }
     if (peers_) {
         work += peers_->progress(*this);
@@ -672,6 +675,12 @@ void EngineImpl::dropUser(const std::shared_ptr<Region> &r) {
 }
 
 void EngineImpl::completed(uint64_t op_id, Code status, std::string_view reason) {
+    if (held_arrival_) {
+        // The owner's notification first, as the transport reported it (DESIGN.md, data path).
+        // Looked up apart: delivering it may close the owner's session.
+        auto w = ops_.find(op_id);
+        releaseHeldArrival(w != ops_.end() ? w->second.writer_uid : ipc::kWriterUidUnknown);
+    }
     auto it = ops_.find(op_id);
     if (it == ops_.end()) {
         return;
@@ -702,8 +711,28 @@ void EngineImpl::completed(uint64_t op_id, Code status, std::string_view reason)
     completeOrClose(*s, op.ticket, status, op.bytes, op.slot);
 }
 
+void EngineImpl::releaseHeldArrival(uint32_t writer_uid) {
+    if (!held_arrival_) {
+        return;
+    }
+    HeldArrival a = std::move(*held_arrival_);
+    held_arrival_.reset();
+    notifyArrival(a.region, a.imm, a.offset, a.bytes, a.peer, writer_uid);
+}
+
 void EngineImpl::arrived(RegionId region, uint32_t imm, uint64_t offset, uint64_t bytes,
                          std::string_view peer_name) {
+    if (in_local_progress_) {
+        // A local write: its completed() follows at once and names the writer.
+        releaseHeldArrival(ipc::kWriterUidUnknown);
+        held_arrival_ = HeldArrival{region, imm, offset, bytes, peer_name};
+        return;
+    }
+    notifyArrival(region, imm, offset, bytes, peer_name, ipc::kWriterUidPeer);
+}
+
+void EngineImpl::notifyArrival(RegionId region, uint32_t imm, uint64_t offset, uint64_t bytes,
+                               std::string_view peer_name, uint32_t writer_uid) {
     if (region == probe_region_ && probe_region_ != 0) {
         ++counters_.probes_received;
         return;
@@ -724,6 +753,7 @@ void EngineImpl::arrived(RegionId region, uint32_t imm, uint64_t offset, uint64_
     n.offset = offset;
     n.bytes = bytes;
     n.imm = imm;
+    n.writer_uid = writer_uid;
     std::string name(peer_name.substr(0, ipc::kPeerNameBytes - 1));
     std::memcpy(n.peer, name.data(), name.size());
     if (s->notify(n)) {

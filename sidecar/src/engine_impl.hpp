@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -74,6 +75,11 @@ private:
     void disarmSleep();
     /// Progress of every transport.
     size_t progressTransports();
+    /// arrived() with the writer's uid (ipc::kWriterUidPeer for a peer's write).
+    void notifyArrival(RegionId region, uint32_t imm, uint64_t offset, uint64_t bytes,
+                       std::string_view peer_name, uint32_t writer_uid);
+    /// Delivers a held local arrival with `writer_uid`, if one is held.
+    void releaseHeldArrival(uint32_t writer_uid);
     /// Re-arms the worker socket after an EMFILE pause, when its time has come.
     void resumeListener();
     /// A region no longer in the table whose last in-flight write ended: transports let go.
@@ -112,6 +118,13 @@ private:
     void onRegister(Session &s, const ipc::RegisterMsg &m);
     void onDeregister(Session &s, const ipc::DeregisterMsg &m);
     void onExpose(Session &s, const ipc::ExposeMsg &m);
+    void onExposeAccess(Session &s, const ipc::ExposeAccessMsg &m);
+    /// tl_expose and tl_expose_access: checks the name (reserved prefixes included) and
+    /// exposes the client's `region` with `access` (its owner_uid is filled in here).
+    void exposeRegion(Session &s, uint64_t seq, uint64_t region, const char *field,
+                      RegionAccess access, const char *call);
+    /// kPermission, with the reason, when [security] reserved_names keeps `name` from `s`.
+    Status checkReservedName(const Session &s, std::string_view name) const;
     /// Creates and exposes kProbeRegionName (engine.hpp).
     Status exposeProbeRegion();
     void onLookup(Session &s, const ipc::LookupMsg &m);
@@ -173,6 +186,19 @@ private:
         PeerId peer = kLocalPeer;
         int64_t accepted_ns = 0;  ///< steady clock at acceptance; 0 when writes are not timed
         uint32_t slot = kNoSlot;  ///< its stream TicketSlot (Request.slot)
+        uint32_t writer_uid = 0;  ///< the writer's uid, for the target's notification
+    };
+    /// A local write's arrival, held until the completion that follows it names the op (and so
+    /// the writer): LocalTransport::progress reports arrived() and then completed() of the same
+    /// write (local_transport.hpp).
+    struct HeldArrival {
+        RegionId region = 0;
+        uint32_t imm = 0;
+        uint64_t offset = 0;
+        uint64_t bytes = 0;
+        /// The transport's own node name: valid for the progress() call that reported it,
+        /// and the arrival never outlives that call.
+        std::string_view peer;
     };
     /// Accepted writes to one peer that its transport could not take yet, oldest first.
     struct PeerQueue {
@@ -210,6 +236,9 @@ private:
     std::vector<Session *> active_;  ///< iteration order for the request path
     std::vector<SessionId> to_reap_;
     std::unordered_map<uint64_t, PendingOp> ops_;
+    /// True while the local transport's progress() reports (its arrivals are held).
+    bool in_local_progress_ = false;
+    std::optional<HeldArrival> held_arrival_;
     std::unordered_map<PeerId, PeerQueue> queues_;
     size_t queued_ = 0;  ///< ops waiting in queues_
     /// Regions removed from the table with writes still using them: deregistered from the

@@ -1,6 +1,42 @@
 #include "tensorlane/sidecar/region.hpp"
 
+#include <algorithm>
+
 namespace tensorlane::sidecar {
+namespace {
+
+std::string idList(const std::vector<uint32_t> &ids) {
+    std::string out = "[";
+    for (size_t i = 0; i < ids.size(); ++i) {
+        out += (i == 0 ? "" : ", ") + std::to_string(ids[i]);
+    }
+    return out + "]";
+}
+
+}  // namespace
+
+bool RegionAccess::allows(uint32_t uid, const std::vector<uint32_t> &groups) const {
+    if (uid == owner_uid || uid == 0 || any_local) {
+        return true;
+    }
+    if (std::find(uids.begin(), uids.end(), uid) != uids.end()) {
+        return true;
+    }
+    for (uint32_t g : gids) {
+        if (std::find(groups.begin(), groups.end(), g) != groups.end()) {
+            return true;
+        }
+    }
+    return false;
+}
+
+std::string RegionAccess::describe() const {
+    if (any_local) {
+        return "every local client (TL_ACCESS_LOCAL_ANY)";
+    }
+    return "owner uid " + std::to_string(owner_uid) + " and root, uids " + idList(uids) +
+           ", gids " + idList(gids);
+}
 
 const char *toString(MemoryKind k) {
     return k == MemoryKind::kCuda ? "cuda" : "host";
@@ -56,21 +92,35 @@ std::shared_ptr<Region> RegionTable::findExposed(const std::string &name) const 
     return r == by_id_.end() ? nullptr : r->second;
 }
 
-Status RegionTable::expose(RegionId id, const std::string &name) {
+Status RegionTable::expose(RegionId id, const std::string &name, RegionAccess access) {
     auto it = by_id_.find(id);
     if (it == by_id_.end()) {
         return {Code::kNotFound, "no region " + std::to_string(id)};
     }
     auto taken = by_name_.find(name);
     if (taken != by_name_.end() && taken->second != id) {
+        // Never taken over, by anyone: the holder deregisters it first.
+        auto holder = by_id_.find(taken->second);
+        const std::string who =
+            holder == by_id_.end()
+                ? std::string()
+                : " (owner uid " + std::to_string(holder->second->access.owner_uid) + ")";
         return {Code::kInvalid, "the name '" + name + "' is already exposed by region " +
-                                    std::to_string(taken->second)};
+                                    std::to_string(taken->second) + who +
+                                    "; it is released when that region is deregistered"};
     }
     Region &r = *it->second;
+    if (!r.exposed_name.empty() && r.access.peers && !access.peers) {
+        return {Code::kInvalid, "region " + std::to_string(id) + " is offered to peers as '" +
+                                    r.exposed_name +
+                                    "' already; peers hold its descriptor, so it cannot be "
+                                    "withdrawn from them: deregister it and register it again"};
+    }
     if (!r.exposed_name.empty() && r.exposed_name != name) {
         by_name_.erase(r.exposed_name);
     }
     r.exposed_name = name;
+    r.access = std::move(access);
     by_name_[name] = id;
     r.exposed.store(true, std::memory_order_release);
     return Status::ok();
@@ -81,7 +131,7 @@ std::vector<std::shared_ptr<Region>> RegionTable::exposed() const {
     out.reserve(by_name_.size());
     for (const auto &[name, id] : by_name_) {
         auto it = by_id_.find(id);
-        if (it != by_id_.end()) {
+        if (it != by_id_.end() && it->second->access.peers) {
             out.push_back(it->second);
         }
     }

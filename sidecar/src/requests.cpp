@@ -106,6 +106,13 @@ void EngineImpl::handleRequest(Session &s, const ipc::Request &r) {
             reject(s, r, Code::kNotFound, "target region was deregistered");
             return;
         }
+        // Checked on every write, not only at lookup: the owner may narrow the list since
+        // (tl_expose_access again). The owner's own uid is the first, one-compare test.
+        if (!op.dst->access.allows(s.cred.uid, s.groups)) {
+            reject(s, r, Code::kPermission,
+                   "the target's access list does not allow this uid (tl_expose_access)");
+            return;
+        }
         ++counters_.writes_local;
     } else {
         std::string why;
@@ -123,7 +130,7 @@ void EngineImpl::handleRequest(Session &s, const ipc::Request &r) {
     // Timed only with the metrics endpoint on: one clock read (vDSO, no syscall) per batch of
     // requests drained (drainRequests invalidates it).
     ops_.emplace(op.op_id, PendingOp{s.id, r.ticket, r.bytes, op.src, op.dst, op.peer,
-                                     stats_.timing() ? stats_.now() : 0, slot});
+                                     stats_.timing() ? stats_.now() : 0, slot, s.cred.uid});
     ++s.in_flight;
     if ((r.flags & ipc::kRequestGated) != 0) {
         // tl_write_on_stream: it waits for the client's GPU stream (pollStreams).

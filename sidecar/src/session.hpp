@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "stream_sync.hpp"
 #include "tensorlane/ipc/fd.hpp"
@@ -38,6 +39,9 @@ struct SessionCounters {
 struct Session {
     SessionId id = 0;
     ipc::PeerCred cred;
+    /// Its primary gid and supplementary groups as the kernel recorded them at connect()
+    /// (SO_PEERGROUPS): what exposed regions' gid lists and reserved names are checked against.
+    std::vector<uint32_t> groups;
     ipc::UniqueFd sock;
     ipc::UniqueFd to_sidecar;  ///< the client rings it after publishing requests
     ipc::UniqueFd to_client;   ///< we ring it after publishing completions/notifications

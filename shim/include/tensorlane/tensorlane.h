@@ -81,7 +81,11 @@ TL_API tl_status tl_alloc_host(tl_client *c, size_t bytes, void **ptr, tl_region
 TL_API tl_status tl_register(tl_client *c, void *ptr, size_t bytes, tl_region *out);
 /** Releases a region. Later writes into it from peers fail with TL_ENOENT at the writer. */
 TL_API tl_status tl_deregister(tl_client *c, tl_region r);
-/** Makes a region writable by peers (and other clients of this node) under `name`. */
+/** Makes a region writable under `name` by the configured peers and, on this node, by clients
+ *  with the exposing client's uid and by root (tl_expose_access with flags = TL_ACCESS_PEERS
+ *  and no uids or gids; other local uids get TL_EPERM at tl_lookup). A name already exposed by
+ *  another region is TL_EINVAL (it is never taken over); one under a [security]
+ *  reserved_names prefix that this uid does not hold is TL_EPERM. */
 TL_API tl_status tl_expose(tl_client *c, tl_region r, const char *name);
 /** Finds `name` exposed on node `peer` (this node's own name is valid). `bytes` may be NULL. */
 TL_API tl_status tl_lookup(tl_client *c, const char *peer, const char *name, tl_remote *out,
@@ -128,6 +132,54 @@ TL_API tl_status tl_nop_batch(tl_client *c, size_t n, tl_ticket *out, size_t *su
 TL_API const char *tl_node_name(tl_client *c);
 /** The sidecar's status as JSON text, copied into buf (NUL-terminated). *len gets the length. */
 TL_API tl_status tl_sidecar_status(tl_client *c, char *buf, size_t cap, size_t *len);
+
+/* ---- Access to exposed regions (who may write them) and attributed notifications ---- */
+
+#define TL_ACCESS_PEERS 0x1u     /* the configured peer nodes may write (tl_expose's default) */
+#define TL_ACCESS_LOCAL_ANY 0x2u /* every local client the sidecar admits may write */
+#define TL_ACCESS_MAX_IDS 64u    /* the most uids, and the most gids, one tl_access names */
+
+/** Who may write an exposed region besides its owner's uid and root (always allowed). Without
+ *  TL_ACCESS_PEERS the name is not offered to peers at all (their lookups say TL_ENOENT).
+ *  The arrays are read during the call only; NULL is fine where the count is 0. */
+typedef struct tl_access {
+    uint32_t flags;  /* TL_ACCESS_* */
+    uint32_t n_uids; /* local uids allowed besides the owner's uid and root */
+    const uint32_t *uids;
+    uint32_t n_gids; /* local clients with one of these groups (primary or supplementary,
+                        as the kernel recorded them when the writer connected) */
+    const uint32_t *gids;
+} tl_access;
+
+/** tl_expose with an access list. access NULL: tl_expose's default. Exposing the same region
+ *  again replaces its list: local writers it no longer allows get TL_EPERM at their next
+ *  write (their remote handles stay), but a region once offered to peers cannot be withdrawn
+ *  from them this way (TL_EINVAL: deregister it). TL_EINVAL for unknown flags or more than
+ *  TL_ACCESS_MAX_IDS uids or gids. A local writer it does not allow gets TL_EPERM from
+ *  tl_lookup (tl_last_error names the owner's list) and from tl_wait of a write, if the list
+ *  changed after its lookup. Thread-safe like tl_expose (a socket call). */
+TL_API tl_status tl_expose_access(tl_client *c, tl_region r, const char *name,
+                                  const tl_access *access);
+
+/** tl_wait_notification's entry with who wrote it. */
+typedef struct tl_notification_ex {
+    tl_notification n;
+    uint32_t writer_uid; /* local writes: the writer's uid (SO_PEERCRED at its tl_connect);
+                            writes from peers: TL_UID_PEER */
+    uint32_t flags;      /* 0 for now */
+    uint64_t dropped;    /* notifications dropped (the target's backlog was full) since the
+                            previous one delivered; 0 where the sidecar does not count them */
+    uint64_t reserved[4];
+} tl_notification_ex;
+
+#define TL_UID_PEER 0xffffffffu    /* writer_uid of a write that came from a peer node */
+#define TL_UID_UNKNOWN 0xfffffffeu /* writer_uid the sidecar could not attribute (not expected) */
+
+/** tl_wait_notification with the writer's uid and the count of drops; the two take from one
+ *  queue (each notification goes to one of them) and may run concurrently, from any thread.
+ *  `*out` is a plain copy (no pointers into the client), written only on TL_OK; reserved and
+ *  flags are 0. */
+TL_API tl_status tl_wait_notification_ex(tl_client *c, tl_notification_ex *out, int timeout_ms);
 
 /* ---- Stream-ordered calls (DESIGN.md; CUDA builds; `s` is a cudaStream_t / CUstream, NULL
  * for the legacy default stream). None of them blocks the calling thread on the GPU. Without a

@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "tensorlane/tensorlane.h"
 
@@ -46,6 +47,14 @@ inline Error lastError(tl_status s) {
 
 class Client;
 
+/// Who may write an exposed region besides its owner's uid and root (tl_access).
+struct Access {
+    bool peers = true;           ///< TL_ACCESS_PEERS: offered to the configured peers
+    bool any_local = false;      ///< TL_ACCESS_LOCAL_ANY: every admitted local client
+    std::vector<uint32_t> uids;  ///< other local uids allowed (at most TL_ACCESS_MAX_IDS)
+    std::vector<uint32_t> gids;  ///< local clients with one of these groups
+};
+
 /// A registered region; deregistered when destroyed. Move-only.
 class Region {
 public:
@@ -80,8 +89,11 @@ public:
     }
     void *data() const { return data_; }
 
-    /// Makes the region writable by peers under `name`.
+    /// Makes the region writable under `name` by peers and this node's clients of the
+    /// owner's uid (tl_expose).
     Result<bool> expose(const std::string &name) const;
+    /// tl_expose_access: writable by whom `access` says (besides the owner's uid and root).
+    Result<bool> expose(const std::string &name, const Access &access) const;
 
     /// Deregisters now (also frees a tl_alloc_host buffer).
     void reset() {
@@ -219,6 +231,16 @@ public:
         }
         return n;
     }
+    /// tl_wait_notification_ex: the notification with its writer's uid and the drop count.
+    Result<tl_notification_ex> waitNotificationEx(
+        std::chrono::milliseconds timeout = std::chrono::milliseconds(-1)) {
+        tl_notification_ex n{};
+        tl_status s = tl_wait_notification_ex(c_, &n, static_cast<int>(timeout.count()));
+        if (s != TL_OK) {
+            return lastError(s);
+        }
+        return n;
+    }
 
 private:
     explicit Client(tl_client *c) : c_(c) {}
@@ -227,6 +249,20 @@ private:
 
 inline Result<bool> Region::expose(const std::string &name) const {
     tl_status s = tl_expose(client_, id_, name.c_str());
+    if (s != TL_OK) {
+        return lastError(s);
+    }
+    return true;
+}
+
+inline Result<bool> Region::expose(const std::string &name, const Access &access) const {
+    tl_access a{};
+    a.flags = (access.peers ? TL_ACCESS_PEERS : 0u) | (access.any_local ? TL_ACCESS_LOCAL_ANY : 0u);
+    a.n_uids = static_cast<uint32_t>(access.uids.size());
+    a.uids = access.uids.data();
+    a.n_gids = static_cast<uint32_t>(access.gids.size());
+    a.gids = access.gids.data();
+    tl_status s = tl_expose_access(client_, id_, name.c_str(), &a);
     if (s != TL_OK) {
         return lastError(s);
     }

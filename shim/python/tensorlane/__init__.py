@@ -16,6 +16,8 @@ See docs/python.md for the whole API, errors, threads and lifetimes.
 """
 
 from ._client import (
+    UID_PEER,
+    UID_UNKNOWN,
     WAIT_SLICE,
     Client,
     DeviceRegion,
@@ -72,5 +74,7 @@ __all__ = [
     "LibraryError",
     "library_path",
     "WAIT_SLICE",
+    "UID_PEER",
+    "UID_UNKNOWN",
     "__version__",
 ]

@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 import weakref
-from ctypes import byref, c_int, c_size_t, c_uint64, c_void_p
+from ctypes import POINTER, byref, c_int, c_size_t, c_uint32, c_uint64, c_void_p
 from typing import Any, Iterable, NamedTuple, Optional, Sequence, Union, cast
 
 from . import _lib
@@ -59,7 +59,14 @@ __all__ = [
     "Write",
     "StreamUnsupportedError",
     "WAIT_SLICE",
+    "UID_PEER",
+    "UID_UNKNOWN",
 ]
+
+#: ``Notification.writer_uid`` of a write that came from a peer node (TL_UID_PEER).
+UID_PEER = 0xFFFFFFFF
+#: ``Notification.writer_uid`` the sidecar could not attribute (TL_UID_UNKNOWN; not expected).
+UID_UNKNOWN = 0xFFFFFFFE
 
 #: Longest single blocking C call of a wait, in seconds: how soon Ctrl-C and close() are seen.
 WAIT_SLICE = 0.05
@@ -158,9 +165,11 @@ class Region:
         """Offset of this range in its parent region (0 for a buffer of its own)."""
         return 0 if self.parent is None else self.address - self.parent.address
 
-    def expose(self, name: str) -> "Region":
-        """``client.expose(self, name)``."""
-        return self._client.expose(self, name)
+    def expose(self, name: str, peers: bool = True, uids: Iterable[int] = (),
+               gids: Iterable[int] = (), any_local: bool = False) -> "Region":
+        """``client.expose(self, name, ...)``: see ``Client.expose`` for who may write."""
+        return self._client.expose(self, name, peers=peers, uids=uids, gids=gids,
+                                   any_local=any_local)
 
     def close(self) -> None:
         """Deregisters the region (for a tl_alloc_host buffer: frees it, and every range
@@ -386,7 +395,9 @@ class Ticket:
 
 class Notification(NamedTuple):
     """Data arrived in one of this client's regions: ``bytes`` bytes at ``offset`` of
-    ``region``, written by node ``peer`` with immediate ``imm``."""
+    ``region``, written by node ``peer`` with immediate ``imm``; ``writer_uid`` is the local
+    writer's uid (``UID_PEER`` for a write from a peer node), ``dropped`` how many
+    notifications the sidecar dropped for this client (its backlog full) before this one."""
 
     region: Optional[Region]  #: the Region object (None if this process has dropped it)
     region_id: int  #: the C tl_region
@@ -394,6 +405,8 @@ class Notification(NamedTuple):
     offset: int
     bytes: int
     peer: str
+    writer_uid: int = UID_UNKNOWN
+    dropped: int = 0
 
     def view(self) -> memoryview:
         """The bytes that arrived, as a memoryview of the (host) region; no copy."""
@@ -612,11 +625,26 @@ class Client:
         region, _, _ = self._resolve(obj)
         return region
 
-    def expose(self, target: Any, name: str) -> Region:
-        """Makes a region writable by peers (and other clients of this node) under ``name``.
+    def expose(self, target: Any, name: str, peers: bool = True, uids: Iterable[int] = (),
+               gids: Iterable[int] = (), any_local: bool = False) -> Region:
+        """Makes a region writable under ``name`` by the configured peers (``peers``, the
+        default; False: the name is not offered to peers at all) and, on this node, by clients
+        with this process's uid and root; also by the local ``uids``, by clients with one of
+        ``gids`` (primary or supplementary), or by every local client (``any_local``). Other
+        local writers get PermissionDeniedError from ``lookup``. Defaults: ``tl_expose``;
+        otherwise ``tl_expose_access`` (at most 64 uids and 64 gids).
         ``target`` may be a Region, or a tensor/array in this client's memory: when it spans
         a whole region that region is exposed, otherwise its range is registered first (so is
         a CUDA tensor not registered yet). Returns the exposed Region."""
+        uid_list = [int(u) for u in uids]
+        gid_list = [int(g) for g in gids]
+        for what, ids in (("uids", uid_list), ("gids", gid_list)):
+            if len(ids) > _lib.TL_ACCESS_MAX_IDS:
+                raise InvalidArgumentError(
+                    f"expose: at most {_lib.TL_ACCESS_MAX_IDS} {what} (got {len(ids)})")
+            if any(i < 0 or i > 0xFFFFFFFF for i in ids):
+                raise InvalidArgumentError(f"expose: {what} are integers 0-4294967295")
+        default = peers and not any_local and not uid_list and not gid_list
         try:
             region, off, n = self._resolve(target)
             if off != 0 or n != region.nbytes:
@@ -627,10 +655,20 @@ class Client:
             region = self.register(target)  # CUDA memory not registered yet: register it
         self._enter()
         try:
-            st = self._lib.tl_expose(self._h, region.handle,
-                                     name.encode())
+            if default:
+                st = self._lib.tl_expose(self._h, region.handle, name.encode())
+            else:
+                u = (c_uint32 * max(1, len(uid_list)))(*uid_list)
+                g = (c_uint32 * max(1, len(gid_list)))(*gid_list)
+                access = _lib.AccessStruct(
+                    (_lib.TL_ACCESS_PEERS if peers else 0)
+                    | (_lib.TL_ACCESS_LOCAL_ANY if any_local else 0),
+                    len(uid_list), ctypes.cast(u, POINTER(c_uint32)),
+                    len(gid_list), ctypes.cast(g, POINTER(c_uint32)))
+                st = self._lib.tl_expose_access(self._h, region.handle, name.encode(),
+                                                byref(access))
             if st != Status.OK:
-                raise self._fail(st, "tl_expose", name)
+                raise self._fail(st, "tl_expose" if default else "tl_expose_access", name)
         finally:
             self._leave()
         region.name = name
@@ -735,12 +773,13 @@ class Client:
         """Waits until data arrives in one of this client's regions. TimedOutError (a
         TimeoutError) after ``timeout`` seconds (None: forever; 0: just look)."""
         deadline = _deadline(timeout)
-        note = _lib.NotificationStruct()
+        ex = _lib.NotificationExStruct()
+        note = ex.n
         while True:
             ms = _timeout_ms(deadline)
             self._enter()
             try:
-                st = self._lib.tl_wait_notification(self._h, byref(note), ms)
+                st = self._lib.tl_wait_notification_ex(self._h, byref(ex), ms)
                 err = None
                 if st != Status.OK and (st != Status.ETIMEDOUT or (
                         deadline is not None and time.monotonic() >= deadline)):
@@ -749,7 +788,8 @@ class Client:
                 self._leave()
             if st == Status.OK:
                 return Notification(self._regions.get(note.region), note.region, note.imm,
-                                    note.offset, note.bytes, note.peer.decode(errors="replace"))
+                                    note.offset, note.bytes, note.peer.decode(errors="replace"),
+                                    ex.writer_uid, ex.dropped)
             if err is not None:
                 raise err
 

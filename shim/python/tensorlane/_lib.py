@@ -21,7 +21,8 @@ import threading
 from ctypes import POINTER, c_char, c_char_p, c_int, c_size_t, c_uint32, c_uint64, c_void_p
 from typing import Optional
 
-__all__ = ["LibraryError", "library", "library_path", "NotificationStruct", "WriteDesc"]
+__all__ = ["LibraryError", "library", "library_path", "NotificationStruct", "NotificationExStruct",
+           "AccessStruct", "WriteDesc"]
 
 SONAME = "libtensorlane.so.0"
 
@@ -42,6 +43,30 @@ class NotificationStruct(ctypes.Structure):
     ]
 
 
+class NotificationExStruct(ctypes.Structure):
+    """``tl_notification_ex`` (144 bytes): a notification with its writer's uid."""
+
+    _fields_ = [
+        ("n", NotificationStruct),
+        ("writer_uid", c_uint32),
+        ("flags", c_uint32),
+        ("dropped", c_uint64),
+        ("reserved", c_uint64 * 4),
+    ]
+
+
+class AccessStruct(ctypes.Structure):
+    """``tl_access`` (32 bytes): who may write an exposed region."""
+
+    _fields_ = [
+        ("flags", c_uint32),
+        ("n_uids", c_uint32),
+        ("uids", POINTER(c_uint32)),
+        ("n_gids", c_uint32),
+        ("gids", POINTER(c_uint32)),
+    ]
+
+
 class WriteDesc(ctypes.Structure):
     """``tl_write_desc`` (48 bytes): one write of a batch."""
 
@@ -59,6 +84,12 @@ class WriteDesc(ctypes.Structure):
 # The C header's layouts (tensorlane.h static_asserts sizeof(tl_notification) == 96).
 assert ctypes.sizeof(NotificationStruct) == 96
 assert ctypes.sizeof(WriteDesc) == 48
+assert ctypes.sizeof(NotificationExStruct) == 144
+assert ctypes.sizeof(AccessStruct) == 32
+
+TL_ACCESS_PEERS = 0x1
+TL_ACCESS_LOCAL_ANY = 0x2
+TL_ACCESS_MAX_IDS = 64
 
 _u64p = POINTER(c_uint64)
 
@@ -89,6 +120,8 @@ _REQUIRED = {
     "tl_nop_batch": (c_int, [c_void_p, c_size_t, _u64p, POINTER(c_size_t)]),
     "tl_node_name": (c_char_p, [c_void_p]),
     "tl_sidecar_status": (c_int, [c_void_p, c_char_p, c_size_t, POINTER(c_size_t)]),
+    "tl_expose_access": (c_int, [c_void_p, c_uint64, c_char_p, POINTER(AccessStruct)]),
+    "tl_wait_notification_ex": (c_int, [c_void_p, POINTER(NotificationExStruct), c_int]),
 }
 
 _OPTIONAL = {

@@ -25,7 +25,7 @@ from typing import Iterable, Mapping, Optional, Union
 
 __all__ = ["LocalCluster", "Node", "find_sidecar", "free_port"]
 
-TomlValue = Union[str, int, bool, list]
+TomlValue = Union[str, int, bool, list, dict]
 
 
 def free_port() -> int:
@@ -64,6 +64,8 @@ def _toml(v: TomlValue) -> str:
         return str(v)
     if isinstance(v, list):
         return "[" + ", ".join(_toml(x) for x in v) + "]"
+    if isinstance(v, dict):  # an inline table
+        return "{ " + ", ".join(f"{k} = {_toml(x)}" for k, x in v.items()) + " }"
     return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 

@@ -125,6 +125,15 @@ struct IpcConfig {
     uint32_t spin_us = 50;
 };
 
+/// One [security] reserved_names entry: exposed names starting with `prefix` belong to these
+/// uids and groups (and root); any other local client's tl_expose of such a name is TL_EPERM.
+struct ReservedName {
+    /// 1-63 characters of a region name ([A-Za-z0-9._-/:]); no two entries share one.
+    std::string prefix;
+    std::vector<uint32_t> uids;
+    std::vector<uint32_t> gids;  ///< primary or supplementary groups of the exposing client
+};
+
 /// [security]: who may use the socket and the key peers share.
 struct SecurityConfig {
     /// Uids allowed on the socket; empty: root and the sidecar's own uid.
@@ -138,6 +147,8 @@ struct SecurityConfig {
     /// How long a verbs receiver waits for a peer to confirm a revocation (KEY_DEL_DONE)
     /// before it deregisters the region's MR anyway (10-600000 ms).
     uint32_t revoke_timeout_ms = 1500;
+    /// Name prefixes reserved for some uids/gids (tl_expose); empty: none.
+    std::vector<ReservedName> reserved_names;
 };
 
 /// [limits]: per-client quotas (and one per peer), refused with a clear status when exceeded.

@@ -31,6 +31,9 @@ enum class MsgType : uint16_t {
     kStreamSetup = 16,      ///< a bare MsgHeader; reply carries the stream segment's fd
     kStreamSubscribe = 17,  ///< StreamSubscribeMsg; reply value0: the NotifySlot index
     kStreamCredit = 18,     ///< StreamCreditMsg
+    /// ExposeAccessMsg: tl_expose_access (an expose with an access list). kExpose stays
+    /// tl_expose's message with the default access (kAccessPeers, nobody else).
+    kExposeAccess = 19,
 };
 
 struct MsgHeader {
@@ -119,6 +122,31 @@ struct ExposeMsg {
     uint64_t region;
     char name[kRegionNameBytes];
 };
+
+/// ExposeAccessMsg.flags (TL_ACCESS_* in tensorlane.h, same values).
+enum AccessFlag : uint32_t {
+    kAccessPeers = 1u << 0,     ///< offered to the configured peers (tl_expose's default)
+    kAccessLocalAny = 1u << 1,  ///< every local client the sidecar admits may write
+};
+inline constexpr uint32_t kAccessFlagMask = kAccessPeers | kAccessLocalAny;
+/// The most uids and the most gids one access list names (TL_EINVAL past that).
+inline constexpr uint32_t kMaxAccessIds = 64;
+
+/// kExposeAccess: tl_expose_access. Besides the owner's uid and root, the local clients whose
+/// uid is one of `uids[0, n_uids)` or whose groups (primary or supplementary) meet
+/// `gids[0, n_gids)` may write; every local client with kAccessLocalAny.
+struct ExposeAccessMsg {
+    MsgHeader h;
+    uint64_t region;
+    char name[kRegionNameBytes];
+    uint32_t flags;   ///< AccessFlag bits
+    uint32_t n_uids;  ///< at most kMaxAccessIds
+    uint32_t n_gids;  ///< at most kMaxAccessIds
+    uint32_t reserved;
+    uint32_t uids[kMaxAccessIds];
+    uint32_t gids[kMaxAccessIds];
+};
+static_assert(sizeof(ExposeAccessMsg) == 16 + 8 + 64 + 16 + 2 * 4 * 64);
 
 struct LookupMsg {
     MsgHeader h;

@@ -79,7 +79,9 @@ struct Notification {
     uint64_t offset;
     uint64_t bytes;
     uint32_t imm;
-    uint32_t reserved;
+    /// Local writes: the writing client's uid (SO_PEERCRED at its connect); writes from peers:
+    /// kWriterUidPeer.
+    uint32_t writer_uid;
     char peer[kPeerNameBytes];  ///< NUL-terminated node name of the writer
     /// Notifications dropped since the previous one delivered: the client's backlog in the
     /// sidecar was full ([limits] notification_backlog). Their data is in place all the same.
@@ -91,6 +93,11 @@ static_assert(sizeof(Notification) == 128 && std::is_trivially_copyable_v<Notifi
 static_assert(isRingEntry<Notification>());
 static_assert(offsetof(Notification, peer) == 32);
 static_assert(offsetof(Notification, dropped) == 96);
+static_assert(offsetof(Notification, writer_uid) == 28);
+/// Notification::writer_uid of a write that came from a peer node (TL_UID_PEER).
+inline constexpr uint32_t kWriterUidPeer = 0xffffffffu;
+/// Notification::writer_uid the sidecar could not attribute (TL_UID_UNKNOWN; not expected).
+inline constexpr uint32_t kWriterUidUnknown = 0xfffffffeu;
 
 /// Flags of the doorbell protocol; each on its own line because each has one writer.
 struct alignas(kCacheLine) DoorbellFlag {

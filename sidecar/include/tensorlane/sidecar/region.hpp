@@ -51,6 +51,22 @@ struct CudaMemory {
     std::shared_ptr<CudaImport> import;
 };
 
+/// Who may write an exposed region (tl_expose_access; DESIGN.md, "Locally, an exposed region
+/// is writable by its owner's uid and root; other local uids only when the owner grants them").
+/// Set at expose, read on the engine thread only (lookup and every local write's validation).
+struct RegionAccess {
+    uint32_t owner_uid = 0;      ///< the exposing client's uid (SO_PEERCRED)
+    bool peers = true;           ///< offered to the configured peers (kAccessPeers)
+    bool any_local = false;      ///< every admitted local client (kAccessLocalAny)
+    std::vector<uint32_t> uids;  ///< local uids allowed besides the owner's and root
+    std::vector<uint32_t> gids;  ///< local clients with one of these groups
+
+    /// Whether a local client with `uid` and `groups` (primary and supplementary) may write.
+    bool allows(uint32_t uid, const std::vector<uint32_t> &groups) const;
+    /// The list in words, for the refusal's text: "owner uid 1000, uids [1001], gids []".
+    std::string describe() const;
+};
+
 /// Memory the sidecar can read and write on behalf of a client: a host buffer from AllocHost
 /// (the sidecar maps it too), a range of one, or CUDA device memory. Kept alive by shared_ptr
 /// while any transfer uses it, so a deregister during a transfer never unmaps memory under a
@@ -71,6 +87,7 @@ struct Region {
     std::string exposed_name;          ///< empty: not exposed (engine thread and table lock only)
     std::atomic<bool> exposed{false};  ///< what transport threads check instead of the name
     std::atomic<bool> revoked{false};  ///< deregistered: no transfer may start on it
+    RegionAccess access;               ///< who may write it once exposed (engine thread)
 
     /// True when [offset, offset + len) lies inside the region, overflow-safe, len > 0.
     bool contains(uint64_t offset, uint64_t len) const {
@@ -91,9 +108,12 @@ public:
     std::shared_ptr<Region> find(RegionId id) const;
     /// The exposed region named `name`, or nullptr.
     std::shared_ptr<Region> findExposed(const std::string &name) const;
-    /// Exposes `id` under `name`. kInvalid if the name is taken by another region.
-    Status expose(RegionId id, const std::string &name);
-    /// Every exposed region (for bootstrap descriptors).
+    /// Exposes `id` under `name` with `access`. kInvalid if the name is taken by another
+    /// region; kInvalid if the region is offered to peers already and `access` would withdraw
+    /// it (peers hold its descriptor: deregister it instead).
+    Status expose(RegionId id, const std::string &name, RegionAccess access = {});
+    /// Every exposed region offered to peers (bootstrap descriptors, verbs MRs); a region
+    /// exposed without kAccessPeers is never in it.
     std::vector<std::shared_ptr<Region>> exposed() const;
     /// Every region of one session, in id order.
     std::vector<std::shared_ptr<Region>> ofSession(SessionId s) const;
