@@ -111,7 +111,12 @@ std::string describeText(const Config &cfg, const TransportChoice &choice) {
        << "peer_key_file = " << quote(s.peer_key_file, kNoCut) << "\n"
        << "tcp_integrity = " << toString(s.tcp_integrity)
        << (s.tcp_integrity == TcpIntegrity::kNone ? " (TCP data frames are not authenticated)" : "")
-       << "\n";
+       << "\n"
+       << "allow_unlisted_peers = " << (s.allow_unlisted_peers ? "true" : "false")
+       << (s.allow_unlisted_peers ? "" : " (connections from other addresses are closed at accept)")
+       << "\n"
+       << "verify_peer_address = " << (s.verify_peer_address ? "true" : "false")
+       << (s.verify_peer_address ? "" : " (a peer's name is accepted from any address)") << "\n";
 
     const LimitsConfig &l = cfg.limits;
     os << "\n[limits]\n"
@@ -133,7 +138,11 @@ std::string describeText(const Config &cfg, const TransportChoice &choice) {
     for (const auto &peer : cfg.peers) {
         os << "\n[[peers]]\n"
            << "name = " << quote(peer.name, kNoCut) << "\n"
-           << "address = " << quote(peer.address.text(), kNoCut) << "\n";
+           << "address = " << quote(peer.address.text(), kNoCut) << "\n"
+           << "key_file = "
+           << (peer.key_file.empty() ? std::string("(the [security] peer_key_file)")
+                                     : quote(peer.key_file, kNoCut))
+           << "\n";
     }
     std::string text = os.str();
     text.pop_back();  // no final newline, as for describeJson: the caller ends the line
@@ -186,7 +195,9 @@ std::string describeJson(const Config &cfg, const TransportChoice &choice) {
     j["security"] = {{"allowed_uids", s.allowed_uids},
                      {"allowed_gids", s.allowed_gids},
                      {"peer_key_file", s.peer_key_file},
-                     {"tcp_integrity", toString(s.tcp_integrity)}};
+                     {"tcp_integrity", toString(s.tcp_integrity)},
+                     {"allow_unlisted_peers", s.allow_unlisted_peers},
+                     {"verify_peer_address", s.verify_peer_address}};
     j["limits"] = {{"regions", cfg.limits.regions},
                    {"registered_bytes", cfg.limits.registered_bytes},
                    {"in_flight", cfg.limits.in_flight},
@@ -194,7 +205,9 @@ std::string describeJson(const Config &cfg, const TransportChoice &choice) {
     j["metrics"] = {{"listen", cfg.metrics.listen ? cfg.metrics.listen->text() : std::string()}};
     Json peers = Json::array();
     for (const auto &peer : cfg.peers) {
-        peers.push_back({{"name", peer.name}, {"address", peer.address.text()}});
+        peers.push_back({{"name", peer.name},
+                         {"address", peer.address.text()},
+                         {"key_file", peer.key_file.empty() ? s.peer_key_file : peer.key_file}});
     }
     j["peers"] = std::move(peers);
     // rc_timeout_s is 0 for timeout 0, as rcTimeoutSeconds() returns; the flag says what it means.
