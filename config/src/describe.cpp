@@ -113,7 +113,12 @@ std::string describeText(const Config &cfg, const TransportChoice &choice) {
        << (s.tcp_integrity == TcpIntegrity::kNone ? " (TCP data frames are not authenticated)" : "")
        << "\n"
        << "revoke_timeout_ms = " << s.revoke_timeout_ms
-       << " (a verbs peer's key is revoked by then, confirmed or not)\n";
+       << " (a verbs peer's key is revoked by then, confirmed or not)\n"
+       << "allow_unlisted_peers = " << (s.allow_unlisted_peers ? "true" : "false")
+       << (s.allow_unlisted_peers ? "" : " (connections from other addresses are closed at accept)")
+       << "\n"
+       << "verify_peer_address = " << (s.verify_peer_address ? "true" : "false")
+       << (s.verify_peer_address ? "" : " (a peer's name is accepted from any address)") << "\n";
     os << "reserved_names = [";
     for (size_t i = 0; i < s.reserved_names.size(); ++i) {
         const ReservedName &e = s.reserved_names[i];
@@ -155,7 +160,11 @@ std::string describeText(const Config &cfg, const TransportChoice &choice) {
     for (const auto &peer : cfg.peers) {
         os << "\n[[peers]]\n"
            << "name = " << quote(peer.name, kNoCut) << "\n"
-           << "address = " << quote(peer.address.text(), kNoCut) << "\n";
+           << "address = " << quote(peer.address.text(), kNoCut) << "\n"
+           << "key_file = "
+           << (peer.key_file.empty() ? std::string("(the [security] peer_key_file)")
+                                     : quote(peer.key_file, kNoCut))
+           << "\n";
     }
     std::string text = os.str();
     text.pop_back();  // no final newline, as for describeJson: the caller ends the line
@@ -209,7 +218,9 @@ std::string describeJson(const Config &cfg, const TransportChoice &choice) {
                      {"allowed_gids", s.allowed_gids},
                      {"peer_key_file", s.peer_key_file},
                      {"tcp_integrity", toString(s.tcp_integrity)},
-                     {"revoke_timeout_ms", s.revoke_timeout_ms}};
+                     {"revoke_timeout_ms", s.revoke_timeout_ms},
+                     {"allow_unlisted_peers", s.allow_unlisted_peers},
+                     {"verify_peer_address", s.verify_peer_address}};
     Json reserved = Json::array();
     for (const ReservedName &e : s.reserved_names) {
         reserved.push_back({{"prefix", e.prefix}, {"uids", e.uids}, {"gids", e.gids}});
@@ -229,7 +240,9 @@ std::string describeJson(const Config &cfg, const TransportChoice &choice) {
     j["metrics"] = {{"listen", cfg.metrics.listen ? cfg.metrics.listen->text() : std::string()}};
     Json peers = Json::array();
     for (const auto &peer : cfg.peers) {
-        peers.push_back({{"name", peer.name}, {"address", peer.address.text()}});
+        peers.push_back({{"name", peer.name},
+                         {"address", peer.address.text()},
+                         {"key_file", peer.key_file.empty() ? s.peer_key_file : peer.key_file}});
     }
     j["peers"] = std::move(peers);
     // rc_timeout_s is 0 for timeout 0, as rcTimeoutSeconds() returns; the flag says what it means.

@@ -401,16 +401,16 @@ constexpr std::array<std::string_view, 9> kTcpKeys = {
     "connect_timeout_ms",   "reconnect_min_ms", "reconnect_max_ms", "window",
     "tag_threads"};
 constexpr std::array<std::string_view, 3> kIpcKeys = {"ring_depth", "poll_mode", "spin_us"};
-constexpr std::array<std::string_view, 6> kSecurityKeys = {"allowed_uids",      "allowed_gids",
-                                                           "peer_key_file",     "tcp_integrity",
-                                                           "revoke_timeout_ms", "reserved_names"};
+constexpr std::array<std::string_view, 8> kSecurityKeys = {
+    "allowed_uids",      "allowed_gids",   "peer_key_file",        "tcp_integrity",
+    "revoke_timeout_ms", "reserved_names", "allow_unlisted_peers", "verify_peer_address"};
 constexpr std::array<std::string_view, 3> kReservedNameKeys = {"prefix", "uids", "gids"};
 constexpr std::array<std::string_view, 9> kLimitsKeys = {
     "regions",          "registered_bytes",     "in_flight",
     "peer_regions",     "notification_backlog", "sessions_per_uid",
     "sessions_per_pid", "fd_reserve",           "node_registered_bytes"};
 constexpr std::array<std::string_view, 1> kMetricsKeys = {"listen"};
-constexpr std::array<std::string_view, 2> kPeerKeys = {"name", "address"};
+constexpr std::array<std::string_view, 3> kPeerKeys = {"name", "address", "key_file"};
 constexpr std::array<std::string_view, 8> kTopKeys = {"node",     "fabric", "tcp",     "ipc",
                                                       "security", "limits", "metrics", "peers"};
 
@@ -579,6 +579,8 @@ bool readSecurity(const TableReader &r, SecurityConfig &out) {
     readReservedNames(r, out.reserved_names);
     r.enumeration("tcp_integrity", kTcpIntegrities, out.tcp_integrity);
     r.range("revoke_timeout_ms", 10, 600000, out.revoke_timeout_ms);
+    r.boolean("allow_unlisted_peers", out.allow_unlisted_peers);
+    r.boolean("verify_peer_address", out.verify_peer_address);
     return r.string(
         "peer_key_file", "a non-empty file path",
         [](std::string_view s) { return !s.empty() && !hasNul(s); }, out.peer_key_file);
@@ -700,8 +702,10 @@ void readMetrics(const TableReader &r, MetricsConfig &out) {
 struct PeerSource {
     const toml::node *name = nullptr;
     const toml::node *address = nullptr;
+    const toml::node *key_file = nullptr;
     bool name_ok = false;
     bool address_ok = false;
+    bool key_file_ok = false;
 };
 
 void readPeers(Collector &c, const toml::node &n, std::vector<PeerConfig> &out,
@@ -731,6 +735,12 @@ void readPeers(Collector &c, const toml::node &n, std::vector<PeerConfig> &out,
                       "a \"host:port\" address with a port 1-65535", "no address key");
             } else {
                 src.address_ok = r.endpoint("address", peer.address);
+            }
+            src.key_file = r.node("key_file");
+            if (src.key_file != nullptr) {
+                src.key_file_ok = r.string(
+                    "key_file", "a non-empty file path",
+                    [](std::string_view s) { return !s.empty() && !hasNul(s); }, peer.key_file);
             }
         } else {
             c.add(el.source(), path, "a table with name and address", foundTyped(el));
@@ -792,7 +802,8 @@ void checkPeers(Collector &c, const Config &cfg, bool node_name_ok,
     }
 }
 
-void checkKeyFile(Collector &c, const std::string &path, const toml::key *key) {
+void checkKeyFile(Collector &c, const std::string &path, const toml::source_region &where,
+                  const std::string &key_name) {
     // The same reader as the peer layer's (key_file.hpp): --check-config and the sidecar's start
     // report a bad key file in the same words, before any peer is contacted.
     static const std::string kExpected =
@@ -800,8 +811,7 @@ void checkKeyFile(Collector &c, const std::string &path, const toml::key *key) {
     KeyBytes bytes;
     const KeyFileResult r = readKeyFile(path, &bytes);
     if (!r.ok()) {
-        c.add(key != nullptr ? key->source() : toml::source_region{}, kPeerKeyName, kExpected,
-              quote(path) + ": " + r.detail);
+        c.add(where, key_name, kExpected, quote(path) + ": " + r.detail);
     }
 }
 
@@ -860,8 +870,21 @@ ParseResult validate(const toml::table &root, const std::string &source, const P
     checkPeers(c, cfg, node_name_ok, peer_sources);
     // The key authenticates peers: a node with no [[peers]] neither listens nor connects, so it
     // needs no key file (docs/peers.md).
-    if (opts.check_key_file && key_file_ok && !cfg.peers.empty()) {
-        checkKeyFile(c, cfg.security.peer_key_file, key_file_key);
+    // The shared key is needed only when some peer has no key_file of its own (a peer whose
+    // key_file is wrong has its own error, not a second one about the shared key).
+    const bool shared_key_used =
+        std::any_of(peer_sources.begin(), peer_sources.end(),
+                    [](const PeerSource &p) { return p.key_file == nullptr; });
+    if (opts.check_key_file && key_file_ok && shared_key_used) {
+        checkKeyFile(c, cfg.security.peer_key_file,
+                     key_file_key != nullptr ? key_file_key->source() : toml::source_region{},
+                     kPeerKeyName);
+    }
+    for (size_t i = 0; opts.check_key_file && i < cfg.peers.size(); ++i) {
+        if (peer_sources[i].key_file_ok) {
+            checkKeyFile(c, cfg.peers[i].key_file, peer_sources[i].key_file->source(),
+                         "peers[" + std::to_string(i) + "].key_file");
+        }
     }
 
     ParseResult result;

@@ -2,6 +2,8 @@
 // (transport/tcp). Neither folder includes the other; this file knows both.
 #include <sodium.h>
 
+#include <algorithm>
+
 #include "logging.hpp"
 #include "peer/manager.hpp"
 #include "tensorlane/sidecar/fabric.hpp"
@@ -23,8 +25,11 @@ std::unique_ptr<PeerManager> makePeerManager(const config::Config &cfg, RegionTa
         return fail(std::move(s));
     }
     PeerKey key;
-    // A node without peers needs no key: it neither listens nor connects.
-    if (!cfg.peers.empty()) {
+    // A node without peers needs no key: it neither listens nor connects; nor does one whose
+    // peers all have a key_file of their own (the peer manager reads those).
+    const bool shared_key_used = std::any_of(cfg.peers.begin(), cfg.peers.end(),
+                                             [](const auto &p) { return p.key_file.empty(); });
+    if (shared_key_used) {
         s = PeerKey::fromFile(cfg.security.peer_key_file, &key);
         if (!s.isOk()) {
             return fail(std::move(s));

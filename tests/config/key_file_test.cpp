@@ -433,5 +433,39 @@ TEST(KeyFileWrite, OfConcurrentWritersExactlyOneWins) {
     EXPECT_EQ(entries(dir.path()), 1u);
 }
 
+TEST(ConfigKeyFile, PerPairKeyFilesAreCheckedAndTheSharedOneOnlyWhenUsed) {
+    const TempDir dir;
+    const std::string ab = dir.write("ab.key", kKey, 0600);
+    const std::string open = dir.write("open.key", kKey, 0644);
+    const std::string shared = (dir.path() / "missing.key").string();
+    // Every peer has its own key: the (missing) shared one is not needed.
+    const std::string doc =
+        "[node]\nname = \"a\"\n[security]\npeer_key_file = \"" + shared +
+        "\"\n[[peers]]\nname = \"b\"\naddress = \"127.0.0.1:1\"\nkey_file = \"" + ab + "\"\n";
+    ParseResult r = parseString(doc, "test.toml", kCheck);
+    ASSERT_TRUE(r.ok()) << allErrors(r);
+    EXPECT_EQ(r.config->peers[0].key_file, ab);
+    // A peer without one uses the shared key, which must then be there.
+    r = parseString(doc + "[[peers]]\nname = \"c\"\naddress = \"127.0.0.1:2\"\n", "test.toml",
+                    kCheck);
+    Error e = onlyError(r);
+    EXPECT_EQ(e.key, "security.peer_key_file");
+    EXPECT_TRUE(r.errors.empty() || r.errors[0].found.find("missing.key") != std::string::npos);
+    // A per-pair key file gets the same checks, named by its own key.
+    const std::string bad =
+        "[node]\nname = \"a\"\n[[peers]]\nname = \"b\"\naddress = "
+        "\"127.0.0.1:1\"\nkey_file = \"" +
+        open + "\"\n";
+    e = onlyError(parseString(bad, "test.toml", kCheck));
+    EXPECT_EQ(e.key, "peers[0].key_file");
+    EXPECT_EQ(e.line, 6u);
+    EXPECT_NE(e.found.find("open.key"), std::string::npos) << e.text();
+    e =
+        onlyError(parseString("[node]\nname = \"a\"\n[[peers]]\nname = \"b\"\naddress = "
+                              "\"127.0.0.1:1\"\nkey_file = \"\"\n",
+                              "test.toml", kCheck));
+    EXPECT_EQ(e.key, "peers[0].key_file");
+}
+
 }  // namespace
 }  // namespace tensorlane::config

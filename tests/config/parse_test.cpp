@@ -776,5 +776,22 @@ TEST(ConfigSecurity, RevokeTimeoutHasADefaultAndARange) {
     }
 }
 
+TEST(ConfigParse, PeerAdmissionSwitches) {
+    const ParseResult d = parse("[node]\nname = \"a\"\n");
+    ASSERT_TRUE(d.ok()) << allErrors(d);
+    // Strict by default: only listed addresses reach the handshake, names bound to addresses.
+    EXPECT_FALSE(d.config->security.allow_unlisted_peers);
+    EXPECT_TRUE(d.config->security.verify_peer_address);
+    const ParseResult r =
+        parse("[security]\nallow_unlisted_peers = true\nverify_peer_address = false\n");
+    ASSERT_TRUE(r.ok()) << allErrors(r);
+    EXPECT_TRUE(r.config->security.allow_unlisted_peers);
+    EXPECT_FALSE(r.config->security.verify_peer_address);
+    const Error e = onlyError(parse("[security]\nverify_peer_address = \"yes\"\n"));
+    EXPECT_EQ(e.key, "security.verify_peer_address");
+    EXPECT_EQ(onlyError(parse("[security]\nallow_unlisted_peers = 1\n")).key,
+              "security.allow_unlisted_peers");
+}
+
 }  // namespace
 }  // namespace tensorlane::config

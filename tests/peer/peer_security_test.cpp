@@ -18,6 +18,7 @@
 #include "net/frame.hpp"
 #include "peer/handshake.hpp"
 #include "peer/key.hpp"
+#include "raw_peer.hpp"
 
 namespace tensorlane::peertest {
 namespace {
@@ -27,12 +28,22 @@ using Clock = std::chrono::steady_clock;
 const std::string kSecret = keyText('7');
 const std::string kOtherSecret = keyText('8');
 
-/// A blocking client socket to 127.0.0.1:port, or -1.
-int rawConnect(uint16_t port) {
+/// A blocking client socket to `host`:port, from `source` when given (any 127/8 address is a
+/// local source on loopback: a stand-in for another host), or -1.
+int rawConnect(uint16_t port, const char *host = "127.0.0.1", const char *source = nullptr) {
     int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (source != nullptr) {
+        sockaddr_in local{};
+        local.sin_family = AF_INET;
+        ::inet_pton(AF_INET, source, &local.sin_addr);
+        if (::bind(fd, reinterpret_cast<sockaddr *>(&local), sizeof local) != 0) {
+            ::close(fd);
+            return -1;
+        }
+    }
     sockaddr_in a{};
     a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::inet_pton(AF_INET, host, &a.sin_addr);
     a.sin_port = htons(port);
     if (::connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) != 0) {
         ::close(fd);
@@ -116,6 +127,70 @@ nlohmann::json listenerStatus(Node &n) {
     return nlohmann::json::parse(n.statusJson())["listener"];
 }
 
+int64_t msSince(Clock::time_point t0) {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+}
+
+bool waitUntil(const std::function<bool()> &pred, std::chrono::milliseconds timeout) {
+    const auto until = Clock::now() + timeout;
+    while (!pred()) {
+        if (Clock::now() >= until) {
+            return false;
+        }
+        std::this_thread::sleep_for(5ms);
+    }
+    return true;
+}
+
+/// Keeps `n` silent connections from `source` open to 127.0.0.1:port: each one the node closes
+/// is opened again at once, as a flood that does not give up would.
+class Flooder {
+public:
+    Flooder(uint16_t port, const char *source, int n)
+        : thread_([this, port, source, n] { run(port, source, n); }) {}
+    ~Flooder() {
+        stop_.store(true);
+        thread_.join();
+    }
+    int opened() const { return opened_.load(); }
+
+private:
+    void run(uint16_t port, const char *source, int n) {
+        std::vector<int> fds;
+        while (!stop_.load()) {
+            while (static_cast<int>(fds.size()) < n && !stop_.load()) {
+                const int fd = rawConnect(port, "127.0.0.1", source);
+                if (fd < 0) {
+                    break;
+                }
+                fds.push_back(fd);
+                opened_.fetch_add(1);
+            }
+            for (auto it = fds.begin(); it != fds.end();) {
+                pollfd p{*it, POLLIN, 0};
+                char c;
+                ssize_t r = 1;
+                if (::poll(&p, 1, 0) > 0) {
+                    r = ::recv(*it, &c, 1, MSG_DONTWAIT);
+                }
+                if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
+                    ::close(*it);
+                    it = fds.erase(it);
+                } else {
+                    ++it;
+                }
+            }
+            std::this_thread::sleep_for(2ms);
+        }
+        for (int fd : fds) {
+            ::close(fd);
+        }
+    }
+    std::atomic<bool> stop_{false};
+    std::atomic<int> opened_{0};
+    std::thread thread_;
+};
+
 class PeerSecurity : public ::testing::Test {
 protected:
     std::unique_ptr<Node> makeNode(const std::string &name, uint16_t port,
@@ -127,6 +202,24 @@ protected:
         o.port = port;
         o.key_file = key_file;
         o.peers = std::move(peers);
+        o.tweak = std::move(tweak);
+        auto n = std::make_unique<Node>(o);
+        EXPECT_TRUE(n->ok()) << n->startStatus().message();
+        return n;
+    }
+    /// A node listening on `host` (a 127/8 address), its peers at `peer_hosts`.
+    std::unique_ptr<Node> makeNodeAt(const std::string &name, const std::string &host,
+                                     uint16_t port, const std::string &key_file,
+                                     std::vector<std::pair<std::string, uint16_t>> peers,
+                                     std::vector<std::string> peer_hosts,
+                                     std::function<void(config::Config &)> tweak = {}) {
+        NodeOptions o;
+        o.name = name;
+        o.port = port;
+        o.listen_host = host;
+        o.key_file = key_file;
+        o.peers = std::move(peers);
+        o.peer_hosts = std::move(peer_hosts);
         o.tweak = std::move(tweak);
         auto n = std::make_unique<Node>(o);
         EXPECT_TRUE(n->ok()) << n->startStatus().message();
@@ -282,13 +375,15 @@ TEST_F(PeerSecurity, ConnectionFloodIsBoundedAndClearsAtTheDeadline) {
     for (int i = 0; i < 100; ++i) {
         fds.push_back(rawConnect(pb));
     }
-    // The listener takes them in as fast as it can, and never holds more than 64 at once.
+    // The listener takes them in as fast as it can, and never holds more than one address's
+    // quota at once (16: they all come from 127.0.0.1, node-a's address); each one past it
+    // closes the oldest that has sent nothing.
     int most = 0;
     const auto sample_until = Clock::now() + 300ms;
     while (Clock::now() < sample_until) {
         most = std::max(most, listenerStatus(*b)["pending_handshakes"].get<int>());
     }
-    EXPECT_EQ(most, 64) << "the bound is 64 pending handshakes, and 100 tried";
+    EXPECT_EQ(most, 16) << "the bound is 16 pending handshakes from one address, and 100 tried";
     // All are gone after the handshake deadline; then a real peer gets in.
     for (int fd : fds) {
         EXPECT_TRUE(waitClosed(fd, 3s).has_value());
@@ -358,6 +453,191 @@ TEST_F(PeerSecurity, MissingOrOpenKeyFileFailsToStart) {
     cfg.peers.clear();
     cfg.security.peer_key_file = dir_.path() + "/nope";
     EXPECT_NE(sidecar::makePeerManager(cfg, regions, &err), nullptr);
+}
+
+// ----- who may connect, and as whom (issue 19)
+
+/// A fresh node-b at 127.0.0.2 looks up node-a's region `r` (a new session, so a new
+/// handshake at node-a) `rounds` times, while whatever the test set up goes on.
+void expectFreshPeerGetsIn(const std::function<std::unique_ptr<Node>()> &make_b, int rounds) {
+    for (int round = 0; round < rounds; ++round) {
+        auto b = make_b();
+        const auto t0 = Clock::now();
+        auto [s, rr] = b->lookup("node-a", "r", 5s);
+        EXPECT_TRUE(s.isOk()) << "round " << round << ": " << s.message();
+        EXPECT_LT(msSince(t0), 1000) << "round " << round;
+        // The flood goes on past a handshake deadline (connect_timeout_ms, 1000 ms here).
+        std::this_thread::sleep_for(600ms);
+    }
+}
+
+TEST_F(PeerSecurity, SilentFloodFromAnAddressOfNoPeerIsClosedAtAccept) {
+    // Before: 100 silent connections held the 64 handshake slots, and every lookup from a
+    // configured peer failed while they stayed.
+    const auto k = dir_.writeFile("k", kSecret);
+    const uint16_t pa = freePort(), pb = freePort();
+    auto a = makeNodeAt("node-a", "127.0.0.1", pa, k, {{"node-b", pb}}, {"127.0.0.2"});
+    a->addRegion(4096, "r");
+    Flooder flood(pa, "127.0.0.6", 100);
+    ASSERT_TRUE(waitUntil([&] { return flood.opened() >= 100; }, 5s));
+    expectFreshPeerGetsIn(
+        [&] {
+            return makeNodeAt("node-b", "127.0.0.2", pb, k, {{"node-a", pa}}, {"127.0.0.1"});
+        },
+        2);
+    auto l = listenerStatus(*a);
+    EXPECT_GE(l.value("unlisted_dropped", 0), 100) << l.dump();
+    EXPECT_LE(l["pending_handshakes"].get<int>(), 3) << l.dump();
+    EXPECT_TRUE(peerLogHas({"127.0.0.6", "no [[peers]] entry is at this address"}));
+}
+
+TEST_F(PeerSecurity, SilentFloodFromOneAllowedSourceTakesOnlyItsShare) {
+    // With allow_unlisted_peers, strangers reach the handshake, but one source holds at most
+    // max_pending_per_source (16) of the slots, and configured peers have slots of their own.
+    const auto k = dir_.writeFile("k", kSecret);
+    const uint16_t pa = freePort(), pb = freePort();
+    auto a = makeNodeAt("node-a", "127.0.0.1", pa, k, {{"node-b", pb}}, {"127.0.0.2"},
+                        [](config::Config &c) { c.security.allow_unlisted_peers = true; });
+    a->addRegion(4096, "r");
+    Flooder flood(pa, "127.0.0.5", 100);
+    ASSERT_TRUE(waitUntil([&] { return flood.opened() >= 100; }, 5s));
+    int most = 0;
+    const auto sample_until = Clock::now() + 300ms;
+    while (Clock::now() < sample_until) {
+        most = std::max(most, listenerStatus(*a)["pending_handshakes"].get<int>());
+    }
+    EXPECT_LE(most, 16) << "one source, 100 connections";
+    EXPECT_GE(most, 8) << "the flood did reach the handshake";
+    expectFreshPeerGetsIn(
+        [&] {
+            return makeNodeAt("node-b", "127.0.0.2", pb, k, {{"node-a", pa}}, {"127.0.0.1"});
+        },
+        2);
+    EXPECT_TRUE(peerLogHas({"127.0.0.5", "too many unauthenticated connections from 127.0.0.5"}) ||
+                peerLogHas({"127.0.0.5", "closed to make room"}));
+}
+
+TEST_F(PeerSecurity, SilentFloodFromAPeersOwnAddressDoesNotKeepItOut) {
+    // A flood from the address of the peer itself (another process on its host): the flood's
+    // connections that sent nothing make room for the peer's, which send their HELLO at once.
+    const auto k = dir_.writeFile("k", kSecret);
+    const uint16_t pa = freePort(), pb = freePort();
+    auto a = makeNodeAt("node-a", "127.0.0.1", pa, k, {{"node-b", pb}}, {"127.0.0.2"});
+    a->addRegion(4096, "r");
+    Flooder flood(pa, "127.0.0.2", 100);
+    ASSERT_TRUE(waitUntil([&] { return flood.opened() >= 100; }, 5s));
+    expectFreshPeerGetsIn(
+        [&] {
+            return makeNodeAt("node-b", "127.0.0.2", pb, k, {{"node-a", pa}}, {"127.0.0.1"});
+        },
+        2);
+    EXPECT_LE(listenerStatus(*a)["pending_handshakes"].get<int>(), 16);
+}
+
+TEST_F(PeerSecurity, NameClaimedFromAnotherAddressIsRefusedAndTheSessionStays) {
+    // node-c, a configured peer at 127.0.0.3 holding the shared key, claims node-b's name.
+    // Before: it was accepted and its session replaced node-b's ("replaced by a new session
+    // from the same peer"), failing node-b's writes.
+    const auto k = dir_.writeFile("k", kSecret);
+    const uint16_t pa = freePort(), pb = freePort();
+    auto a = makeNodeAt("node-a", "127.0.0.1", pa, k, {{"node-b", pb}, {"node-c", freePort()}},
+                        {"127.0.0.2", "127.0.0.3"});
+    auto b = makeNodeAt("node-b", "127.0.0.2", pb, k, {{"node-a", pa}}, {"127.0.0.1"});
+    auto dst = a->addRegion(1 << 16, "recv");
+    auto src = b->addRegion(1 << 16);
+    fillRandom(src->base, 1 << 16, 91);
+    auto [ls, remote] = b->lookup("node-a", "recv");
+    ASSERT_TRUE(ls.isOk()) << ls.message();
+    auto [ps, op] = b->post("node-a", src, 0, remote.id, 0, 4096, 1);
+    ASSERT_TRUE(ps.isOk()) << ps.message();
+    auto c = b->sink.completion(op, 5s);
+    ASSERT_TRUE(c && c->code == Code::kOk);
+    const size_t b_states = b->sink.count(Event::Kind::kState);
+
+    RawClientPeer impostor(kSecret, "node-b", "node-a", pa);
+    impostor.bindSource("127.0.0.3");
+    std::string why;
+    EXPECT_FALSE(impostor.openSession(&why));
+    EXPECT_NE(why.find("not accepted from 127.0.0.3"), std::string::npos) << why;
+    EXPECT_TRUE(waitUntil(
+        [] {
+            return peerLogHas(
+                {"127.0.0.3", "'node-b'", "verify_peer_address", "127.0.0.2", "untouched"});
+        },
+        2s));
+    EXPECT_GE(listenerStatus(*a).value("claims_refused", 0), 1);
+
+    // node-b's session is untouched: the same session carries the next write, and node-b saw
+    // no state change.
+    auto [ps2, op2] = b->post("node-a", src, 0, remote.id, 4096, 1 << 15, 2);
+    ASSERT_TRUE(ps2.isOk()) << ps2.message();
+    auto c2 = b->sink.completion(op2, 5s);
+    ASSERT_TRUE(c2.has_value());
+    EXPECT_EQ(c2->code, Code::kOk) << c2->reason;
+    EXPECT_EQ(0, std::memcmp(dst->base + 4096, src->base, 1 << 15));
+    EXPECT_EQ(b->sink.count(Event::Kind::kState), b_states);
+    EXPECT_EQ(b->state("node-a"), PeerState::kUp);
+    EXPECT_FALSE(peerLogHas({"node-b", "replaced by a new session"}));
+
+    // With both switches off (NAT), the name is accepted from anywhere, as before.
+    auto n = makeNodeAt("node-n", "127.0.0.1", freePort(), k, {{"node-b", pb}}, {"127.0.0.2"},
+                        [](config::Config &cfg) {
+                            cfg.security.verify_peer_address = false;
+                            cfg.security.allow_unlisted_peers = true;
+                        });
+    RawClientPeer nat(kSecret, "node-b", "node-n", n->port());
+    nat.bindSource("127.0.0.9");
+    EXPECT_TRUE(nat.openSession(&why)) << why;
+}
+
+TEST_F(PeerSecurity, PerPairKeyCannotClaimAnotherPeer) {
+    // node-a shares one key with node-b and another with node-c. A holder of the node-b key,
+    // even at node-c's address, cannot authenticate as node-c; node-c's session stays.
+    const auto kab = dir_.writeFile("ab", keyText('a'));
+    const auto kac = dir_.writeFile("ac", keyText('c'));
+    const uint16_t pa = freePort(), pb = freePort(), pc = freePort();
+    auto a = makeNodeAt("node-a", "127.0.0.1", pa, kab, {{"node-b", pb}, {"node-c", pc}},
+                        {"127.0.0.2", "127.0.0.3"},
+                        [&](config::Config &cfg) { cfg.peers[1].key_file = kac; });
+    auto b = makeNodeAt("node-b", "127.0.0.2", pb, kab, {{"node-a", pa}}, {"127.0.0.1"});
+    auto cn = makeNodeAt("node-c", "127.0.0.3", pc, kac, {{"node-a", pa}}, {"127.0.0.1"});
+    auto dst = a->addRegion(1 << 16, "recv");
+    auto src = cn->addRegion(1 << 16);
+    fillRandom(src->base, 1 << 16, 92);
+    // Each pair authenticates with its own key.
+    auto [lb, rb] = b->lookup("node-a", "recv");
+    ASSERT_TRUE(lb.isOk()) << lb.message();
+    auto [lc, remote] = cn->lookup("node-a", "recv");
+    ASSERT_TRUE(lc.isOk()) << lc.message();
+    auto [ps, op] = cn->post("node-a", src, 0, remote.id, 0, 4096, 1);
+    ASSERT_TRUE(ps.isOk()) << ps.message();
+    auto c1 = cn->sink.completion(op, 5s);
+    ASSERT_TRUE(c1 && c1->code == Code::kOk);
+    const size_t c_states = cn->sink.count(Event::Kind::kState);
+
+    {
+        RawClientPeer impostor(keyText('a'), "node-c", "node-a", pa);
+        impostor.bindSource("127.0.0.3");
+        std::string why;
+        EXPECT_FALSE(impostor.openSession(&why));
+        // node-a proved itself with the node-c key, which the impostor can neither check nor
+        // answer (it closes here).
+        EXPECT_NE(why.find("authentication failed"), std::string::npos) << why;
+    }
+    EXPECT_TRUE(waitUntil(
+        [] {
+            return peerLogHas({"dropped peer connection from 127.0.0.3", "('node-c')"});
+        },
+        3s));
+
+    auto [ps2, op2] = cn->post("node-a", src, 0, remote.id, 0, 1 << 16, 2);
+    ASSERT_TRUE(ps2.isOk()) << ps2.message();
+    auto c2 = cn->sink.completion(op2, 5s);
+    ASSERT_TRUE(c2.has_value());
+    EXPECT_EQ(c2->code, Code::kOk) << c2->reason;
+    EXPECT_EQ(0, std::memcmp(dst->base, src->base, 1 << 16));
+    EXPECT_EQ(cn->sink.count(Event::Kind::kState), c_states);
+    EXPECT_FALSE(peerLogHas({"node-c", "replaced by a new session"}));
 }
 
 }  // namespace

@@ -39,8 +39,17 @@ RawConn &RawConn::operator=(RawConn &&o) noexcept {
     return *this;
 }
 
-RawConn RawConn::connect(uint16_t port, const std::string &host) {
+RawConn RawConn::connect(uint16_t port, const std::string &host, const std::string &source) {
     int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (!source.empty()) {
+        sockaddr_in local{};
+        local.sin_family = AF_INET;
+        ::inet_pton(AF_INET, source.c_str(), &local.sin_addr);
+        if (::bind(fd, reinterpret_cast<sockaddr *>(&local), sizeof local) != 0) {
+            ::close(fd);
+            return RawConn();
+        }
+    }
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_port = htons(port);
@@ -223,7 +232,7 @@ bool RawClientPeer::openSession(std::string *why) {
 
 bool RawClientPeer::openSession(uint32_t transport, std::span<const uint8_t> blob,
                                 std::vector<uint8_t> *selected, std::string *why) {
-    control_ = RawConn::connect(port_);
+    control_ = RawConn::connect(port_, "127.0.0.1", source_);
     if (!control_.ok()) {
         *why = "connect failed";
         return false;
@@ -231,9 +240,10 @@ bool RawClientPeer::openSession(uint32_t transport, std::span<const uint8_t> blo
     ClientHandshake hs(key_, rawIdentity(name_, caps_), server_name_, LinkRole::kControl, 0, 0);
     FrameHeader h;
     std::vector<uint8_t> p;
-    if (!control_.send(FrameType::kHello, 0, hs.hello()) ||
-        !control_.recvType(FrameType::kChallenge, &h, &p)) {
-        *why = "no CHALLENGE";
+    if (!control_.send(FrameType::kHello, 0, hs.hello()) || !control_.recv(&h, &p) ||
+        h.type != FrameType::kChallenge) {
+        *why = h.type == FrameType::kRefuse ? "refused: " + std::string(p.begin(), p.end())
+                                            : std::string("no CHALLENGE");
         return false;
     }
     std::vector<uint8_t> auth;
@@ -272,7 +282,7 @@ bool RawClientPeer::openSession(uint32_t transport, std::span<const uint8_t> blo
 }
 
 bool RawClientPeer::openData(uint32_t index, std::string *why) {
-    RawConn c = RawConn::connect(port_);
+    RawConn c = RawConn::connect(port_, "127.0.0.1", source_);
     ClientHandshake hs(key_, rawIdentity(name_, caps_), server_name_, LinkRole::kData, session_id_,
                        index);
     FrameHeader h;

@@ -27,8 +27,10 @@ public:
     RawConn(const RawConn &) = delete;
     RawConn &operator=(const RawConn &) = delete;
 
-    /// Connects to 127.0.0.1:port (or `host`).
-    static RawConn connect(uint16_t port, const std::string &host = "127.0.0.1");
+    /// Connects to 127.0.0.1:port (or `host`), from `source` when given (any 127/8 address
+    /// works on loopback: a test's stand-in for another host).
+    static RawConn connect(uint16_t port, const std::string &host = "127.0.0.1",
+                           const std::string &source = "");
     bool ok() const { return fd_ >= 0; }
     int fd() const { return fd_; }
 
@@ -82,7 +84,10 @@ class RawClientPeer {
 public:
     RawClientPeer(const std::string &secret, std::string name, std::string server_name,
                   uint16_t port, RawCaps caps = {});
-    /// Handshake, snapshot until READY, SELECT tcp, SELECTED. False with `*why`.
+    /// Connects from this local address (default: the kernel's choice, 127.0.0.1).
+    void bindSource(std::string source) { source_ = std::move(source); }
+    /// Handshake, snapshot until READY, SELECT tcp, SELECTED. False with `*why` (a REFUSE's
+    /// text when the node refused the HELLO).
     bool openSession(std::string *why);
     /// The same with SELECT of `transport` carrying `blob`; SELECTED's payload in `*selected`.
     bool openSession(uint32_t transport, std::span<const uint8_t> blob,
@@ -100,6 +105,7 @@ private:
     std::string server_name_;
     uint16_t port_;
     RawCaps caps_;
+    std::string source_;
     RawConn control_;
     std::vector<RawConn> data_;
     uint64_t session_id_ = 0;

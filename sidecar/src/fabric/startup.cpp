@@ -41,7 +41,16 @@ StartupReport checkStartup(const config::Config &cfg, const SysfsRoot &root,
 
     // The peer key: the parser checks the file's existence and mode; its content (length) is
     // checked here, as the peer manager reads it at start.
-    if (has_peers) {
+    bool shared_key_used = false;
+    for (const auto &peer : cfg.peers) {
+        PeerKey key;
+        if (peer.key_file.empty()) {
+            shared_key_used = true;
+        } else if (Status s = PeerKey::fromFile(peer.key_file, &key); !s.isOk()) {
+            r.errors.push_back("[[peers]] '" + peer.name + "' key_file: " + s.message());
+        }
+    }
+    if (shared_key_used) {
         PeerKey key;
         if (Status s = PeerKey::fromFile(cfg.security.peer_key_file, &key); !s.isOk()) {
             r.errors.push_back("[security] peer_key_file: " + s.message());

@@ -121,11 +121,22 @@ int listenTcp(const SockAddr &addr, int backlog, ipc::UniqueFd *out) {
     return 0;
 }
 
-int connectTcp(const SockAddr &addr, ipc::UniqueFd *out, bool *in_progress) {
+int connectTcp(const SockAddr &addr, ipc::UniqueFd *out, bool *in_progress,
+               const SockAddr *source) {
     ipc::UniqueFd fd(
         ::socket(addr.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, IPPROTO_TCP));
     if (!fd) {
         return errno;
+    }
+    if (source != nullptr && source->storage.ss_family == addr.storage.ss_family) {
+        // The port is picked at connect (IP_BIND_ADDRESS_NO_PORT), so binding first does not
+        // use up the ephemeral ports of the address.
+        int one = 1;
+        ::setsockopt(fd.get(), IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof one);
+        if (::bind(fd.get(), reinterpret_cast<const sockaddr *>(&source->storage), source->len) !=
+            0) {
+            return errno;
+        }
     }
     *in_progress = false;
     if (::connect(fd.get(), reinterpret_cast<const sockaddr *>(&addr.storage), addr.len) != 0) {

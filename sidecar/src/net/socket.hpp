@@ -37,8 +37,10 @@ int resolveAddress(const std::string &host, uint16_t port, bool passive, SockAdd
 int listenTcp(const SockAddr &addr, int backlog, ipc::UniqueFd *out);
 
 /// Starts a non-blocking connect. `*in_progress` is true when it completes later (wait for
-/// writability, then connectResult()).
-int connectTcp(const SockAddr &addr, ipc::UniqueFd *out, bool *in_progress);
+/// writability, then connectResult()). With `source` (of the same family; its port 0), the
+/// connection leaves from that local address.
+int connectTcp(const SockAddr &addr, ipc::UniqueFd *out, bool *in_progress,
+               const SockAddr *source = nullptr);
 
 /// The outcome of a non-blocking connect (SO_ERROR): 0 or an errno value.
 int connectResult(int fd);

@@ -145,7 +145,7 @@ Status ClientHandshake::onChallenge(std::span<const uint8_t> payload, std::vecto
 // ----- server
 
 ServerHandshake::ServerHandshake(const PeerKey &key, HandshakeIdentity self)
-    : key_(key), self_(std::move(self)) {}
+    : key_(&key), self_(std::move(self)) {}
 
 Status ServerHandshake::onHello(std::span<const uint8_t> payload, const AdmitFn &admit,
                                 uint64_t new_session_id, std::vector<uint8_t> *challenge) {
@@ -180,7 +180,7 @@ Status ServerHandshake::onHello(std::span<const uint8_t> payload, const AdmitFn 
     c.from = self_.name;
     challenge_ = encodeChallengeBody(c);
     uint8_t proof[kMacBytes];
-    mac(key_, kServerLabel, hello_, challenge_, proof);
+    mac(*key_, kServerLabel, hello_, challenge_, proof);
     challenge_.insert(challenge_.end(), proof, proof + kMacBytes);
     *challenge = challenge_;
     have_hello_ = true;
@@ -195,7 +195,7 @@ Status ServerHandshake::onAuth(std::span<const uint8_t> payload, HandshakeOutcom
         return {Code::kInvalid, "malformed AUTH (" + std::to_string(payload.size()) + " bytes)"};
     }
     uint8_t expect[kMacBytes];
-    mac(key_, kClientLabel, hello_, challenge_, expect);
+    mac(*key_, kClientLabel, hello_, challenge_, expect);
     const bool good = crypto_verify_32(expect, payload.data()) == 0;
     sodium_memzero(expect, sizeof expect);
     if (!good) {
@@ -215,7 +215,7 @@ Status ServerHandshake::onAuth(std::span<const uint8_t> payload, HandshakeOutcom
     out->data_index = hello_msg_.data_index;
     out->peer_caps = hello_msg_.caps;
     out->integrity = self_.caps.integrity != 0;
-    deriveKeys(key_, hello_, challenge_, out);
+    deriveKeys(*key_, hello_, challenge_, out);
     return Status::ok();
 }
 

@@ -78,10 +78,16 @@ private:
 class ServerHandshake {
 public:
     /// `admit` decides whether the (still unauthenticated) HELLO may proceed: a known peer name,
-    /// a data connection for an existing session. Its refusal is passed on.
+    /// from that peer's address, a data connection for an existing session. Its refusal is
+    /// passed on. It may call useKey() to pick the key of the pair the HELLO names.
     using AdmitFn = std::function<Status(const HelloMsg &)>;
 
+    /// `key` is used unless admit() picks another with useKey().
     ServerHandshake(const PeerKey &key, HandshakeIdentity self);
+
+    /// The key both proofs use from now on (per-pair keys: the one of the peer the HELLO
+    /// names). Called by the admit function, before the CHALLENGE is made.
+    void useKey(const PeerKey &key) { key_ = &key; }
 
     /// Checks the HELLO and produces the CHALLENGE payload. `new_session_id` is used for a
     /// control connection; a data connection's session id is echoed.
@@ -94,7 +100,7 @@ public:
     const HelloMsg &hello() const { return hello_msg_; }
 
 private:
-    const PeerKey &key_;
+    const PeerKey *key_;
     HandshakeIdentity self_;
     HelloMsg hello_msg_;
     std::vector<uint8_t> hello_;

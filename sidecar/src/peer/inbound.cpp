@@ -3,6 +3,7 @@
 #include <sodium.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -44,38 +45,169 @@ void PeerManagerImpl::acceptAll(int64_t now) {
             noteDeadline(listen_paused_until_);
             return;
         }
-        if (pending_.size() >= limits_.max_pending_handshakes) {
-            logDrop(from.text(),
-                    "too many unauthenticated connections (" +
-                        std::to_string(limits_.max_pending_handshakes) + ")",
-                    now);
+        // Who may take a handshake slot (docs/peers.md, "Who may connect"): the addresses of
+        // configured peers, each within its own quota, so that no flood from elsewhere keeps a
+        // configured peer out; others only with allow_unlisted_peers, in a shared pool.
+        const HostAddress source = hostOf(from);
+        const bool listed = peersAt(source) > 0;
+        if (!listed) {
+            refreshPeerHosts(now);  // a peer given by name may have moved
+            if (!cfg_.security.allow_unlisted_peers) {
+                ++unlisted_dropped_;
+                logDrop(from.text(),
+                        "no [[peers]] entry is at this address (closed at accept; set [security] "
+                        "allow_unlisted_peers = true to let such connections authenticate)",
+                        now);
+                continue;  // fd closes here
+            }
+        }
+        std::string why;
+        if (!makeRoom(source, listed, now, &why)) {
+            logDrop(from.text(), why, now);
             continue;  // fd closes here
         }
         tunePeerSocket(fd.get(), cfg_.tcp.peer_timeout_ms, cfg_.tcp.keepalive_ms);
         auto conn = std::make_unique<Connection>(poller_, std::move(fd), from.text(),
                                                  ConnRole::kPendingIn, now, false);
+        Connection &c = *conn;
         const uint64_t token = conn->token();
         Pending pd;
         pd.conn = std::move(conn);
         pd.hs = std::make_unique<ServerHandshake>(key_, identity());
+        pd.source = source;
+        pd.listed = listed;
+        pd.accepted_ms = now;
         // The whole handshake, from accept to AUTH, must fit in this; slow or silent clients are
         // dropped at the deadline.
         pd.deadline_ms = now + cfg_.tcp.connect_timeout_ms;
         noteDeadline(pd.deadline_ms);
+        ++pending_by_source_[source];
+        pending_unlisted_ += listed ? 0 : 1;
         pending_.emplace(token, std::move(pd));
+        // A HELLO that came with the connection is read now: a real peer's connection is then
+        // past its HELLO before the next connections from its address are looked at.
+        onPendingEvent(c, EPOLLIN, now);
     }
 }
 
-Status PeerManagerImpl::admit(const HelloMsg &hello) const {
-    const Peer *p = nullptr;
-    for (const Peer &q : peers_) {
-        if (q.name == hello.from) {
-            p = &q;
+size_t PeerManagerImpl::peersAt(const HostAddress &source) const {
+    size_t n = 0;
+    for (const Peer &p : peers_) {
+        n += std::find(p.hosts.begin(), p.hosts.end(), source) != p.hosts.end() ? 1 : 0;
+    }
+    return n;
+}
+
+size_t PeerManagerImpl::sourceQuota(const HostAddress &source, bool listed) const {
+    if (!listed) {
+        return limits_.max_pending_per_source;
+    }
+    // A peer opens its control connection and then all its data connections at once.
+    const size_t one =
+        std::max<size_t>(limits_.max_pending_per_source, size_t{cfg_.tcp.connections_per_peer} + 2);
+    return one * std::max<size_t>(1, peersAt(source));
+}
+
+bool PeerManagerImpl::makeRoom(const HostAddress &source, bool listed, int64_t now,
+                               std::string *why) {
+    if (!listed && pending_unlisted_ >= limits_.max_pending_handshakes) {
+        *why = "too many unauthenticated connections from addresses of no [[peers]] entry (" +
+               std::to_string(limits_.max_pending_handshakes) + ")";
+        return false;
+    }
+    const size_t quota = sourceQuota(source, listed);
+    auto count = pending_by_source_.find(source);
+    if (count == pending_by_source_.end() || count->second < quota) {
+        return true;
+    }
+    // The source is at its quota: its oldest connection that has sent no HELLO yet (silent or
+    // refused and lingering) makes room. One that got a CHALLENGE is left to finish: a real
+    // peer is past its HELLO within a round trip.
+    uint64_t victim = 0;
+    int64_t oldest = INT64_MAX;
+    for (const auto &[token, pd] : pending_) {
+        if (pd.source == source && (!pd.challenged || pd.closing) && pd.accepted_ms < oldest) {
+            oldest = pd.accepted_ms;
+            victim = token;
         }
     }
+    if (victim == 0) {
+        *why = "too many unauthenticated connections from " + source.text() + " (" +
+               std::to_string(quota) + ")";
+        return false;
+    }
+    // (A refused one that lingers was logged when it was refused; dropPending says nothing more.)
+    dropPending(victim,
+                "closed to make room: " + std::to_string(quota) +
+                    " unauthenticated connections from this address at once, and this one "
+                    "has sent no HELLO",
+                now);
+    return true;
+}
+
+void PeerManagerImpl::forgetPending(const Pending &pd) {
+    auto it = pending_by_source_.find(pd.source);
+    if (it != pending_by_source_.end() && --it->second == 0) {
+        pending_by_source_.erase(it);
+    }
+    if (!pd.listed && pending_unlisted_ > 0) {
+        --pending_unlisted_;
+    }
+}
+
+void PeerManagerImpl::refreshPeerHosts(int64_t now) {
+    if (!resolver_ || now - hosts_refreshed_ms_ < limits_.address_refresh_ms) {
+        return;
+    }
+    hosts_refreshed_ms_ = now;
+    for (Peer &p : peers_) {
+        if (!p.numeric && !p.hosts_resolving) {
+            p.hosts_resolving = true;
+            resolver_->requestAll(kHostsTag | p.id, p.host);
+        }
+    }
+}
+
+void PeerManagerImpl::onHostsResolved(const Resolver::Result &r) {
+    Peer *p = peerOf(static_cast<PeerId>(r.tag & ~kHostsTag));
+    if (p == nullptr) {
+        return;
+    }
+    p->hosts_resolving = false;
+    if (r.rc != 0) {
+        // Keep what we knew: a DNS server that is down must not lock the peer out.
+        peerLog().warn("peer '{}': {} (its connections are accepted from {})", p->name, r.error,
+                       hostListText(p->hosts));
+        return;
+    }
+    if (r.hosts != p->hosts) {
+        peerLog().info("peer '{}' ({}) is at {}", p->name, p->address, hostListText(r.hosts));
+        p->hosts = r.hosts;
+    }
+}
+
+Status PeerManagerImpl::admit(const HelloMsg &hello, const HostAddress &source, ServerHandshake &hs,
+                              int64_t now, std::string *log_detail) {
+    Peer *p = peerNamed(hello.from);
     if (p == nullptr) {
         return {Code::kPermission, "unknown peer '" + hello.from + "' (not in [[peers]])"};
     }
+    // A peer's name is bound to its configured address: a holder of the key elsewhere cannot
+    // claim it (and so cannot displace its session). Checked before any key proof.
+    if (cfg_.security.verify_peer_address &&
+        std::find(p->hosts.begin(), p->hosts.end(), source) == p->hosts.end()) {
+        ++claims_refused_;
+        if (!p->numeric) {
+            refreshPeerHosts(now);
+        }
+        *log_detail = " (its [[peers]] address " + p->address + " is " + hostListText(p->hosts) +
+                      "; the session it holds is untouched)";
+        return {Code::kPermission,
+                "peer '" + hello.from + "' is not accepted from " + source.text() +
+                    ": a peer's name is bound to its [[peers]] address ([security] "
+                    "verify_peer_address)"};
+    }
+    hs.useKey(p->key);
     if (hello.role == LinkRole::kData) {
         if (!p->in || p->in->session_id != hello.session_id ||
             p->in->remote_incarnation != hello.incarnation || !p->in->transport_open) {
@@ -119,6 +251,7 @@ void PeerManagerImpl::dropPending(uint64_t token, const std::string &reason, int
     }
     pd.conn->close();
     dead_conns_.push_back(std::move(pd.conn));
+    forgetPending(pd);
     pending_.erase(it);
 }
 
@@ -180,14 +313,17 @@ void PeerManagerImpl::onPendingEvent(Connection &c, uint32_t events, int64_t now
                 randombytes_buf(&session_id, sizeof session_id);
             } while (session_id == 0);
             std::vector<uint8_t> challenge;
+            std::string detail;
             Status s = pd.hs->onHello(
-                payload, [this](const HelloMsg &m) { return admit(m); }, session_id, &challenge);
+                payload,
+                [&](const HelloMsg &m) { return admit(m, pd.source, *pd.hs, now, &detail); },
+                session_id, &challenge);
             if (s.isOk() || !pd.hs->hello().from.empty()) {
                 pd.claimed = pd.hs->hello().from;
             }
             c.consumeFrame(h);
             if (!s.isOk()) {
-                refusePending(pd, s.message(), s.message(), now);
+                refusePending(pd, s.message(), s.message() + detail, now);
                 return;
             }
             c.queueFrame(FrameType::kChallenge, 0, challenge);
@@ -243,6 +379,7 @@ void PeerManagerImpl::promote(uint64_t token, const HandshakeOutcome &o, int64_t
         return;
     }
     std::unique_ptr<Connection> conn = std::move(it->second.conn);
+    forgetPending(it->second);
     pending_.erase(it);
     conn->peer = p->id;
     // Every frame we send from here on carries a tag, and every frame we accept must.

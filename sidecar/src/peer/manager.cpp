@@ -93,6 +93,12 @@ PeerManagerImpl::PeerManagerImpl(const config::Config &cfg, RegionTable &regions
         p.host = pc.address.host;
         p.port = pc.address.port;
         p.address = endpointText(pc.address);
+        p.key = key_;
+        SockAddr literal;
+        if (parseNumericAddress(p.host, p.port, &literal)) {
+            p.numeric = true;
+            p.hosts = {hostOf(literal)};
+        }
         p.backoff_ms = cfg_.tcp.reconnect_min_ms;
         peers_.push_back(std::move(p));
     }
@@ -134,6 +140,15 @@ Status PeerManagerImpl::init() {
     if (int rc = resolver_->open(); rc != 0) {
         return {Code::kInternal, std::string("eventfd: ") + std::strerror(rc)};
     }
+    // The keys of pairs that have their own ([[peers]] key_file); the others keep the shared one.
+    for (size_t i = 0; i < peers_.size(); ++i) {
+        const std::string &file = cfg_.peers[i].key_file;
+        if (!file.empty()) {
+            if (Status s = PeerKey::fromFile(file, &peers_[i].key); !s.isOk()) {
+                return {s.code(), "[[peers]] '" + peers_[i].name + "' key_file: " + s.message()};
+            }
+        }
+    }
     poller_.add(timer_.get(), EPOLLIN, kTokenTimer);
     poller_.add(wake_.get(), EPOLLIN, kTokenWake);
     poller_.add(resolver_->fd(), EPOLLIN, kTokenResolver);
@@ -171,7 +186,21 @@ Status PeerManagerImpl::start() {
         listen_address_ = bound.text();
     }
     poller_.add(listener_.get(), EPOLLIN, kTokenListen);
+    // Outgoing connections leave from a specific listen address (a wildcard one leaves the
+    // choice to routing), so that peers see us come from the address they dial.
+    if (const HostAddress h = hostOf(addr); !h.empty() && h.bytes != std::array<uint8_t, 16>{}) {
+        SockAddr src = addr;
+        if (src.storage.ss_family == AF_INET) {
+            reinterpret_cast<sockaddr_in *>(&src.storage)->sin_port = 0;
+        } else {
+            reinterpret_cast<sockaddr_in6 *>(&src.storage)->sin6_port = 0;
+        }
+        bind_source_ = src;
+    }
     started_ = true;
+    // Where the peers given by name may connect from (the accept-side checks); resolved again
+    // when a connection comes from an address no peer is known at.
+    refreshPeerHosts(monotonicMs());
     peerLog().info("node '{}' listening for peers on {} (incarnation {}, {} peers configured)",
                    cfg_.node.name, listen_address_, hex64(incarnation_), peers_.size());
     if (cfg_.node.connect_eagerly) {
@@ -208,6 +237,8 @@ void PeerManagerImpl::stop() {
         }
     }
     pending_.clear();
+    pending_by_source_.clear();
+    pending_unlisted_ = 0;
     // Joins the resolver thread.
     if (resolver_) {
         poller_.remove(resolver_->fd());
@@ -396,7 +427,7 @@ void PeerManagerImpl::openDataConnections(PeerId peer, uint32_t count) {
     const int64_t now = monotonicMs();
     s.extras.resize(count);
     for (uint32_t i = 0; i < count; ++i) {
-        s.extras[i].hs = std::make_unique<ClientHandshake>(key_, identity(), p->name,
+        s.extras[i].hs = std::make_unique<ClientHandshake>(p->key, identity(), p->name,
                                                            LinkRole::kData, s.session_id, i);
         std::unique_ptr<Connection> c;
         if (!openConnection(*p, ConnRole::kOutData, i, now, &c)) {
@@ -557,7 +588,11 @@ void PeerManagerImpl::dispatch(const epoll_event &ev, int64_t now) {
         case kTokenResolver:
             if (resolver_) {
                 for (const auto &r : resolver_->take()) {
-                    onResolved(r, now);
+                    if ((r.tag & kHostsTag) != 0) {
+                        onHostsResolved(r);
+                    } else {
+                        onResolved(r, now);
+                    }
                 }
             }
             return;
@@ -766,6 +801,7 @@ std::string PeerManagerImpl::statusJson() const {
         j["remote_regions_ignored"] = directory_.dropped(p.id);
         j["incarnation"] = p.remote_incarnation != 0 ? hex64(p.remote_incarnation) : "";
         j["inbound"] = p.in != nullptr;
+        j["hosts"] = hostListText(p.hosts);
         peers.push_back(std::move(j));
     }
     nlohmann::json out;
@@ -777,6 +813,9 @@ std::string PeerManagerImpl::statusJson() const {
     listener["pending_handshakes"] = pending_.size();
     listener["rejected"] = rejected_;
     listener["last_rejection"] = last_rejection_;
+    listener["pending_unlisted"] = pending_unlisted_;
+    listener["unlisted_dropped"] = unlisted_dropped_;
+    listener["claims_refused"] = claims_refused_;
     listener["handles"] = directory_.handleCount();
     listener["handle_tombstones"] = directory_.tombstoneCount();
     out["listener"] = std::move(listener);

@@ -22,12 +22,14 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "net/connection.hpp"
 #include "net/socket.hpp"
+#include "peer/address.hpp"
 #include "peer/directory.hpp"
 #include "peer/handshake.hpp"
 #include "peer/key.hpp"
@@ -45,8 +47,19 @@ Status checkPeerConfig(const config::Config &cfg);
 
 /// Limits that keep unauthenticated and misbehaving peers bounded.
 struct PeerLimits {
-    /// Accepted connections still in their handshake; more are closed at once.
+    /// Accepted connections from unlisted addresses ([security] allow_unlisted_peers) still in
+    /// their handshake, all sources together; more are closed at once. Connections from the
+    /// addresses of configured peers do not count here: a flood from elsewhere never keeps a
+    /// configured peer out.
     size_t max_pending_handshakes = 64;
+    /// Accepted connections from one source address still in their handshake; for the address
+    /// of configured peers, at least connections_per_peer + 2, times the peers at it. When a
+    /// source is at its limit, its oldest connection that has not sent a HELLO yet is closed
+    /// to make room; with none, the new one is.
+    size_t max_pending_per_source = 16;
+    /// A connection from an address no peer is known at starts a new resolution of the peers'
+    /// host names, at most this often.
+    int64_t address_refresh_ms = 1000;
 };
 
 class PeerManagerImpl final : public PeerManager, private PeerLink {
@@ -144,6 +157,9 @@ private:
     struct Pending {
         std::unique_ptr<Connection> conn;
         std::unique_ptr<ServerHandshake> hs;
+        HostAddress source;   ///< where it comes from (port left out)
+        bool listed = false;  ///< the source is a configured peer's address
+        int64_t accepted_ms = 0;
         int64_t deadline_ms = 0;
         bool challenged = false;
         bool closing = false;  ///< refused: REFUSE sent, waiting for the client to close
@@ -160,6 +176,12 @@ private:
         std::string host;
         uint16_t port = 0;
         std::string address;  ///< as configured, for status and logs
+        /// The key of this pair of nodes: [[peers]] key_file, or the shared key.
+        PeerKey key;
+        /// What `host` resolves to: the addresses its connections may come from.
+        std::vector<HostAddress> hosts;
+        bool numeric = false;          ///< `host` is a literal address (never resolved)
+        bool hosts_resolving = false;  ///< a resolution of every address is queued
         PeerState state = PeerState::kDown;
         bool wanted = false;
         std::unique_ptr<OutSession> out;
@@ -190,7 +212,21 @@ private:
     // ----- inbound (inbound.cpp)
     void acceptAll(int64_t now);
     void onPendingEvent(Connection &c, uint32_t events, int64_t now);
-    Status admit(const HelloMsg &hello) const;
+    /// Whether a HELLO from `source` may proceed; picks the pair's key into `hs`.
+    Status admit(const HelloMsg &hello, const HostAddress &source, ServerHandshake &hs, int64_t now,
+                 std::string *log_detail);
+    /// Whether `source` is an address of a configured peer; how many peers are at it.
+    size_t peersAt(const HostAddress &source) const;
+    /// The most pending handshakes `source` may hold.
+    size_t sourceQuota(const HostAddress &source, bool listed) const;
+    /// Makes room for one more pending handshake from `source`: true when there is (maybe
+    /// after closing its oldest connection that has not sent a HELLO), else false with `*why`.
+    bool makeRoom(const HostAddress &source, bool listed, int64_t now, std::string *why);
+    /// Removes a pending handshake from the per-source counts (before it leaves pending_).
+    void forgetPending(const Pending &pd);
+    /// Resolves the host names of the peers again (at most every address_refresh_ms).
+    void refreshPeerHosts(int64_t now);
+    void onHostsResolved(const Resolver::Result &r);
     void promote(uint64_t token, const HandshakeOutcome &o, int64_t now);
     void refusePending(Pending &pd, const std::string &wire_reason, const std::string &log_reason,
                        int64_t now);
@@ -260,6 +296,8 @@ private:
     static constexpr uint64_t kTokenWake = 3;
     static constexpr uint64_t kTokenResolver = 4;
     static constexpr uint64_t kTokenTransport = 5;
+    /// Resolver tags of address-book lookups: this bit, then the peer id.
+    static constexpr uint64_t kHostsTag = uint64_t{1} << 63;
 
     const config::Config cfg_;
     RegionTable &regions_;
@@ -280,6 +318,12 @@ private:
 
     std::vector<Peer> peers_;
     std::unordered_map<uint64_t, Pending> pending_;  ///< by connection token
+    std::map<HostAddress, size_t> pending_by_source_;
+    size_t pending_unlisted_ = 0;
+    int64_t hosts_refreshed_ms_ = INT64_MIN / 2;
+    /// Outgoing connections leave from the listen address when it is a specific one, so peers
+    /// see us come from the address they dial (verify_peer_address).
+    std::optional<SockAddr> bind_source_;
     RegionDirectory directory_;
     uint64_t next_attempt_ = 1;
 
@@ -311,6 +355,8 @@ private:
     LogLimiter region_log_{5, 10000};
     uint64_t rejected_ = 0;
     std::string last_rejection_;
+    uint64_t unlisted_dropped_ = 0;  ///< closed at accept: no configured peer is at the address
+    uint64_t claims_refused_ = 0;    ///< a peer's name claimed from another address
 };
 
 }  // namespace tensorlane::sidecar

@@ -55,6 +55,11 @@ void PeerManagerImpl::onResolved(const Resolver::Result &r, int64_t now) {
             if (r.rc != 0) {
                 failOut(p, r.error, true, now);
             } else {
+                // The address we dial is one the peer may connect from, too.
+                if (const HostAddress h = hostOf(r.addr);
+                    std::find(p.hosts.begin(), p.hosts.end(), h) == p.hosts.end()) {
+                    p.hosts.push_back(h);
+                }
                 beginConnect(p, r.addr, now);
             }
             return;
@@ -66,7 +71,8 @@ bool PeerManagerImpl::openConnection(Peer &p, ConnRole role, uint32_t index, int
                                      std::unique_ptr<Connection> *out) {
     ipc::UniqueFd fd;
     bool in_progress = false;
-    const int rc = connectTcp(p.out->addr, &fd, &in_progress);
+    const int rc =
+        connectTcp(p.out->addr, &fd, &in_progress, bind_source_ ? &*bind_source_ : nullptr);
     if (rc != 0) {
         failOut(p, "cannot connect to " + p.out->addr.text() + ": " + std::strerror(rc), true, now);
         return false;
@@ -86,7 +92,7 @@ void PeerManagerImpl::beginConnect(Peer &p, const SockAddr &addr, int64_t now) {
     OutSession &s = *p.out;
     s.addr = addr;
     s.phase = OutSession::Phase::kConnecting;
-    s.hs = std::make_unique<ClientHandshake>(key_, identity(), p.name, LinkRole::kControl, 0, 0);
+    s.hs = std::make_unique<ClientHandshake>(p.key, identity(), p.name, LinkRole::kControl, 0, 0);
     std::unique_ptr<Connection> c;
     if (!openConnection(p, ConnRole::kOutControl, 0, now, &c)) {
         return;

@@ -31,9 +31,17 @@ int Resolver::open() {
 }
 
 void Resolver::request(uint64_t tag, std::string host, uint16_t port) {
+    push(Request{tag, std::move(host), port, false});
+}
+
+void Resolver::requestAll(uint64_t tag, std::string host) {
+    push(Request{tag, std::move(host), 0, true});
+}
+
+void Resolver::push(Request r) {
     {
         std::lock_guard lock(mu_);
-        requests_.push_back(Request{tag, std::move(host), port});
+        requests_.push_back(std::move(r));
         if (!thread_.joinable()) {
             thread_ = std::thread([this] { run(); });
         }
@@ -60,7 +68,8 @@ void Resolver::run() {
         lock.unlock();
         Result res;
         res.tag = req.tag;
-        res.rc = resolveAddress(req.host, req.port, false, &res.addr, &res.error);
+        res.rc = req.all ? resolveAllHosts(req.host, &res.hosts, &res.error)
+                         : resolveAddress(req.host, req.port, false, &res.addr, &res.error);
         lock.lock();
         results_.push_back(std::move(res));
         ipc::ring(event_.get());

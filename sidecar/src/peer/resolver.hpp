@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "net/socket.hpp"
+#include "peer/address.hpp"
 #include "tensorlane/ipc/fd.hpp"
 
 namespace tensorlane::sidecar {
@@ -24,6 +25,8 @@ public:
         int rc = 0;
         SockAddr addr;
         std::string error;
+        /// Every address of the host (requestAll), for the accept-side checks.
+        std::vector<HostAddress> hosts;
     };
 
     Resolver() = default;
@@ -38,6 +41,8 @@ public:
     int fd() const { return event_.get(); }
     /// Queues a lookup; the helper thread starts on first use.
     void request(uint64_t tag, std::string host, uint16_t port);
+    /// Queues a lookup of every address of `host` (Result::hosts).
+    void requestAll(uint64_t tag, std::string host);
     /// Takes every finished answer.
     std::vector<Result> take();
 
@@ -46,7 +51,9 @@ private:
         uint64_t tag;
         std::string host;
         uint16_t port;
+        bool all = false;
     };
+    void push(Request r);
     void run();
 
     ipc::UniqueFd event_;

@@ -1,5 +1,6 @@
 # Sources of the peer subsystem (bootstrap, descriptors), added to tensorlane_sidecar_core.
 set(TENSORLANE_PEER_SOURCES
+  src/peer/address.cpp
   src/peer/directory.cpp
   src/peer/handshake.cpp
   src/peer/inbound.cpp

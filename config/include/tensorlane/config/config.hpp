@@ -149,6 +149,12 @@ struct SecurityConfig {
     uint32_t revoke_timeout_ms = 1500;
     /// Name prefixes reserved for some uids/gids (tl_expose); empty: none.
     std::vector<ReservedName> reserved_names;
+    /// Let connections from addresses that no [[peers]] entry resolves to reach the handshake
+    /// (peers behind NAT); false: they are closed as they are accepted (docs/peers.md).
+    bool allow_unlisted_peers = false;
+    /// Accept a peer's name only from an address its [[peers]] entry resolves to; false for
+    /// setups where peers connect from other addresses than the ones they are dialled at.
+    bool verify_peer_address = true;
 };
 
 /// [limits]: per-client quotas (and one per peer), refused with a clear status when exceeded.
@@ -184,12 +190,15 @@ struct MetricsConfig {
     std::optional<Endpoint> listen;
 };
 
-/// One [[peers]] entry; both keys are required.
+/// One [[peers]] entry; name and address are required.
 struct PeerConfig {
     /// 1-63 characters of [A-Za-z0-9._-]; unique, and not this node's name.
     std::string name;
     /// Unique among the peers.
     Endpoint address;
+    /// The key only this node and this peer hold (a tensorlane-key-v1 file, mode 0600); empty:
+    /// [security] peer_key_file.
+    std::string key_file;
 };
 
 /// The whole file, validated.
