@@ -12,11 +12,19 @@
 #include <thread>
 #include <vector>
 
+#include "cuda/import.hpp"
 #include "harness.hpp"
+#include "tensorlane/ipc/shm.hpp"
+#include "transport/verbs/mr_cache.hpp"
 #include "transport/verbs/registrar.hpp"
 
 namespace {
 
+using tensorlane::sidecar::CudaImport;
+using tensorlane::sidecar::MemoryKind;
+using tensorlane::sidecar::MrCache;
+using tensorlane::sidecar::MrView;
+using tensorlane::sidecar::Region;
 using tensorlane::sidecar::Registrar;
 
 class RegistrarTest : public ::testing::Test {
@@ -149,6 +157,102 @@ TEST_F(RegistrarTest, AFailedImportEndsTheJobWithItsError) {
     Registrar::Result e = run(empty);
     EXPECT_EQ(e.mr, nullptr);
     EXPECT_EQ(e.error, EINVAL);
+}
+
+/// A CUDA region as cuda_control.cpp makes one: the client's claimed address, the sidecar's
+/// import of the allocation (no dma-buf fd; nothing is imported until a registration asks).
+std::shared_ptr<Region> cudaRegion(uint64_t id, uint64_t client_address,
+                                   const std::shared_ptr<CudaImport> &imp) {
+    auto r = std::make_shared<Region>();
+    r->id = id;
+    r->kind = MemoryKind::kCuda;
+    r->bytes = 4096;
+    r->cuda.alloc_bytes = 1u << 20;
+    r->cuda.alloc_offset = 0;
+    r->cuda.client_address = client_address;
+    r->cuda.import = imp;
+    return r;
+}
+
+// Two clients claim the same device address for their own allocations: each gets an MR of its
+// own memory (the cache is keyed by the sidecar's import, not by the address a client sent), and
+// a second range of one allocation shares that allocation's entry.
+TEST_F(RegistrarTest, MrCacheKeysAllocationsByTheSidecarsImportNotTheClientsAddress) {
+    MrCache cache(pd_, reg_, MrCache::Scope::kAllocation);
+    auto mine =
+        std::make_shared<CudaImport>(tensorlane::sidecar::CudaIpcHandle{}, 0, 1u << 20, nullptr);
+    auto theirs =
+        std::make_shared<CudaImport>(tensorlane::sidecar::CudaIpcHandle{}, 0, 1u << 20, nullptr);
+    const uint64_t claimed = 0x7f0000000000;
+    auto a = cudaRegion(1, claimed, mine);
+    auto b = cudaRegion(2, claimed, theirs);
+    auto a2 = cudaRegion(3, claimed + 8192, mine);
+    a2->cuda.alloc_offset = 8192;
+    EXPECT_NE(MrCache::keyOf(*a, 0, MrCache::Scope::kAllocation),
+              MrCache::keyOf(*b, 0, MrCache::Scope::kAllocation));
+    std::string error;
+    (void)cache.get(*a, 0, &error);
+    (void)cache.get(*b, 0, &error);
+    EXPECT_EQ(cache.size(), 2u) << "another client's allocation shares this one's MR";
+    (void)cache.get(*a2, 0, &error);
+    EXPECT_EQ(cache.size(), 2u);
+    // The entry goes with the last region that used it.
+    cache.release(a->id);
+    EXPECT_EQ(cache.size(), 2u);
+    cache.release(a2->id);
+    cache.release(b->id);
+    EXPECT_EQ(cache.size(), 0u);
+}
+
+// A range exposed to a peer gets an MR on exactly its bytes; the sending side's MR for it covers
+// the whole buffer (local keys), shared with the buffer's other ranges.
+TEST_F(RegistrarTest, MrCacheRegistersAnExposedRangeAloneAndSourcesByTheirSegment) {
+    auto buffer = tensorlane::peertest::makeHostRegion(3 * 4096);
+    buffer->id = 10;
+    auto range = std::make_shared<Region>();
+    range->id = 11;
+    range->parent = buffer->id;
+    range->base = buffer->base + 4096;
+    range->bytes = 4096 + 100;
+    range->mapping = buffer->mapping;
+    // Each in a protection domain of its own, as a receiving and a sending session are.
+    std::shared_ptr<ibv_pd> other(ibv_alloc_pd(ctx_), [](ibv_pd *p) { ibv_dealloc_pd(p); });
+    ASSERT_TRUE(other);
+    MrCache exposed(pd_, reg_, MrCache::Scope::kRegion);
+    MrCache sources(other, reg_, MrCache::Scope::kAllocation);
+    const auto registered = [&](MrCache &cache, const Region &r) {
+        std::string error;
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (std::chrono::steady_clock::now() < until) {
+            const MrView v = cache.get(r, kAccess, &error);
+            if (v.mr != nullptr || !error.empty()) {
+                return v;
+            }
+            for (auto &res : reg_.take()) {
+                (void)(exposed.complete(res) || sources.complete(res));
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        ADD_FAILURE() << "no MR for region " << r.id << ": " << error;
+        return MrView{};
+    };
+    const MrView v = registered(exposed, *range);
+    ASSERT_NE(v.mr, nullptr);
+    EXPECT_EQ(v.addr, reinterpret_cast<uint64_t>(range->base));
+    EXPECT_EQ(v.mr->addr, range->base);
+    EXPECT_EQ(v.mr->length, range->bytes) << "the peer's key covers more than the range";
+    const MrView whole = registered(exposed, *buffer);
+    ASSERT_NE(whole.mr, nullptr);
+    EXPECT_NE(whole.mr, v.mr);
+    EXPECT_EQ(exposed.size(), 2u);
+    const MrView s1 = registered(sources, *range);
+    const MrView s2 = registered(sources, *buffer);
+    ASSERT_NE(s1.mr, nullptr);
+    EXPECT_EQ(s1.mr, s2.mr);
+    EXPECT_GE(s1.mr->length, 3u * 4096);
+    EXPECT_EQ(s1.addr, reinterpret_cast<uint64_t>(range->base));
+    exposed.release(range->id);
+    EXPECT_EQ(exposed.size(), 1u);
 }
 
 }  // namespace
