@@ -156,6 +156,7 @@ private:
     std::shared_ptr<MetricsCollector> collector_;
     int ep_ = -1;
     int stop_ = -1;
+    int64_t accept_paused_until_ms_ = 0;  ///< accept failed (EMFILE): listening again then
     std::unordered_map<int, Conn> conns_;
     std::thread thread_;
 };
@@ -261,7 +262,15 @@ void MetricsServer::Loop::accept(int64_t now) {
             if (errno == EINTR || errno == ECONNABORTED) {
                 continue;
             }
-            return;  // EAGAIN, or EMFILE and the like: the next event tries again
+            if (errno != EAGAIN && errno != EWOULDBLOCK) {
+                // EMFILE and the like: the listener stays readable, so it is left alone for
+                // 100 ms rather than spun on.
+                epoll_event ev{};
+                ev.data.u64 = kListenToken;
+                ::epoll_ctl(ep_, EPOLL_CTL_MOD, listen_, &ev);
+                accept_paused_until_ms_ = now + 100;
+            }
+            return;
         }
         const uint32_t source = peer.sin_addr.s_addr;
         // Before anyone is closed for room, what has come in is read: a client whose request is
@@ -409,6 +418,17 @@ void MetricsServer::Loop::run() {
         int64_t next = now + 1000;
         for (const auto &[fd, c] : conns_) {
             next = std::min(next, c.deadline_ms);
+        }
+        if (accept_paused_until_ms_ != 0) {
+            if (now >= accept_paused_until_ms_) {
+                epoll_event ev{};
+                ev.events = EPOLLIN;
+                ev.data.u64 = kListenToken;
+                ::epoll_ctl(ep_, EPOLL_CTL_MOD, listen_, &ev);
+                accept_paused_until_ms_ = 0;
+            } else {
+                next = std::min(next, accept_paused_until_ms_);
+            }
         }
         const int n =
             ::epoll_wait(ep_, evs, 64, static_cast<int>(std::max<int64_t>(0, next - now)));

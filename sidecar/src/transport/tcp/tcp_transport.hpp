@@ -30,7 +30,7 @@ public:
     static constexpr uint32_t kStagingSlots = 16;
     /// Host chunks checked by the tag workers at once, per worker (each holds a receive buffer
     /// of one chunk until its tag is checked and the chunk copied into its region).
-    static constexpr size_t kHostChecksPerTagThread = 4;
+    static constexpr size_t kHostChecksPerTagThread = 16;
 
     TcpTransport(const config::Config &cfg, RegionTable &regions);
     ~TcpTransport() override;
