@@ -423,6 +423,14 @@ void Node::expose(const std::shared_ptr<Region> &r, const std::string &name) {
     });
 }
 
+void Node::exposeLocally(const std::shared_ptr<Region> &r, const std::string &name) {
+    call([&] {
+        sidecar::RegionAccess access;
+        access.peers = false;
+        return regions_.expose(r->id, name, access).isOk() ? 0 : 1;
+    });
+}
+
 void Node::revoke(RegionId id) {
     call([&] {
         auto r = regions_.remove(id);

@@ -159,6 +159,9 @@ public:
     std::shared_ptr<Region> addRegion(size_t bytes, const std::string &name = "");
     /// Exposes an existing region.
     void expose(const std::shared_ptr<Region> &r, const std::string &name);
+    /// Exposes `r` to local clients only (tl_expose_access without TL_ACCESS_PEERS): the peers
+    /// are not told of it.
+    void exposeLocally(const std::shared_ptr<Region> &r, const std::string &name);
     /// Deregisters a region (revoked) and tells the peers.
     void revoke(RegionId id);
 

@@ -127,6 +127,35 @@ TEST(HostilePeer, ChunkWithABadTagIsRefused) {
     EXPECT_TRUE(evil2.control().closedWithin(3000));
 }
 
+TEST(HostilePeer, ARegionNotOfferedToPeersCannotBeWrittenByGuessingItsId) {
+    // tl_expose_access without TL_ACCESS_PEERS: the peer is never told of the region, and a
+    // write that names its (sequential, guessable) id is refused, nothing written or notified.
+    TempDir dir;
+    const auto key = dir.writeFile("peer.key", kSecret);
+    auto b = victim(key, freePort());
+    ASSERT_TRUE(b->ok());
+    auto offered = b->addRegion(65536, "recv");
+    auto hidden = b->addRegion(65536, "");
+    b->exposeLocally(hidden, "local-only");
+    std::vector<unsigned char> before(hidden->base, hidden->base + 65536);
+    RawClientPeer evil(kSecret, "node-evil", "node-b", b->port());
+    std::string why;
+    ASSERT_TRUE(evil.openSession(&why)) << why;
+    ASSERT_TRUE(evil.openData(0, &why)) << why;
+    ASSERT_EQ(evil.regions().size(), 1u) << "a local-only region was described to a peer";
+    EXPECT_EQ(evil.regions()[0].id, offered->id);
+    std::vector<uint8_t> data(4096, 0x66);
+    ChunkHeader h;
+    h.region = hidden->id;
+    h.total_bytes = data.size();
+    h.imm = 9;
+    ASSERT_TRUE(evil.data(0).sendChunk(1, h, data.data(), data.size()));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_EQ(b->sink.count(Event::Kind::kArrived), 0u) << "a write into a hidden region arrived";
+    EXPECT_TRUE(std::equal(before.begin(), before.end(), hidden->base))
+        << "a peer changed a region that was not offered to peers";
+}
+
 TEST(HostilePeer, BigChunkWithABadTagIsRefusedWhenWorkersCheckIt) {
     // A chunk big enough for the tag pool, with a wrong tag, then a good one of the same write:
     // the pool's verdict ends the session and neither is ever counted or notified.

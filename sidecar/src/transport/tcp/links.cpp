@@ -376,13 +376,15 @@ int InLink::beginChunk(Connection &c, std::string *error) {
         fresh.offset = ch.write_offset;
         fresh.total = ch.total_bytes;
         fresh.imm = ch.imm;
-        // Checked once per write against the table: exposed, not revoked, in bounds. A write
+        // Checked once per write against the table: exposed, offered to peers (a region exposed
+        // without TL_ACCESS_PEERS is never described to them, but its id could be guessed), not
+        // revoked, in bounds. A write
         // that fails is still read off the stream, and answered with kNotFound (kCuda when this
         // sidecar cannot stage into the GPU region).
         auto r = regions_.find(ch.region);
         const bool usable =
             r && (r->kind == MemoryKind::kCuda ? r->cuda.import != nullptr : r->base != nullptr);
-        if (usable && r->exposed.load(std::memory_order_acquire) &&
+        if (usable && r->exposed.load(std::memory_order_acquire) && r->access.peers &&
             !r->revoked.load(std::memory_order_acquire) && r->contains(fresh.offset, fresh.total)) {
             if (r->kind == MemoryKind::kCuda &&
                 (!staging_.ensureStarted().isOk() || staging_.slotBytes() < max_chunk_)) {
