@@ -406,7 +406,8 @@ void Node::run() {
 
 std::shared_ptr<Region> Node::addRegion(size_t bytes, const std::string &name) {
     auto r = makeHostRegion(bytes);
-    regions_.add(r);
+    // On the loop thread: the table is the engine thread's (a session's snapshot reads it).
+    call([&] { return regions_.add(r); });
     if (!name.empty()) {
         expose(r, name);
     }
