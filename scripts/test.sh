@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, checks formatting and scripts, builds, runs the
-# parser fuzzer briefly, the ring stress tests under ThreadSanitizer, then every CTest tier
-# that runs on this machine (the Python package's pytest files are CTest entries named
+# five fuzzers briefly (config, client control, peer frames, verbs, simulated HCA packets), the
+# ring stress tests under ThreadSanitizer, then every CTest tier that runs on this machine (the Python package's pytest files are CTest entries named
 # python.*). Ends with CTest's summary line.
 set -euo pipefail
 
@@ -63,13 +63,30 @@ shellcheck "${scripts[@]}"
 echo "shellcheck: ${#scripts[@]} scripts clean"
 
 if [ "$quick" -eq 0 ]; then
-    step "libFuzzer: config parser (${fuzz_seconds}s)"
+    # Five libFuzzer targets (docs/SECURITY.md, "Fuzzing"), each from its checked-in corpus into
+    # a scratch one: the config parser, a client's control messages and ring entries (a real
+    # engine in-process), peer frames after authentication (a real peer manager), the verbs
+    # receiver's descriptors and control payloads; the simulated HCA's packet parser follows.
+    step "libFuzzer: config, client control, peer frames, verbs descriptors (${fuzz_seconds}s each)"
     cmake --preset fuzz >/dev/null
-    cmake --build build/fuzz --target fuzz_config -j "$jobs"
-    mkdir -p build/fuzz/corpus-config
-    build/fuzz/tests/fuzz/fuzz_config -max_total_time="$fuzz_seconds" -max_len=4096 \
-        -timeout=10 -print_final_stats=1 build/fuzz/corpus-config tests/fuzz/corpus/config \
-        2>&1 | tail -n 12
+    cmake --build build/fuzz --target fuzz_config fuzz_control fuzz_peer_frames fuzz_verbs \
+        fuzz_simhca_packet -j "$jobs"
+    run_fuzzer() {  # NAME CORPUS MAX_LEN TIMEOUT BINARY
+        mkdir -p "build/fuzz/corpus-$1"
+        echo "-- $1"
+        "$5" -max_total_time="$fuzz_seconds" -max_len="$3" -timeout="$4" -print_final_stats=1 \
+            "build/fuzz/corpus-$1" "$2" 2>&1 | tail -n 6
+        # libFuzzer exits non-zero on a crash; the pipe hides it, so look at the status.
+        if [ "${PIPESTATUS[0]}" -ne 0 ]; then
+            echo "fuzzer $1 failed" >&2
+            exit 1
+        fi
+    }
+    run_fuzzer config tests/fuzz/corpus/config 4096 10 build/fuzz/tests/fuzz/fuzz_config
+    run_fuzzer control tests/fuzz/corpus/control 2048 20 build/fuzz/tests/fuzz/fuzz_control
+    run_fuzzer peer-frames tests/fuzz/corpus/peer_frames 8192 10 \
+        build/fuzz/tests/fuzz/fuzz_peer_frames
+    run_fuzzer verbs tests/fuzz/corpus/verbs 2048 10 build/fuzz/tests/fuzz/fuzz_verbs
 
     step "ThreadSanitizer: ring stress, frame tags on worker threads, tcp peers"
     cmake --preset tsan >/dev/null
@@ -88,11 +105,8 @@ if [ "$quick" -eq 0 ]; then
     tail -n 2 build/tsan/peer_tests.log
 
     step "libFuzzer: simulated HCA packet parser (${fuzz_seconds}s)"
-    cmake --build build/fuzz --target fuzz_simhca_packet -j "$jobs"
-    mkdir -p build/fuzz/corpus-simhca-packet
-    build/fuzz/tests/simhca/fuzz/fuzz_simhca_packet -max_total_time="$fuzz_seconds" \
-        -max_len=9000 -timeout=10 -print_final_stats=1 build/fuzz/corpus-simhca-packet \
-        tests/simhca/fuzz/corpus/packet 2>&1 | tail -n 12
+    run_fuzzer simhca-packet tests/simhca/fuzz/corpus/packet 9000 10 \
+        build/fuzz/tests/simhca/fuzz/fuzz_simhca_packet
 
     # The simulated HCA and its tests, instrumented: the conformance suite and the netns fault
     # tests (their traffic programs are built with the same sanitizer).

@@ -180,9 +180,9 @@ std::shared_ptr<Region> cudaRegion(uint64_t id, uint64_t client_address,
 TEST_F(RegistrarTest, MrCacheKeysAllocationsByTheSidecarsImportNotTheClientsAddress) {
     MrCache cache(pd_, reg_, MrCache::Scope::kAllocation);
     auto mine =
-        std::make_shared<CudaImport>(tensorlane::sidecar::CudaIpcHandle{}, 0, 1u << 20, nullptr);
+        std::make_shared<CudaImport>(tensorlane::sidecar::CudaIpcHandle{}, 0, 1u << 20, nullptr, 0);
     auto theirs =
-        std::make_shared<CudaImport>(tensorlane::sidecar::CudaIpcHandle{}, 0, 1u << 20, nullptr);
+        std::make_shared<CudaImport>(tensorlane::sidecar::CudaIpcHandle{}, 0, 1u << 20, nullptr, 0);
     const uint64_t claimed = 0x7f0000000000;
     auto a = cudaRegion(1, claimed, mine);
     auto b = cudaRegion(2, claimed, theirs);

@@ -11,7 +11,8 @@ Status GdrFlusher::create(ibv_pd *pd, ibv_cq *cq, const QpParams &params,
     p.max_send_wr = 16;
     p.max_recv_wr = 1;
     sink_.assign(64, 0);
-    ibv_mr *mr = ibv_reg_mr(pd, sink_.data(), sink_.size(), IBV_ACCESS_LOCAL_WRITE);
+    ibv_mr *mr =
+        ibv_reg_mr(pd, sink_.data(), sink_.size(), static_cast<int>(IBV_ACCESS_LOCAL_WRITE));
     if (mr == nullptr) {
         return {Code::kInternal, std::string("ibv_reg_mr (flush buffer): ") + std::strerror(errno)};
     }
