@@ -90,8 +90,8 @@ private:
 /// a chunk is read into a buffer, and reaches its region only once its tag has verified (copied
 /// by the tag worker that checked it, or by the engine thread), so a frame changed on the way
 /// changes no byte of the target (docs/peers.md, "Integrity"). Buffers are made on first use and
-/// kept for reuse (as many free as checks may run, and 8 more); one is lent per chunk being read or checked.
-/// Engine thread only.
+/// kept for reuse (as many free as checks may run, and 8 more); one is lent per chunk being read or
+/// checked. Engine thread only.
 class HostStaging {
 public:
     using Buffer = std::unique_ptr<uint8_t[]>;
