@@ -1,6 +1,7 @@
 // The client socket protocol: accepting workers (credentials, segment, doorbells) and the
 // infrequent calls that travel over the socket (alloc, register, expose, lookup, status).
 #include <dirent.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -86,10 +87,16 @@ bool EngineImpl::admitSession(const ipc::PeerCred &cred, std::string *why) const
     }
     // A uid that holds a session already may not use the last fd_reserve fds: they are kept
     // so that another uid always gets in (and `tensorlane status` with it). Counted only for
-    // such a uid, and only here: accepting is rare, /proc/self/fd is read once per accept.
+    // such a uid, and only here, once per accept near the limit (/proc/self/fd).
     if (of_uid > 0 && l.fd_reserve > 0) {
         rlimit lim{};
-        if (::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY) {
+        // Counted only when it could matter: what the sessions, the fds open at start and a
+        // generous allowance for the transports may hold together comes near the limit.
+        constexpr uint64_t kTransportAllowance = 4096;
+        const uint64_t could_hold = (sessions_.size() + 1) * kSessionFds + fd_baseline_ +
+                                    kTransportAllowance + l.fd_reserve;
+        if (::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY &&
+            could_hold >= lim.rlim_cur) {
             const uint64_t open = openFds();
             const uint64_t left = lim.rlim_cur > open ? lim.rlim_cur - open : 0;
             if (left < kSessionFds + l.fd_reserve) {
@@ -185,8 +192,30 @@ void EngineImpl::refuse(int fd, Code code, const std::string &why) {
     ++counters_.sessions_refused;
 }
 
+size_t EngineImpl::reapHungUp(const ipc::PeerCred &cred) {
+    std::vector<SessionId> gone;
+    for (const auto &[id, s] : sessions_) {
+        if (s->cred.uid != cred.uid && (cred.pid == 0 || s->cred.pid != cred.pid)) {
+            continue;
+        }
+        pollfd p{s->sock.get(), POLLRDHUP, 0};
+        if (s->closing || (::poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLRDHUP)) != 0)) {
+            gone.push_back(id);
+        }
+    }
+    for (SessionId id : gone) {
+        if (Session *s = findSession(id)) {
+            closeSession(*s, "client hung up");
+        }
+        destroySession(id);  // reapSessions() finds it gone
+    }
+    return gone.size();
+}
+
 void EngineImpl::acceptClients() {
-    for (;;) {
+    // A batch at a time: a client that connects in a tight loop must not keep the engine here,
+    // away from its hang-ups (and every other client's requests).
+    for (int batch = 0; batch < 64; ++batch) {
         ipc::UniqueFd fd;
         int rc = ipc::acceptSeqpacket(listen_.get(), &fd);
         if (rc == EAGAIN || rc == EWOULDBLOCK) {
@@ -219,7 +248,14 @@ void EngineImpl::acceptClients() {
             refuse(fd.get(), Code::kPermission, why);
             continue;
         }
-        if (!admitSession(cred, &why)) {
+        // A client that disconnected a moment ago may still be counted (its hang-up not yet
+        // seen): at a cap, its hung-up sessions are reaped first, then it is asked again.
+        bool admit = admitSession(cred, &why);
+        if (!admit && reapHungUp(cred) != 0) {
+            why.clear();
+            admit = admitSession(cred, &why);
+        }
+        if (!admit) {
             log_->warn("refused pid {} uid {}: {}", cred.pid, cred.uid, why);
             ++counters_.session_cap_refusals;
             refuse(fd.get(), Code::kNoMemory, why);

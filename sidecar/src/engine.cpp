@@ -69,6 +69,17 @@ rlim_t raiseFdLimit() {
     return lim.rlim_cur;
 }
 
+/// File descriptors this process has open now (/proc/self/fd); 0 when it cannot be read.
+uint64_t countOpenFds() {
+    std::error_code ec;
+    uint64_t n = 0;
+    for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ec);
+         !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+        ++n;
+    }
+    return n;
+}
+
 /// The names of the peer ids, for the write counters: this node, then [[peers]] in order.
 std::vector<std::string> peerNames(const config::Config &cfg) {
     std::vector<std::string> names{cfg.node.name};
@@ -272,6 +283,7 @@ Status EngineImpl::start() {
     if (Status st = startMetrics(); !st.isOk()) {
         return st;
     }
+    fd_baseline_ = countOpenFds();
     log_->info(
         "node {} serving workers on {} (mode {:04o}, poll mode {}, ring depth {}, in flight {}), "
         "{} peer(s)",

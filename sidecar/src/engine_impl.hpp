@@ -103,6 +103,9 @@ private:
     /// Whether a client of `cred` may have one more session ([limits] sessions_per_uid,
     /// sessions_per_pid, fd_reserve); `*why` says why not.
     bool admitSession(const ipc::PeerCred &cred, std::string *why) const;
+    /// Closes and destroys the sessions of `cred`'s uid or pid whose clients hung up (or that
+    /// are closing) and are still counted; returns how many.
+    size_t reapHungUp(const ipc::PeerCred &cred);
     void refuse(int fd, Code code, const std::string &why);
     void readControl(Session &s);
     void handleControl(Session &s, const unsigned char *msg, size_t bytes, ipc::UniqueFd *fds,
@@ -258,6 +261,7 @@ private:
     /// Sessions held now by each uid and each pid ([limits] sessions_per_uid/pid).
     std::unordered_map<uid_t, uint32_t> sessions_of_uid_;
     std::unordered_map<pid_t, uint32_t> sessions_of_pid_;
+    uint64_t fd_baseline_ = 0;  ///< fds open once start() has opened everything of its own
     SessionId next_session_ = 1;
     uint64_t next_op_ = 1;
     Counters counters_;

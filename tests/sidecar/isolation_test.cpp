@@ -477,3 +477,20 @@ TEST(NodeCap, AutoFollowsACgroupV1Limit) {
     tl_disconnect(a);
     tl_disconnect(b);
 }
+
+TEST(SessionCaps, ReconnectingInATightLoopIsNotRefused) {
+    // A client that disconnects and connects again at once, 600 times (more than
+    // sessions_per_pid = 256 allows at once), while holding one session: its closed sessions
+    // must not count. Before the caps learnt to reap hung-up sessions (and the accept loop to
+    // take a batch at a time), the sidecar stayed in its accept loop and refused the 256th.
+    Sidecar sc;
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    tl_client *keep = nullptr;
+    ASSERT_EQ(tl_connect(sc.socket().c_str(), &keep), TL_OK);
+    for (int i = 0; i < 600; ++i) {
+        tl_client *c = nullptr;
+        ASSERT_EQ(tl_connect(sc.socket().c_str(), &c), TL_OK) << i << ": " << tl_last_error();
+        tl_disconnect(c);
+    }
+    tl_disconnect(keep);
+}
