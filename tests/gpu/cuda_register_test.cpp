@@ -10,8 +10,8 @@
 
 #include "../sidecar/harness.hpp"
 #include "../sidecar/raw_client.hpp"
-#include "tensorlane/ipc/status.hpp"
 #include "gpu_support.hpp"
+#include "tensorlane/ipc/status.hpp"
 #include "tensorlane/tensorlane.h"
 
 #ifdef TENSORLANE_HAVE_CUDA
