@@ -547,7 +547,8 @@ void Client::drainLocked(bool all) {
     }
     // Notifications are kept here until tl_wait_notification takes them, but only so many:
     // beyond that they stay in the ring, the ring fills, and the sidecar's bounded backlog
-    // for this client takes over (it disconnects a client that never drains). The process
+    // for this client takes over (past [limits] notification_backlog it drops notifications
+    // and counts them in the next one delivered: tl_notification_ex.dropped). The process
     // never grows without bound because its code forgot to wait for notifications.
     n = notifications_.available();
     if (!all && notes_.size() + n > maxNotes()) {

@@ -57,6 +57,7 @@ int ibv_resize_cq(ibv_cq *cq, int cqe) {
 
 int ibv_destroy_cq(ibv_cq *cq) {
     SimCq *c = SimCq::from(cq);
+    SimContext::from(cq->context)->events().forget(cq);
     if (c->channel() != nullptr) {
         c->channel()->forget(c);
         --c->channel()->ibv()->refcnt;

@@ -47,6 +47,8 @@ int ibv_destroy_qp(ibv_qp *qp) {
     SimQp *q = SimQp::from(qp);
     SimContext *ctx = SimContext::from(qp->context);
     Simulator::instance().engine()->removeQp(q, &ctx->device());
+    // After removeQp no new event of it can be queued; then its events go, as the kernel's.
+    ctx->events().forget(qp);
     delete q;
     return 0;
 }
