@@ -12,7 +12,7 @@ usage: scripts/test.sh [--quick] [--python] [--no-install]
   --quick        skip the ThreadSanitizer and fuzz builds
   --python       only the Python package: build what it needs, run its pytest files
   --no-install   do not run scripts/install-deps.sh
-Environment: FUZZ_SECONDS (default 20), JOBS (default: nproc).
+Environment: FUZZ_SECONDS (default 12, per fuzzer), JOBS (default: nproc).
 USAGE
 }
 
@@ -32,7 +32,7 @@ done
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 jobs=${JOBS:-$(nproc)}
-fuzz_seconds=${FUZZ_SECONDS:-20}
+fuzz_seconds=${FUZZ_SECONDS:-12}
 
 step() { printf '\n== %s\n' "$*"; }
 
