@@ -573,14 +573,6 @@ void EngineImpl::onDeregister(Session &s, const ipc::DeregisterMsg &m) {
 
 namespace {
 
-std::string idList(const std::vector<uint32_t> &ids) {
-    std::string out = "[";
-    for (size_t i = 0; i < ids.size(); ++i) {
-        out += (i == 0 ? "" : ", ") + std::to_string(ids[i]);
-    }
-    return out + "]";
-}
-
 bool meets(const std::vector<uint32_t> &groups, const std::vector<uint32_t> &gids) {
     return std::any_of(gids.begin(), gids.end(), [&](uint32_t g) {
         return std::find(groups.begin(), groups.end(), g) != groups.end();

@@ -3,7 +3,6 @@
 #include <algorithm>
 
 namespace tensorlane::sidecar {
-namespace {
 
 std::string idList(const std::vector<uint32_t> &ids) {
     std::string out = "[";
@@ -12,8 +11,6 @@ std::string idList(const std::vector<uint32_t> &ids) {
     }
     return out + "]";
 }
-
-}  // namespace
 
 bool RegionAccess::allows(uint32_t uid, const std::vector<uint32_t> &groups) const {
     if (uid == owner_uid || uid == 0 || any_local) {

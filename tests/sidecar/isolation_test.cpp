@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "harness.hpp"
+#include "round_trip.hpp"
 #include "status_json.hpp"
 #include "tensorlane/tensorlane.hpp"
 
@@ -45,27 +46,7 @@ json onlySessionWith(const json &status, const char *key) {
 
 /// A client doing a verified local round trip of its own; true on success.
 bool roundTrip(const std::string &sock, uint64_t seed) {
-    auto c = tensorlane::Client::connect(sock);
-    if (!c.ok()) {
-        return false;
-    }
-    auto src = c->allocHost(1 << 16);
-    auto dst = c->allocHost(1 << 16);
-    const std::string name = "bystander-" + std::to_string(seed);
-    if (!src.ok() || !dst.ok() || !dst->expose(name).ok()) {
-        return false;
-    }
-    auto remote = c->lookup(c->nodeName(), name);
-    if (!remote.ok()) {
-        return false;
-    }
-    fillRandom(src->data(), 1 << 16, seed);
-    auto t = c->write(*src, 0, *remote, 0, 1 << 16, 7);
-    if (!t.ok() || t->wait(std::chrono::seconds(5)) != TL_OK) {
-        return false;
-    }
-    auto n = c->waitNotification(std::chrono::seconds(5));
-    return n.ok() && n->imm == 7 && std::memcmp(src->data(), dst->data(), 1 << 16) == 0;
+    return verifiedRoundTrip(sock, seed, "bystander-", 7);
 }
 
 }  // namespace

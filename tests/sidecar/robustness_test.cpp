@@ -13,6 +13,7 @@
 #include "../metrics/http_client.hpp"
 #include "harness.hpp"
 #include "raw_client.hpp"
+#include "round_trip.hpp"
 #include "tensorlane/ipc/control.hpp"
 #include "tensorlane/ipc/layout.hpp"
 #include "tensorlane/ipc/shm.hpp"
@@ -26,27 +27,7 @@ namespace {
 
 /// A client doing a verified local round trip; true on success.
 bool healthyRoundTrip(const std::string &sock, uint64_t seed) {
-    auto c = tensorlane::Client::connect(sock);
-    if (!c.ok()) {
-        return false;
-    }
-    auto src = c->allocHost(1 << 16);
-    auto dst = c->allocHost(1 << 16);
-    std::string name = "healthy-" + std::to_string(seed);
-    if (!src.ok() || !dst.ok() || !dst->expose(name).ok()) {
-        return false;
-    }
-    auto remote = c->lookup(c->nodeName(), name);
-    if (!remote.ok()) {
-        return false;
-    }
-    fillRandom(src->data(), 1 << 16, seed);
-    auto t = c->write(*src, 0, *remote, 0, 1 << 16, 42);
-    if (!t.ok() || t->wait(std::chrono::seconds(5)) != TL_OK) {
-        return false;
-    }
-    auto n = c->waitNotification(std::chrono::seconds(5));
-    return n.ok() && n->imm == 42 && std::memcmp(src->data(), dst->data(), 1 << 16) == 0;
+    return verifiedRoundTrip(sock, seed, "healthy-", 42);
 }
 
 }  // namespace

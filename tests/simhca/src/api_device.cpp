@@ -211,33 +211,8 @@ int ibv_get_async_event(ibv_context *context, ibv_async_event *event) {
 }
 
 void ibv_ack_async_event(ibv_async_event *event) {
-    if (event == nullptr) {
-        return;
-    }
-    // The object names its context: QP and CQ events carry theirs.
     ibv_context *ctx = nullptr;
-    switch (event->event_type) {
-        case IBV_EVENT_CQ_ERR:
-            ctx = event->element.cq != nullptr ? event->element.cq->context : nullptr;
-            break;
-        case IBV_EVENT_SRQ_ERR:
-        case IBV_EVENT_SRQ_LIMIT_REACHED:
-            ctx = event->element.srq != nullptr ? event->element.srq->context : nullptr;
-            break;
-        case IBV_EVENT_QP_FATAL:
-        case IBV_EVENT_QP_REQ_ERR:
-        case IBV_EVENT_QP_ACCESS_ERR:
-        case IBV_EVENT_COMM_EST:
-        case IBV_EVENT_SQ_DRAINED:
-        case IBV_EVENT_PATH_MIG:
-        case IBV_EVENT_PATH_MIG_ERR:
-        case IBV_EVENT_QP_LAST_WQE_REACHED:
-            ctx = event->element.qp != nullptr ? event->element.qp->context : nullptr;
-            break;
-        default:
-            break;
-    }
-    if (ctx != nullptr) {
+    if (event != nullptr && AsyncEventQueue::objectOf(*event, &ctx) != nullptr && ctx != nullptr) {
         SimContext::from(ctx)->events().ack(*event);
     }
 }

@@ -5,16 +5,19 @@
 #include <cstdio>
 
 namespace tensorlane::simhca {
-namespace {
-
-/// The QP, CQ or SRQ an event is about (ibv_async_event(3)); null for port and device events.
-const void *objectOf(const ibv_async_event &e) {
+const void *AsyncEventQueue::objectOf(const ibv_async_event &e, ibv_context **context) {
+    const void *obj = nullptr;
+    ibv_context *ctx = nullptr;
     switch (e.event_type) {
         case IBV_EVENT_CQ_ERR:
-            return e.element.cq;
+            obj = e.element.cq;
+            ctx = e.element.cq != nullptr ? e.element.cq->context : nullptr;
+            break;
         case IBV_EVENT_SRQ_ERR:
         case IBV_EVENT_SRQ_LIMIT_REACHED:
-            return e.element.srq;
+            obj = e.element.srq;
+            ctx = e.element.srq != nullptr ? e.element.srq->context : nullptr;
+            break;
         case IBV_EVENT_QP_FATAL:
         case IBV_EVENT_QP_REQ_ERR:
         case IBV_EVENT_QP_ACCESS_ERR:
@@ -23,13 +26,17 @@ const void *objectOf(const ibv_async_event &e) {
         case IBV_EVENT_PATH_MIG:
         case IBV_EVENT_PATH_MIG_ERR:
         case IBV_EVENT_QP_LAST_WQE_REACHED:
-            return e.element.qp;
+            obj = e.element.qp;
+            ctx = e.element.qp != nullptr ? e.element.qp->context : nullptr;
+            break;
         default:
-            return nullptr;
+            break;
     }
+    if (context != nullptr) {
+        *context = ctx;
+    }
+    return obj;
 }
-
-}  // namespace
 
 void AsyncEventQueue::push(const ibv_async_event &event) {
     {

@@ -30,6 +30,9 @@ public:
     /// no thread still reads the object through one). The kernel waits without end; this waits
     /// at most 5 s and says so on stderr, so a test that forgets an ack fails instead of hanging.
     void forget(const void *object);
+    /// The QP, CQ or SRQ an event is about (ibv_async_event(3)), and its context; null for port
+    /// and device events.
+    static const void *objectOf(const ibv_async_event &event, ibv_context **context = nullptr);
 
 private:
     EventFd fd_;

@@ -51,6 +51,9 @@ struct CudaMemory {
     std::shared_ptr<CudaImport> import;
 };
 
+/// "[1000, 1001]": uids or gids in an access list or a reservation, for refusals' texts.
+std::string idList(const std::vector<uint32_t> &ids);
+
 /// Who may write an exposed region (tl_expose_access; DESIGN.md, "Locally, an exposed region
 /// is writable by its owner's uid and root; other local uids only when the owner grants them").
 /// Set at expose, read on the engine thread only (lookup and every local write's validation).
