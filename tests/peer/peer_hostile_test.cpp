@@ -345,17 +345,7 @@ class TamperingProxy {
 public:
     TamperingProxy(uint16_t target_port, int conn_index, uint64_t flip_at)
         : target_(target_port), conn_index_(conn_index), flip_at_(flip_at) {
-        listen_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        int one = 1;
-        ::setsockopt(listen_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        sockaddr_in a{};
-        a.sin_family = AF_INET;
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        ::bind(listen_, reinterpret_cast<sockaddr *>(&a), sizeof a);
-        ::listen(listen_, 16);
-        socklen_t len = sizeof a;
-        ::getsockname(listen_, reinterpret_cast<sockaddr *>(&a), &len);
-        port_ = ntohs(a.sin_port);
+        listen_ = listenOnLoopback(&port_);
         thread_ = std::thread([this] { run(); });
     }
     ~TamperingProxy() {
@@ -529,17 +519,7 @@ public:
         : target_(target_port), at_(at), mask_(mask) {
         // The frame header: magic 0x4C54, type CHUNK, flags 0, the payload length.
         sidecar::encodeFrameHeader(pattern_.data(), FrameType::kChunk, payload_bytes, 0);
-        listen_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        int one = 1;
-        ::setsockopt(listen_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        sockaddr_in a{};
-        a.sin_family = AF_INET;
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        ::bind(listen_, reinterpret_cast<sockaddr *>(&a), sizeof a);
-        ::listen(listen_, 16);
-        socklen_t len = sizeof a;
-        ::getsockname(listen_, reinterpret_cast<sockaddr *>(&a), &len);
-        port_ = ntohs(a.sin_port);
+        listen_ = listenOnLoopback(&port_);
         thread_ = std::thread([this] { run(); });
     }
     ~ChunkRewritingProxy() {

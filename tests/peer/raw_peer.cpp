@@ -313,19 +313,24 @@ bool RawClientPeer::openData(uint32_t index, std::string *why) {
 
 // ----- server
 
-RawServerPeer::RawServerPeer(const std::string &secret, std::string name, RawCaps caps)
-    : key_(keyFrom(secret)), name_(std::move(name)), caps_(caps) {
-    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+int listenOnLoopback(uint16_t *port) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     int one = 1;
-    ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(listen_fd_, reinterpret_cast<sockaddr *>(&a), sizeof a);
-    ::listen(listen_fd_, 16);
+    ::bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a);
+    ::listen(fd, 16);
     socklen_t len = sizeof a;
-    ::getsockname(listen_fd_, reinterpret_cast<sockaddr *>(&a), &len);
-    port_ = ntohs(a.sin_port);
+    ::getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len);
+    *port = ntohs(a.sin_port);
+    return fd;
+}
+
+RawServerPeer::RawServerPeer(const std::string &secret, std::string name, RawCaps caps)
+    : key_(keyFrom(secret)), name_(std::move(name)), caps_(caps) {
+    listen_fd_ = listenOnLoopback(&port_);
     data_.resize(caps_.connections);
 }
 

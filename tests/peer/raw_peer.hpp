@@ -115,6 +115,9 @@ private:
 
 /// A raw node that a real one connects to (listed in its [[peers]] at this port): answers the
 /// handshake, describes one region, accepts the session and its data connections.
+/// A TCP socket listening on 127.0.0.1 at a port the kernel picks (`*port`); the fd.
+int listenOnLoopback(uint16_t *port);
+
 class RawServerPeer {
 public:
     RawServerPeer(const std::string &secret, std::string name, RawCaps caps = {});
