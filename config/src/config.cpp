@@ -71,6 +71,25 @@ const char *toString(TransportKind k) {
     return "?";
 }
 
+std::vector<std::string> transportPreference(const FabricConfig &f) {
+    if (!f.transports.empty()) {
+        return f.transports;
+    }
+    switch (f.transport) {
+        case TransportKind::kVerbs:
+            return {"verbs"};
+        case TransportKind::kTcp:
+            return {"tcp"};
+        case TransportKind::kAuto:
+            break;
+    }
+    return {"verbs", "tcp"};
+}
+
+bool isTransportName(std::string_view name) {
+    return name == "tcp" || name == "verbs";
+}
+
 const char *toString(PollMode m) {
     switch (m) {
         case PollMode::kBusy:

@@ -185,6 +185,7 @@ std::string describeJson(const Config &cfg, const TransportChoice &choice) {
                  {"socket", cfg.node.socket},
                  {"connect_eagerly", cfg.node.connect_eagerly}};
     j["fabric"] = {{"transport", toString(f.transport)},
+                   {"transports", transportPreference(f)},
                    {"device", f.device},
                    {"port", f.port},
                    {"netdev", f.netdev},

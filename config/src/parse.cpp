@@ -390,12 +390,12 @@ bool isSimpleName(std::string_view s, size_t max_len) {
 
 constexpr std::array<std::string_view, 4> kNodeKeys = {"name", "listen", "socket",
                                                        "connect_eagerly"};
-constexpr std::array<std::string_view, 18> kFabricKeys = {
-    "transport", "device",        "port",         "netdev",
-    "gid_index", "dscp",          "ecn",          "pfc_priority",
-    "trust",     "mtu",           "timeout",      "retry_cnt",
-    "rnr_retry", "min_rnr_timer", "qps_per_peer", "tclass_override",
-    "preflight", "gdr_flush"};
+constexpr std::array<std::string_view, 19> kFabricKeys = {
+    "transport",       "transports", "device",        "port",
+    "netdev",          "gid_index",  "dscp",          "ecn",
+    "pfc_priority",    "trust",      "mtu",           "timeout",
+    "retry_cnt",       "rnr_retry",  "min_rnr_timer", "qps_per_peer",
+    "tclass_override", "preflight",  "gdr_flush"};
 constexpr std::array<std::string_view, 9> kTcpKeys = {
     "connections_per_peer", "chunk_bytes",      "keepalive_ms",     "peer_timeout_ms",
     "connect_timeout_ms",   "reconnect_min_ms", "reconnect_max_ms", "window",
@@ -449,8 +449,52 @@ bool readNode(const TableReader &r, NodeConfig &out) {
     return name_ok;
 }
 
+/// [fabric] transports = ["verbs", "tcp"]: remote transports by name, best first.
+void readTransports(const TableReader &r, FabricConfig &out) {
+    static const std::string kExpected =
+        "a non-empty array of transport names (\"verbs\", \"tcp\"), each once, best first";
+    const toml::node *n = r.node("transports");
+    if (n == nullptr) {
+        return;
+    }
+    Collector &c = r.collector();
+    if (r.node("transport") != nullptr) {
+        c.add(n->source(), r.keyPath("transports"),
+              "either [fabric] transport or [fabric] transports, not both", "both set");
+        return;
+    }
+    const toml::array *arr = n->as_array();
+    if (arr == nullptr || arr->empty()) {
+        c.add(n->source(), r.keyPath("transports"), kExpected,
+              arr == nullptr ? foundTyped(*n) : "an empty array");
+        return;
+    }
+    std::vector<std::string> names;
+    for (size_t i = 0; i < arr->size(); ++i) {
+        const toml::node &el = *arr->get(i);
+        const std::string key = r.keyPath("transports") + "[" + std::to_string(i) + "]";
+        const std::string *v = el.is_string() ? &el.as_string()->get() : nullptr;
+        if (v == nullptr || !isTransportName(*v)) {
+            c.add(el.source(), key, "\"verbs\" or \"tcp\"",
+                  v == nullptr ? foundTyped(el) : quote(*v));
+            return;
+        }
+        if (std::find(names.begin(), names.end(), *v) != names.end()) {
+            c.add(el.source(), key, "a transport not listed before", quote(*v));
+            return;
+        }
+        names.push_back(*v);
+    }
+    const bool verbs = std::find(names.begin(), names.end(), "verbs") != names.end();
+    out.transport = !verbs              ? TransportKind::kTcp
+                    : names.size() == 1 ? TransportKind::kVerbs
+                                        : TransportKind::kAuto;
+    out.transports = std::move(names);
+}
+
 void readFabric(const TableReader &r, FabricConfig &out) {
     r.enumeration("transport", kTransports, out.transport);
+    readTransports(r, out);
     // The device name becomes a sysfs path component in resolveTransport, hence no '/' or "..".
     r.string(
         "device", "\"auto\" or an RDMA device name of 1-63 characters [A-Za-z0-9._-]",

@@ -119,9 +119,9 @@ EngineImpl::~EngineImpl() {
     if (peers_) {
         peers_->stop();
     }
-    transports_.clear();
     peers_.reset();
-    local_.reset();
+    local_ = nullptr;
+    transports_.clear();
     if (listen_) {
         ::unlink(cfg_.node.socket.c_str());
     }
@@ -177,32 +177,23 @@ Status EngineImpl::init() {
     } else {
         log_->info("CUDA memory cannot be registered: {}", cuda.why());
     }
-    local_ = std::make_unique<LocalTransport>(cfg_.node.name);
-    local_->setPolling(cfg_.ipc.poll_mode == config::PollMode::kBusy,
-                       cfg_.ipc.poll_mode == config::PollMode::kEvent ? 0 : cfg_.ipc.spin_us);
-    if (Status st = local_->start(); !st.isOk()) {
+    auto local = std::make_unique<LocalTransport>(cfg_.node.name);
+    local->setPolling(cfg_.ipc.poll_mode == config::PollMode::kBusy,
+                      cfg_.ipc.poll_mode == config::PollMode::kEvent ? 0 : cfg_.ipc.spin_us);
+    if (Status st = local->start(); !st.isOk()) {
         return st;
     }
-    transports_.push_back(local_.get());
+    local_ = local.get();
+    transports_.add(std::move(local));
     if (!cfg_.peers.empty()) {
+        if (Status st = addRemoteTransports(cfg_, regions_, &transports_); !st.isOk()) {
+            return st;
+        }
         Status st;
-        peers_ = makePeerManager(cfg_, regions_, &st);
+        peers_ = makePeerManager(cfg_, regions_, transports_, &st);
         if (!peers_) {
             return st;
         }
-    }
-    return Status::ok();
-}
-
-Status EngineImpl::registerWithTransports(Region &r) {
-    for (Transport *t : transports_) {
-        Status st = t->registerRegion(r);
-        if (!st.isOk()) {
-            return st;
-        }
-    }
-    if (peers_) {
-        return peers_->transport().registerRegion(r);
     }
     return Status::ok();
 }
@@ -261,9 +252,10 @@ Status EngineImpl::start() {
         rc || (rc = addToEpoll(epoll_.get(), stop_fd_.get(), EPOLLIN, kTagStop))) {
         return {Code::kInternal, std::string("epoll_ctl: ") + std::strerror(rc)};
     }
-    for (size_t i = 0; i < transports_.size(); ++i) {
-        for (int fd : transports_[i]->pollFds()) {
-            if (int rc = addToEpoll(epoll_.get(), fd, EPOLLIN, kTagTransport | i)) {
+    for (size_t i = 0; i < transports_.all().size(); ++i) {
+        for (int fd : transports_.all()[i]->pollFds()) {
+            const uint64_t tag = kTagTransport | uint64_t{i} << 32 | static_cast<uint32_t>(fd);
+            if (int rc = addToEpoll(epoll_.get(), fd, EPOLLIN, tag)) {
                 return {Code::kInternal, std::string("epoll_ctl: ") + std::strerror(rc)};
             }
         }
@@ -369,8 +361,15 @@ size_t EngineImpl::pollEvents(int timeout_ms) {
                 ++work;
                 break;
             case kTagPeers:
+                peers_->readable();  // its progress() this turn looks at its sockets
+                break;
             case kTagTransport:
-                break;  // progress() runs every turn
+                // progress() runs every turn; a transport that looks at its fds only when
+                // they are readable learns it here.
+                if (const size_t t = (tag >> 32) & 0xffffff; t < transports_.all().size()) {
+                    transports_.all()[t]->readable(static_cast<int>(tag & 0xffffffffu));
+                }
+                break;
             case kTagBell:
                 if (Session *s = findSession(sid)) {
                     ipc::drain(s->to_sidecar.get());
@@ -431,7 +430,7 @@ bool EngineImpl::armSleep() {
             return false;
         }
     }
-    for (Transport *t : transports_) {
+    for (Transport *t : transports_.all()) {
         if (!t->arm()) {
             return false;
         }
@@ -527,8 +526,8 @@ size_t EngineImpl::progressTransports() {
         stats_.invalidateClock();  // the completions reported below share one clock read
     }
     size_t work = 0;
-    for (Transport *t : transports_) {
-        in_local_progress_ = t == local_.get();
+    for (Transport *t : transports_.all()) {
+        in_local_progress_ = t == local_;
         work += t->progress(*this);
         in_local_progress_ = false;
         releaseHeldArrival(ipc::kWriterUidUnknown);  // none is left unless that order changed
@@ -668,12 +667,7 @@ void EngineImpl::releaseRegion(const std::shared_ptr<Region> &r) {
 }
 
 void EngineImpl::retireRegion(const std::shared_ptr<Region> &r) {
-    for (Transport *t : transports_) {
-        t->deregisterRegion(r->id);
-    }
-    if (peers_) {
-        peers_->transport().deregisterRegion(r->id);
-    }
+    transports_.deregisterRegion(r->id);
 }
 
 void EngineImpl::dropUser(const std::shared_ptr<Region> &r) {

@@ -25,6 +25,7 @@
 #include "tensorlane/sidecar/status.hpp"
 #include "tensorlane/sidecar/transport.hpp"
 #include "transport/local/local_transport.hpp"
+#include "transport/set.hpp"
 
 namespace tensorlane::sidecar {
 
@@ -62,7 +63,7 @@ private:
         kTagPeers = 4ull << 56,
         kTagSock = 5ull << 56,
         kTagBell = 6ull << 56,
-        kTagTransport = 7ull << 56,  ///< a transport's fd (low bits: its index)
+        kTagTransport = 7ull << 56,  ///< a transport's fd (bits 32-55: its index, 0-31: the fd)
         kTagMetrics = 8ull << 56,    ///< a scrape waits for a snapshot
         kTagCudaCheck = 9ull << 56,  ///< CUDA imports verified (cuda_control.cpp)
     };
@@ -153,7 +154,7 @@ private:
     Status checkQuota(const Session &s, uint64_t new_bytes, bool new_mapping) const;
     std::string remotesQuotaText() const;
     /// Makes `r` usable by every transport (local, tcp, verbs); an error undoes nothing.
-    Status registerWithTransports(Region &r);
+    Status registerWithTransports(Region &r) { return transports_.registerRegion(r); }
 
     // requests.cpp
     /// Ends a request on the client's completion ring (and in its stream slot, if it has one);
@@ -172,7 +173,6 @@ private:
     bool postNow(const WriteOp &op);
     /// Posts queued writes, per peer in order, while their transports take them.
     size_t pumpQueues();
-    Transport *transportFor(PeerId peer);
 
     Session *findSession(SessionId id) {
         auto it = sessions_.find(id);
@@ -228,7 +228,10 @@ private:
     std::chrono::steady_clock::time_point started_;
     RegionTable regions_;
     RegionId probe_region_ = 0;
-    std::unique_ptr<LocalTransport> local_;
+    /// Every transport, local first (what pollFds/arm/progress iterate); the peer layer binds
+    /// the remote ones to peers.
+    TransportSet transports_;
+    LocalTransport *local_ = nullptr;  ///< transports_'s local one
     std::unique_ptr<PeerManager> peers_;
     ipc::UniqueFd epoll_;
     ipc::UniqueFd listen_;
@@ -247,7 +250,6 @@ private:
     /// Regions removed from the table with writes still using them: deregistered from the
     /// transports when the last one ends.
     std::unordered_map<RegionId, std::shared_ptr<Region>> retiring_;
-    std::vector<Transport *> transports_;  ///< local first; what pollFds/arm/progress iterate
     std::chrono::steady_clock::time_point listen_paused_until_{};
     bool listen_paused_ = false;
     size_t last_poll_events_ = 0;

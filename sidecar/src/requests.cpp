@@ -149,10 +149,7 @@ void EngineImpl::handleRequest(Session &s, const ipc::Request &r) {
 }
 
 bool EngineImpl::postNow(const WriteOp &op) {
-    Transport *t = transportFor(op.peer);
-    Status st = t != nullptr
-                    ? t->post(op)
-                    : Status{Code::kPeer, "no transport to peer " + std::to_string(op.peer)};
+    Status st = transports_.post(op);
     if (st.code() == Code::kAgain) {
         return false;
     }
@@ -176,13 +173,6 @@ size_t EngineImpl::pumpQueues() {
         }
     }
     return posted;
-}
-
-Transport *EngineImpl::transportFor(PeerId peer) {
-    if (peer == kLocalPeer) {
-        return local_.get();
-    }
-    return peers_ ? &peers_->transport() : nullptr;
 }
 
 uint32_t EngineImpl::drainSession(Session &s, uint64_t cap) {

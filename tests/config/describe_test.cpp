@@ -139,7 +139,8 @@ TEST(ConfigDescribe, JsonMirrorsTheTables) {
     EXPECT_EQ(j["fabric"]["ecn"], true);
     EXPECT_EQ(j["fabric"]["mtu"], 4096);
     EXPECT_EQ(j["fabric"]["trust"], "dscp");
-    EXPECT_EQ(j["fabric"].size(), 18u);
+    EXPECT_EQ(j["fabric"]["transports"], nlohmann::json::array({"verbs", "tcp"}));
+    EXPECT_EQ(j["fabric"].size(), 19u);
     EXPECT_EQ(j["fabric"]["tclass_override"], "fail");
     EXPECT_EQ(j["security"]["tcp_integrity"], "mac");
     EXPECT_EQ(j["security"]["revoke_timeout_ms"], 1500);

@@ -795,3 +795,53 @@ TEST(ConfigParse, PeerAdmissionSwitches) {
 
 }  // namespace
 }  // namespace tensorlane::config
+
+namespace tensorlane::config {
+namespace {
+
+TEST(ConfigTransports, AnOrderedListSetsThePreferenceAndTheTransportKind) {
+    EXPECT_EQ(transportPreference(parse("").config->fabric),
+              (std::vector<std::string>{"verbs", "tcp"}));
+    EXPECT_EQ(transportPreference(parse("[fabric]\ntransport = \"tcp\"\n").config->fabric),
+              (std::vector<std::string>{"tcp"}));
+    struct Case {
+        std::string list;
+        std::vector<std::string> order;
+        TransportKind kind;
+    };
+    for (const Case &c : std::vector<Case>{
+             {R"(["tcp", "verbs"])", {"tcp", "verbs"}, TransportKind::kAuto},
+             {R"(["verbs"])", {"verbs"}, TransportKind::kVerbs},
+             {R"(["tcp"])", {"tcp"}, TransportKind::kTcp},
+         }) {
+        SCOPED_TRACE(c.list);
+        const ParseResult r = parse("[fabric]\ntransports = " + c.list + "\n");
+        ASSERT_TRUE(r.ok()) << allErrors(r);
+        EXPECT_EQ(transportPreference(r.config->fabric), c.order);
+        EXPECT_EQ(r.config->fabric.transport, c.kind);
+    }
+}
+
+TEST(ConfigTransports, BadListsAreRefusedNamingTheEntry) {
+    struct Case {
+        std::string text;
+        std::string key;
+        std::string expected_part;
+    };
+    for (const Case &c : std::vector<Case>{
+             {"transports = []", "fabric.transports", "non-empty array"},
+             {"transports = \"tcp\"", "fabric.transports", "non-empty array"},
+             {"transports = [\"tcp\", \"rdma\"]", "fabric.transports[1]", "\"verbs\" or \"tcp\""},
+             {"transports = [\"tcp\", 3]", "fabric.transports[1]", "\"verbs\" or \"tcp\""},
+             {"transports = [\"tcp\", \"tcp\"]", "fabric.transports[1]", "not listed before"},
+             {"transport = \"tcp\"\ntransports = [\"tcp\"]", "fabric.transports", "not both"},
+         }) {
+        SCOPED_TRACE(c.text);
+        const Error e = onlyError(parse("[fabric]\n" + c.text + "\n"));
+        EXPECT_EQ(e.key, c.key);
+        EXPECT_NE(e.expected.find(c.expected_part), std::string::npos) << e.expected;
+    }
+}
+
+}  // namespace
+}  // namespace tensorlane::config

@@ -153,6 +153,7 @@ struct World {
     config::Config cfg;
     RegionTable regions;
     std::vector<unsigned char> memory = std::vector<unsigned char>(1 << 16);
+    TransportSet transports;  ///< before pm, which refers to it
     std::unique_ptr<PeerManagerImpl> pm;
     NullSink sink;
     PeerKey key;
@@ -208,15 +209,22 @@ struct World {
         regions.add(r);
         check(regions.expose(r->id, "r").isOk());
 
-        std::vector<std::unique_ptr<RemoteTransport>> transports;
         auto tcp = std::make_unique<TcpTransport>(cfg, regions);
         check(tcp->init() == 0);
-        transports.push_back(std::move(tcp));
-        pm = std::make_unique<PeerManagerImpl>(cfg, regions, key, std::move(transports));
+        transports.add(std::move(tcp));
+        pm = std::make_unique<PeerManagerImpl>(cfg, regions, key, transports);
         check(pm->init().isOk());
         check(pm->start().isOk());
         pump = [this] {
             // No sleeping: the other end of every wait is this thread (or the kernel's loopback).
+            // The engine's turn: the transports, then the peer layer.
+            for (Transport *t : transports.all()) {
+                for (int fd : t->pollFds()) {
+                    t->readable(fd);  // no poll here: look at every fd
+                }
+                t->progress(sink);
+            }
+            pm->readable();
             pm->progress(sink);
         };
     }
@@ -225,8 +233,6 @@ struct World {
         HandshakeIdentity id;
         id.name = "fuzz-b";
         id.incarnation = incarnation;
-        id.caps.chunk_bytes = cfg.tcp.chunk_bytes;
-        id.caps.connections = cfg.tcp.connections_per_peer;
         id.caps.peer_timeout_ms = cfg.tcp.peer_timeout_ms;
         id.caps.keepalive_ms = cfg.tcp.keepalive_ms;
         id.caps.integrity = 0;
@@ -277,8 +283,9 @@ struct World {
             }
         } while (h.type != FrameType::kReady);
         if (select) {
-            if (!s.sendFrame(FrameType::kSelect, kTransportTcp) || !s.recvFrame(&h, &p) ||
-                h.type != FrameType::kSelected) {
+            if (!s.sendFrame(FrameType::kSelect, kTransportTcp,
+                             encodeTcpBlob(cfg.tcp.connections_per_peer, cfg.tcp.chunk_bytes)) ||
+                !s.recvFrame(&h, &p) || h.type != FrameType::kSelected) {
                 return;
             }
         }
@@ -315,7 +322,7 @@ struct World {
             serveSession(s, phase, bytes);
         }
         // No reconnect: the next input starts afresh.
-        pm->transport().disconnect(peer);
+        pm->disconnect(peer);
         for (int i = 0; i < 4; ++i) {
             pump();
         }
@@ -339,7 +346,9 @@ struct World {
                 return;
             }
             if (phase == 4) {
-                if (!s.sendFrame(FrameType::kSelected, h.arg)) {
+                if (!s.sendFrame(
+                        FrameType::kSelected, h.arg,
+                        encodeTcpBlob(cfg.tcp.connections_per_peer, cfg.tcp.chunk_bytes))) {
                     return;
                 }
                 const int dfd = acceptFromManager();

@@ -21,11 +21,11 @@ PeerKey keyOf(char digit) {
     return k;
 }
 
-HandshakeIdentity ident(const std::string &name, uint32_t chunk = 1u << 20, uint32_t conns = 2) {
+HandshakeIdentity ident(const std::string &name, uint32_t integrity = 1) {
     HandshakeIdentity id;
     id.name = name;
     randombytes_buf(&id.incarnation, sizeof id.incarnation);
-    id.caps = PeerCaps{chunk, conns, 5000, 1000};
+    id.caps = PeerCaps{5000, 1000, integrity};
     return id;
 }
 
@@ -200,20 +200,19 @@ TEST(PeerHandshake, VersionMismatchNamesBothVersions) {
 
 TEST(PeerHandshake, SharedSettingMismatchNamesBothValues) {
     const PeerKey key = keyOf('1');
-    ClientHandshake client(key, ident("node-a", 1u << 20), "node-b", LinkRole::kControl, 0, 0);
-    ServerHandshake server(key, ident("node-b", 2u << 20));
+    ClientHandshake client(key, ident("node-a", 1), "node-b", LinkRole::kControl, 0, 0);
+    ServerHandshake server(key, ident("node-b", 0));
     std::vector<uint8_t> challenge, auth;
     ASSERT_TRUE(server.onHello(client.hello(), admitAll(), 1, &challenge).isOk());
     HandshakeOutcome out;
     Status s = client.onChallenge(challenge, &auth, &out);
     EXPECT_EQ(s.code(), Code::kInvalid);
-    EXPECT_NE(s.message().find("chunk_bytes"), std::string::npos) << s.message();
-    EXPECT_NE(s.message().find("1048576"), std::string::npos) << s.message();
-    EXPECT_NE(s.message().find("2097152"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("tcp_integrity"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("\"mac\""), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("\"none\""), std::string::npos) << s.message();
 
-    Status t = checkSharedCaps("node-a", PeerCaps{4096, 2, 5000, 1000}, "node-b",
-                               PeerCaps{4096, 4, 5000, 1000});
-    EXPECT_NE(t.message().find("connections_per_peer"), std::string::npos) << t.message();
+    Status t = checkSharedCaps("node-a", PeerCaps{5000, 1000, 1}, "node-b", PeerCaps{0, 1000, 1});
+    EXPECT_NE(t.message().find("zero timeout"), std::string::npos) << t.message();
 }
 
 TEST(PeerHandshake, AdmitRefusalIsPassedOn) {

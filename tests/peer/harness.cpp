@@ -346,8 +346,10 @@ void Node::run() {
     }
     // Built and started on this thread, as the engine does: sockets belong to its netns.
     const config::Config cfg = makeConfig(opts_);
-    Status error;
-    pm_ = sidecar::makePeerManager(cfg, regions_, &error);
+    Status error = sidecar::addRemoteTransports(cfg, regions_, &transports_);
+    if (error.isOk()) {
+        pm_ = sidecar::makePeerManager(cfg, regions_, transports_, &error);
+    }
     if (!pm_) {
         start_status_ = error;
     } else {
@@ -377,14 +379,41 @@ void Node::run() {
         for (auto &t : tasks) {
             t();
         }
+        bool armed = true;
         if (!paused_.load()) {
+            // The engine's turn: every transport, then the peer layer; arm before sleeping.
+            for (sidecar::Transport *t : transports_.all()) {
+                t->progress(sink);
+            }
             pm_->progress(sink);
+            for (sidecar::Transport *t : transports_.all()) {
+                armed = t->arm() && armed;
+            }
         }
-        pollfd fds[2] = {{pm_->wakeFd(), POLLIN, 0}, {task_fd_, POLLIN, 0}};
-        const int n = ::poll(paused_.load() ? fds + 1 : fds, paused_.load() ? 1 : 2, 50);
+        std::vector<pollfd> fds = {{task_fd_, POLLIN, 0}};
+        if (!paused_.load()) {
+            fds.push_back({pm_->wakeFd(), POLLIN, 0});
+            for (sidecar::Transport *t : transports_.all()) {
+                for (int fd : t->pollFds()) {
+                    fds.push_back({fd, POLLIN, 0});
+                }
+            }
+        }
+        const int n = ::poll(fds.data(), fds.size(), armed ? 50 : 0);
         if (n > 0) {
-            if (!paused_.load() && (fds[0].revents & POLLIN) != 0) {
+            if (fds.size() > 1 && (fds[1].revents & POLLIN) != 0) {
                 wakeups_.fetch_add(1);
+                pm_->readable();
+            }
+            // As the engine does: tell each transport which of its fds are readable.
+            size_t k = 2;
+            for (sidecar::Transport *t : transports_.all()) {
+                for (int fd : t->pollFds()) {
+                    if (k < fds.size() && fds[k].fd == fd && (fds[k].revents & POLLIN) != 0) {
+                        t->readable(fd);
+                    }
+                    ++k;
+                }
             }
             uint64_t v = 0;
             [[maybe_unused]] ssize_t drained = ::read(task_fd_, &v, sizeof v);
@@ -400,8 +429,12 @@ void Node::run() {
         t();
     }
     pm_->stop();
+    for (sidecar::Transport *t : transports_.all()) {
+        t->progress(sink);
+    }
     pm_->progress(sink);
     pm_.reset();
+    transports_.clear();
 }
 
 std::shared_ptr<Region> Node::addRegion(size_t bytes, const std::string &name) {
@@ -492,7 +525,7 @@ std::pair<Status, uint64_t> Node::post(const std::string &peer, const std::share
             op.dst_offset = dst_offset;
             op.bytes = bytes;
             op.imm = imm;
-            return pm_->transport().post(std::move(op));
+            return transports_.post(op);
         });
         if (s.code() != Code::kAgain || std::chrono::steady_clock::now() >= deadline) {
             return {s, op_id};

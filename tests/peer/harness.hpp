@@ -20,6 +20,7 @@
 #include "tensorlane/sidecar/peers.hpp"
 #include "tensorlane/sidecar/region.hpp"
 #include "tensorlane/sidecar/transport.hpp"
+#include "transport/set.hpp"
 
 namespace tensorlane::peertest {
 
@@ -133,7 +134,8 @@ bool simulatedHcaLoaded();
 /// The default test tuning: short timeouts so failure tests finish quickly.
 config::Config makeConfig(const NodeOptions &o);
 
-/// One sidecar: a RegionTable, a PeerManager built and driven on its own loop thread.
+/// One sidecar minus its clients: a RegionTable, the remote transports and a PeerManager, built
+/// and driven on its own loop thread the way the engine drives them.
 class Node {
 public:
     explicit Node(NodeOptions opts);
@@ -183,6 +185,8 @@ public:
 
     sidecar::RegionTable &regions() { return regions_; }
     sidecar::PeerManager &pm() { return *pm_; }
+    /// The transports, as the engine holds them (call on the loop thread).
+    sidecar::TransportSet &transports() { return transports_; }
     RecordingSink sink;
     const std::string &name() const { return opts_.name; }
     uint16_t port() const { return opts_.port; }
@@ -193,6 +197,9 @@ private:
 
     NodeOptions opts_;
     sidecar::RegionTable regions_;
+    /// The remote transports, owned here as the engine owns them (declared before pm_, which
+    /// refers to them, so they go after it).
+    sidecar::TransportSet transports_;
     std::unique_ptr<sidecar::PeerManager> pm_;
     Status start_status_;
     std::mutex mu_;

@@ -262,6 +262,7 @@ TEST_P(PeerFailure, PeerAddressGivenAsAHostNameIsResolved) {
     o.key_file = key_;
     o.peers = {{"node-b", pb_}};
     o.peer_hosts = {"localhost"};
+    o.transport = GetParam();  // node-b offers only this one
     Node a(o);
     ASSERT_TRUE(a.ok());
     auto b = makeB();

@@ -217,7 +217,7 @@ TEST(HostilePeer, EarlyAckIsAProtocolErrorAndTheWriteFails) {
         if (::poll(&pf, 1, 5000) > 0 &&
             ::recv(evil.data(0).fd(), head, sizeof head, MSG_WAITALL) == sizeof head) {
             uint8_t ack[8] = {};
-            evil.control().send(FrameType::kAck, 1, ack);
+            evil.data(0).send(FrameType::kAck, 1, ack);
         }
         evil.control().closedWithin(5000);
     });
@@ -232,6 +232,62 @@ TEST(HostilePeer, EarlyAckIsAProtocolErrorAndTheWriteFails) {
     ASSERT_TRUE(c.has_value());
     EXPECT_EQ(c->code, Code::kPeer) << "an early ACK was taken for delivery: " << c->reason;
     EXPECT_TRUE(peerLogHas({"node-evil", "before all of it was sent"}));
+}
+
+TEST(HostilePeer, AnAckAnywhereButDataConnectionZeroIsAProtocolError) {
+    // Since protocol version 3 a tcp target acknowledges on data connection 0 only; an ACK on
+    // the control connection (where version 2 sent them) or on another data connection must
+    // not end a write: the session fails and the write ends TL_EPEER.
+    for (const bool on_control : {true, false}) {
+        SCOPED_TRACE(on_control ? "ACK on the control connection" : "ACK on data connection 1");
+        TempDir dir;
+        const auto key = dir.writeFile("peer.key", kSecret);
+        RawServerPeer evil(kSecret, "node-evil");
+        NodeOptions o;
+        o.name = "node-a";
+        o.port = freePort();
+        o.key_file = key;
+        o.peers = {{"node-evil", evil.port()}};
+        Node a(o);
+        ASSERT_TRUE(a.ok());
+        std::atomic<bool> served{false};
+        std::string why;
+        std::thread server([&] {
+            sidecar::RegionDescriptor sink{1, 4096, "sink"};
+            if (!evil.acceptSession(sink, &why) || !evil.acceptData(&why)) {
+                return;
+            }
+            served = true;
+            // Wait until the whole (one-chunk) write has come, then acknowledge it wrongly.
+            uint8_t buf[4096 + sidecar::kChunkFrameOverhead + 64];
+            pollfd pf[2] = {{evil.data(0).fd(), POLLIN, 0}, {evil.data(1).fd(), POLLIN, 0}};
+            if (::poll(pf, 2, 5000) > 0) {
+                for (const pollfd &f : pf) {
+                    if ((f.revents & POLLIN) != 0) {
+                        (void)::recv(f.fd, buf, sizeof buf, MSG_DONTWAIT);
+                    }
+                }
+            }
+            uint8_t ack[8] = {};
+            if (on_control) {
+                evil.control().send(FrameType::kAck, 1, ack);
+            } else {
+                evil.data(1).send(FrameType::kAck, 1, ack);
+            }
+            evil.control().closedWithin(5000);
+        });
+        auto [ls, remote] = a.lookup("node-evil", "sink");
+        ASSERT_TRUE(ls.isOk()) << ls.message() << why;
+        auto src = a.addRegion(4096);
+        auto [ps, op] = a.post("node-evil", src, 0, remote.id, 0, 4096, 7);
+        ASSERT_TRUE(ps.isOk()) << ps.message();
+        auto c = a.sink.completion(op, 10s);
+        server.join();
+        ASSERT_TRUE(served.load()) << why;
+        ASSERT_TRUE(c.has_value());
+        EXPECT_EQ(c->code, Code::kPeer) << "a misplaced ACK ended the write: " << c->reason;
+        EXPECT_TRUE(peerLogHas({"node-evil", "unexpected ACK"}));
+    }
 }
 
 TEST(HostilePeer, MoreRegionsThanTheLimitAreIgnored) {
@@ -323,7 +379,7 @@ TEST(PeerTcpBounds, TerabyteWriteIsCutAsTheSocketsDrain) {
         op.dst_region = remote.id;
         op.remote_region = 999;
         op.bytes = kTiB;
-        return a.pm().transport().post(op);
+        return a.transports().post(op);
     });
     ASSERT_TRUE(s.isOk()) << s.message();
     EXPECT_LT(Clock::now() - t0, 1s) << "post() cut the whole write up front";

@@ -316,7 +316,7 @@ TEST_F(PeerSecurity, GarbageSlowAndHalfOpenConnectionsAreDroppedWhileAGoodPeerWo
     std::thread dribbler([&] {
         sidecar::PeerKey key;
         (void)sidecar::PeerKey::fromText(kSecret, &key);
-        sidecar::HandshakeIdentity id{"node-a", 1, {1u << 20, 2, 1500, 250}};
+        sidecar::HandshakeIdentity id{"node-a", 1, {1500, 250}};
         sidecar::ClientHandshake hs(key, id, "node-b", sidecar::LinkRole::kControl, 0, 0);
         auto bytes = frame(sidecar::FrameType::kHello, hs.hello());
         for (size_t i = 0; i < bytes.size() && !stop_slow.load(); ++i) {
@@ -402,7 +402,7 @@ TEST_F(PeerSecurity, ReplayedHandshakeIsRefused) {
 
     sidecar::PeerKey key;
     ASSERT_TRUE(sidecar::PeerKey::fromText(kSecret, &key).isOk());
-    sidecar::HandshakeIdentity id{"node-a", 42, {1u << 20, 2, 1500, 250}};
+    sidecar::HandshakeIdentity id{"node-a", 42, {1500, 250}};
 
     // A genuine handshake, recorded by an eavesdropper.
     sidecar::ClientHandshake hs(key, id, "node-b", sidecar::LinkRole::kControl, 0, 0);
@@ -442,17 +442,19 @@ TEST_F(PeerSecurity, MissingOrOpenKeyFileFailsToStart) {
     cfg.node.name = "node-a";
     cfg.peers.push_back({"node-b", {"127.0.0.1", 1}});
     sidecar::RegionTable regions;
+    sidecar::TransportSet transports;
+    ASSERT_TRUE(sidecar::addRemoteTransports(cfg, regions, &transports).isOk());
     Status err;
     cfg.security.peer_key_file = dir_.path() + "/nope";
-    EXPECT_EQ(sidecar::makePeerManager(cfg, regions, &err), nullptr);
+    EXPECT_EQ(sidecar::makePeerManager(cfg, regions, transports, &err), nullptr);
     EXPECT_NE(err.message().find("nope"), std::string::npos) << err.message();
     cfg.security.peer_key_file = dir_.writeFile("open", kSecret, 0644);
-    EXPECT_EQ(sidecar::makePeerManager(cfg, regions, &err), nullptr);
+    EXPECT_EQ(sidecar::makePeerManager(cfg, regions, transports, &err), nullptr);
     EXPECT_EQ(err.code(), Code::kPermission);
     // A node without peers needs no key.
     cfg.peers.clear();
     cfg.security.peer_key_file = dir_.path() + "/nope";
-    EXPECT_NE(sidecar::makePeerManager(cfg, regions, &err), nullptr);
+    EXPECT_NE(sidecar::makePeerManager(cfg, regions, transports, &err), nullptr);
 }
 
 // ----- who may connect, and as whom (issue 19)

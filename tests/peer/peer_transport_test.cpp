@@ -386,7 +386,7 @@ TEST_P(Peers, RevokedRegionRejectsWritesAndNothingIsWritten) {
             op.dst_region = remote.id;
             op.remote_region = victim->id;
             op.bytes = 100;
-            return a.pm().transport().post(std::move(op));
+            return a.transports().post(op);
         });
     } while (direct.code() == Code::kAgain);
     if (direct.isOk()) {

@@ -12,7 +12,7 @@
 #include "harness.hpp"
 #include "raw_peer.hpp"
 #include "raw_verbs.hpp"
-#include "transport/remote.hpp"
+#include "transport/set.hpp"
 #include "transport/verbs/wire.hpp"
 
 namespace tensorlane::peertest {
@@ -152,10 +152,12 @@ protected:
         VerbsBlob receiver;
         ASSERT_TRUE(sidecar::decodeVerbsBlob(selected, &receiver, &why)) << why;
         ASSERT_TRUE(end->connect(receiver, &why)) << why;
+        // The verbs channel: the keys come there, not on the control connection.
+        ASSERT_TRUE((*evil)->openData(0, &why)) << why;
         FrameHeader h;
         std::vector<uint8_t> p;
         for (;;) {
-            ASSERT_TRUE((*evil)->control().recv(&h, &p)) << "no KEY_ADD from node-b";
+            ASSERT_TRUE((*evil)->data(0).recv(&h, &p)) << "no KEY_ADD from node-b";
             if (h.type == FrameType::kTransport &&
                 sidecar::verbsMsgOf(h.arg) == static_cast<uint32_t>(VerbsMsg::kKeyAdd)) {
                 ASSERT_TRUE(sidecar::decodeRegionKey(p, key));
@@ -334,7 +336,7 @@ TEST_F(HostileVerbsPeer, UnconfirmedRevocationIsForcedAfterTheDeadline) {
     FrameHeader h;
     std::vector<uint8_t> p;
     bool asked = false;
-    while (!asked && evil->control().recv(&h, &p, 5000)) {
+    while (!asked && evil->data(0).recv(&h, &p, 5000)) {
         uint64_t id = 0;
         asked = h.type == FrameType::kTransport &&
                 sidecar::verbsMsgOf(h.arg) == static_cast<uint32_t>(VerbsMsg::kKeyDel) &&

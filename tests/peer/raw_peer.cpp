@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "peer/wire.hpp"
+#include "transport/tcp/tcp_transport.hpp"
 
 namespace tensorlane::peertest {
 
@@ -194,8 +195,6 @@ HandshakeIdentity rawIdentity(const std::string &name, const RawCaps &caps) {
     HandshakeIdentity id;
     id.name = name;
     id.incarnation = 0x7a11ull;
-    id.caps.chunk_bytes = caps.chunk_bytes;
-    id.caps.connections = caps.connections;
     id.caps.peer_timeout_ms = caps.peer_timeout_ms;
     id.caps.keepalive_ms = caps.keepalive_ms;
     id.caps.integrity = caps.integrity ? 1 : 0;
@@ -227,7 +226,8 @@ RawClientPeer::RawClientPeer(const std::string &secret, std::string name, std::s
 
 bool RawClientPeer::openSession(std::string *why) {
     std::vector<uint8_t> selected;
-    return openSession(kTransportTcp, {}, &selected, why);
+    return openSession(kTransportTcp, encodeTcpBlob(caps_.connections, caps_.chunk_bytes),
+                       &selected, why);
 }
 
 bool RawClientPeer::openSession(uint32_t transport, std::span<const uint8_t> blob,
@@ -380,7 +380,8 @@ bool RawServerPeer::acceptSession(const RegionDescriptor &region, std::string *w
     if (!control_.send(FrameType::kRegionAdd, region.id,
                        encodeRegionAdd(region.bytes, region.name)) ||
         !control_.send(FrameType::kReady, 0) || !control_.recvType(FrameType::kSelect, &h, &p) ||
-        !control_.send(FrameType::kSelected, h.arg)) {
+        !control_.send(FrameType::kSelected, h.arg,
+                       encodeTcpBlob(caps_.connections, caps_.chunk_bytes))) {
         *why = "no SELECT";
         return false;
     }

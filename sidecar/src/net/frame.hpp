@@ -55,11 +55,11 @@ enum class FrameType : uint8_t {
     kRefuse = 5,      ///< either way: a reason text, then the sender closes
     kRegionAdd = 16,  ///< server → client: an exposed region (arg = id)
     kRegionDel = 17,  ///< server → client: a revoked region (arg = id)
-    kAck = 18,        ///< server → client: a write ended (arg = sequence number)
+    kAck = 18,        ///< server → client on tcp data connection 0: a write ended (arg = seq)
     kHeartbeat = 19,  ///< either way on control: liveness
     kSelect = 20,     ///< client → server on control: the transport for this session (arg)
     kSelected = 21,   ///< server → client on control: the transport accepted (arg)
-    kTransport = 22,  ///< either way on control: a message of the session's transport
+    kTransport = 22,  ///< either way on a transport's own channel: one of its messages
     kChunk = 32,      ///< client → server on data connections: one piece of a write
 };
 

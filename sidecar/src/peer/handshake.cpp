@@ -52,18 +52,6 @@ std::string versionMismatch(const std::string &ours_name, uint16_t ours,
 
 Status checkSharedCaps(const std::string &our_name, const PeerCaps &ours,
                        const std::string &their_name, const PeerCaps &theirs) {
-    auto differs = [&](const char *key, uint32_t a, uint32_t b) {
-        return Status{Code::kInvalid, std::string("[tcp] ") + key + " differs: " + our_name +
-                                          " has " + std::to_string(a) + ", " + their_name +
-                                          " has " + std::to_string(b) +
-                                          "; both ends must set the same value"};
-    };
-    if (ours.chunk_bytes != theirs.chunk_bytes) {
-        return differs("chunk_bytes", ours.chunk_bytes, theirs.chunk_bytes);
-    }
-    if (ours.connections != theirs.connections) {
-        return differs("connections_per_peer", ours.connections, theirs.connections);
-    }
     if (ours.integrity != theirs.integrity) {
         auto name = [](uint32_t v) { return v != 0 ? std::string("\"mac\"") : "\"none\""; };
         return {Code::kInvalid, "[security] tcp_integrity differs: " + our_name + " has " +

@@ -46,8 +46,8 @@ struct HandshakeOutcome {
     bool integrity = false;
 };
 
-/// kInvalid naming both values when a setting both ends must share differs (chunk_bytes,
-/// connections_per_peer, tcp_integrity).
+/// kInvalid naming both values when a setting both ends must share differs (tcp_integrity;
+/// a transport's own settings are checked by the transport, from its SELECT blob).
 Status checkSharedCaps(const std::string &our_name, const PeerCaps &ours,
                        const std::string &their_name, const PeerCaps &theirs);
 

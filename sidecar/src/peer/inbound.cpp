@@ -439,7 +439,7 @@ void PeerManagerImpl::promote(uint64_t token, const HandshakeOutcome &o, int64_t
         return;
     }
     p->in->data_taken[o.data_index] = true;
-    p->in->transport->adoptConnection(p->id, SessionSide::kIn, o.data_index, std::move(conn));
+    p->in->transport->adoptChannel(p->id, SessionSide::kIn, o.data_index, std::move(conn));
 }
 
 void PeerManagerImpl::closeIn(Peer &p, const std::string &reason, bool warn) {
@@ -512,10 +512,9 @@ bool PeerManagerImpl::handleInControlFrame(Peer &p, const FrameHeader &h,
     if (h.type == FrameType::kSelect && !s.transport_open) {
         // The client chose the transport for its writes; open our receiving side of it and
         // answer with our own bootstrap data for it.
-        RemoteTransport *t =
-            h.arg <= UINT32_MAX ? transportOfKind(static_cast<uint32_t>(h.arg)) : nullptr;
-        if (t == nullptr || !t->available() ||
-            (cfg_.fabric.transport == config::TransportKind::kTcp && t->kind() != kTransportTcp)) {
+        Transport *t =
+            h.arg <= UINT32_MAX ? transports_.byWireId(static_cast<uint32_t>(h.arg)) : nullptr;
+        if (t == nullptr || !t->available()) {
             const std::string why =
                 "transport " + std::to_string(h.arg) + " is not available on " + cfg_.node.name;
             s.control->queueFrame(
@@ -527,14 +526,21 @@ bool PeerManagerImpl::handleInControlFrame(Peer &p, const FrameHeader &h,
         }
         SessionInfo info = sessionInfo(p, s.session_id, s.remote_incarnation, s.integrity);
         info.remote_blob.assign(payload.begin(), payload.end());
-        Status st = t->openSession(p.id, SessionSide::kIn, info);
+        uint32_t channels = 0;
+        Status st = t->openSession(p.id, SessionSide::kIn, info, &channels);
         if (!st.isOk()) {
-            closeIn(p, "cannot open the transport session: " + st.message(), true);
+            const std::string why = "cannot open the " + std::string(t->name()) + " session on " +
+                                    cfg_.node.name + ": " + st.message();
+            s.control->queueFrame(
+                FrameType::kRefuse, 0,
+                std::span(reinterpret_cast<const uint8_t *>(why.data()), why.size()));
+            (void)s.control->flush(now);
+            closeIn(p, why, true);
             return false;
         }
         s.transport = t;
         s.transport_open = true;
-        s.data_expected = cfg_.tcp.connections_per_peer;
+        s.data_expected = channels;
         s.data_taken.assign(s.data_expected, false);
         s.control->queueFrame(FrameType::kSelected, h.arg, t->localBlob(p.id, SessionSide::kIn));
         if (int rc = s.control->flush(now); rc != 0) {
@@ -542,14 +548,6 @@ bool PeerManagerImpl::handleInControlFrame(Peer &p, const FrameHeader &h,
             return false;
         }
         return true;
-    }
-    if (h.type == FrameType::kTransport && s.transport_open) {
-        std::string error;
-        if (!s.transport->onControlFrame(p.id, SessionSide::kIn, h, payload, &error)) {
-            closeIn(p, "protocol error: " + error, true);
-            return false;
-        }
-        return p.in != nullptr;
     }
     closeIn(p,
             "protocol error: unexpected " + frameTypeName(static_cast<uint8_t>(h.type)) +

@@ -74,15 +74,14 @@ Status checkPeerConfig(const config::Config &cfg) {
 }
 
 PeerManagerImpl::PeerManagerImpl(const config::Config &cfg, RegionTable &regions, PeerKey key,
-                                 std::vector<std::unique_ptr<RemoteTransport>> transports,
-                                 PeerLimits limits)
+                                 TransportSet &transports, PeerLimits limits)
     : cfg_(cfg),
       regions_(regions),
       key_(std::move(key)),
       limits_(limits),
-      transports_(std::move(transports)),
+      transports_(transports),
       directory_(cfg.limits.peer_regions) {
-    for (auto &t : transports_) {
+    for (Transport *t : transports_.remote()) {
         t->attach(*this);
     }
     PeerId id = 1;
@@ -100,6 +99,7 @@ PeerManagerImpl::PeerManagerImpl(const config::Config &cfg, RegionTable &regions
             p.hosts = {hostOf(literal)};
         }
         p.backoff_ms = cfg_.tcp.reconnect_min_ms;
+        transports_.unbind(p.id, "peer '" + p.name + "' is down: not connected");
         peers_.push_back(std::move(p));
     }
 }
@@ -113,7 +113,6 @@ PeerManagerImpl::~PeerManagerImpl() {
     dead_out_.clear();
     dead_in_.clear();
     dead_conns_.clear();
-    transports_.clear();
 }
 
 Status PeerManagerImpl::init() {
@@ -152,11 +151,6 @@ Status PeerManagerImpl::init() {
     poller_.add(timer_.get(), EPOLLIN, kTokenTimer);
     poller_.add(wake_.get(), EPOLLIN, kTokenWake);
     poller_.add(resolver_->fd(), EPOLLIN, kTokenResolver);
-    for (auto &t : transports_) {
-        for (int fd : t->pollFds()) {
-            poller_.add(fd, EPOLLIN, kTokenTransport);
-        }
-    }
     return Status::ok();
 }
 
@@ -398,27 +392,9 @@ Status PeerManagerImpl::ensureConnected(PeerId peer) {
     return Status::ok();
 }
 
-// ----- what the transport asks of us (PeerLink)
+// ----- what the transport asks of us (TransportHost)
 
-Status PeerManagerImpl::sendControl(PeerId peer, SessionSide side, FrameType type, uint64_t arg,
-                                    std::span<const uint8_t> payload) {
-    Peer *p = peerOf(peer);
-    Connection *c = nullptr;
-    if (p != nullptr && side == SessionSide::kOut && p->out) {
-        c = p->out->control.get();
-    } else if (p != nullptr && side == SessionSide::kIn && p->in) {
-        c = p->in->control.get();
-    }
-    if (c == nullptr || !c->isOpen()) {
-        return {Code::kPeer, "no control connection"};
-    }
-    c->queueFrame(type, arg, payload);
-    // Flushed once per progress() (deliverAcks-style batching): many ACKs, one send.
-    signalWake();
-    return Status::ok();
-}
-
-void PeerManagerImpl::openDataConnections(PeerId peer, uint32_t count) {
+void PeerManagerImpl::openChannels(PeerId peer, uint32_t count) {
     Peer *p = peerOf(peer);
     if (p == nullptr || !p->out) {
         return;
@@ -437,7 +413,7 @@ void PeerManagerImpl::openDataConnections(PeerId peer, uint32_t count) {
     }
 }
 
-void PeerManagerImpl::transportReady(PeerId peer) {
+void PeerManagerImpl::sessionReady(PeerId peer) {
     Peer *p = peerOf(peer);
     if (p != nullptr && p->out && p->out->phase == OutSession::Phase::kOpening) {
         onUp(*p, monotonicMs());
@@ -462,8 +438,6 @@ SessionInfo PeerManagerImpl::sessionInfo(const Peer &p, uint64_t session_id, uin
     info.peer_name = p.name;
     info.session_id = session_id;
     info.incarnation = incarnation;
-    info.connections = cfg_.tcp.connections_per_peer;
-    info.chunk_bytes = cfg_.tcp.chunk_bytes;
     info.integrity = integrity;
     return info;
 }
@@ -518,26 +492,23 @@ size_t PeerManagerImpl::progress(EventSink &sink) {
     }
     in_progress_ = true;
     const int64_t now = monotonicMs();
-    // Busy mode makes no system call on the data path: the sockets, timer and wake fds are
-    // looked at every kBusyPollEvery turns (tens of microseconds), as the engine looks at its
-    // own. The transports' data (CQs, rings) is polled below on every turn.
-    constexpr uint32_t kBusyPollEvery = 1024;
-    if (cfg_.ipc.poll_mode != config::PollMode::kBusy || ++busy_turns_ >= kBusyPollEvery) {
-        busy_turns_ = 0;
+    // The sockets, timer and wake fds are looked at only when the engine saw this set
+    // readable (readable(); in busy mode the engine looks every 1024 turns), so no turn pays an
+    // epoll_wait for nothing. The transports' data is theirs, polled by the engine.
+    if (poll_due_) {
+        poll_due_ = false;
         epoll_event evs[64];
         const int n = poller_.wait(evs, 64, 0);
         for (int i = 0; i < n; ++i) {
             dispatch(evs[i], now);
         }
+        poll_due_ = n == 64;  // more may wait
     }
     if (now >= next_deadline_) {
         runTimers(now);
     }
     size_t events = 0;
-    for (auto &t : transports_) {
-        events += t->progress(sink);
-    }
-    // What the transport queued on control connections (ACKs) goes out in one send each.
+    // What was queued on control connections goes out in one send each.
     for (Peer &p : peers_) {
         if (p.in && p.in->control && p.in->control->hasOutput()) {
             if (int rc = p.in->control->flush(now); rc != 0) {
@@ -556,11 +527,7 @@ size_t PeerManagerImpl::progress(EventSink &sink) {
     dead_conns_.clear();
     rearmTimer();
     in_progress_ = false;
-    bool armed = true;
-    for (auto &t : transports_) {
-        armed = t->arm() && armed;
-    }
-    if (!state_events_.empty() || !callbacks_.empty() || !armed) {
+    if (!state_events_.empty() || !callbacks_.empty()) {
         signalWake();
     }
     return events;
@@ -596,8 +563,6 @@ void PeerManagerImpl::dispatch(const epoll_event &ev, int64_t now) {
                 }
             }
             return;
-        case kTokenTransport:
-            return;  // its progress() runs on every turn
         default:
             break;
     }
@@ -658,15 +623,13 @@ HandshakeIdentity PeerManagerImpl::identity() const {
     HandshakeIdentity id;
     id.name = cfg_.node.name;
     id.incarnation = incarnation_;
-    id.caps.chunk_bytes = cfg_.tcp.chunk_bytes;
-    id.caps.connections = cfg_.tcp.connections_per_peer;
     id.caps.peer_timeout_ms = cfg_.tcp.peer_timeout_ms;
     id.caps.keepalive_ms = cfg_.tcp.keepalive_ms;
     id.caps.integrity = cfg_.security.tcp_integrity == config::TcpIntegrity::kMac ? 1 : 0;
     id.caps.transports = 0;
-    for (const auto &t : transports_) {
+    for (const Transport *t : transports_.remote()) {
         if (t->available()) {
-            id.caps.transports |= t->kind();
+            id.caps.transports |= t->caps().wire_id;
         }
     }
     return id;
@@ -693,85 +656,53 @@ void PeerManagerImpl::logDrop(const std::string &remote, const std::string &reas
     }
 }
 
-RemoteTransport *PeerManagerImpl::transportOfKind(uint32_t bit) const {
-    for (const auto &t : transports_) {
-        if (t->kind() == bit) {
-            return t.get();
+Transport *PeerManagerImpl::chooseTransport(const Peer &p, const PeerCaps &remote,
+                                            std::string *why) {
+    // Ours in preference order ([fabric] transports): the first this node can use now and the
+    // peer announced. Never a silent fallback to one the file did not list.
+    std::string skipped;  // for the log: why better ones were passed over
+    std::string refused;  // for the error: why each one cannot be used
+    for (Transport *t : transports_.remote()) {
+        const std::string name = t->name();
+        if (!t->available()) {
+            skipped += (skipped.empty() ? "" : "; ") + ("this node's " + name) +
+                       " transport is not usable now";
+            refused += (refused.empty() ? "" : "; ") + ("this node cannot use " + name) +
+                       " now (its device or port is not usable)";
+            continue;
         }
+        if ((remote.transports & t->caps().wire_id) == 0) {
+            skipped += (skipped.empty() ? "" : "; ") + ("it offers no " + name) + " transport";
+            refused += (refused.empty() ? "" : "; ") + ("peer '" + p.name) + "' cannot use " +
+                       name + " (no such device there, or not in its [fabric] transports)";
+            continue;
+        }
+        if (!skipped.empty()) {
+            peerLog().info("peer '{}' uses {}: {}", p.name, name, skipped);
+        }
+        return t;
     }
+    std::string listed;
+    for (const std::string &n : config::transportPreference(cfg_.fabric)) {
+        listed += (listed.empty() ? "\"" : ", \"") + n + "\"";
+    }
+    *why = (cfg_.fabric.transports.empty()
+                ? "[fabric] transport = \"" + std::string(config::toString(cfg_.fabric.transport)) +
+                      "\""
+                : "[fabric] transports = [" + listed + "]") +
+           ", but " + refused;
     return nullptr;
 }
 
-RemoteTransport *PeerManagerImpl::chooseTransport(const Peer &p, const PeerCaps &remote,
-                                                  std::string *why) {
-    // verbs where both ends can use it now; else tcp, which every node speaks, unless the
-    // file asks for verbs by name (then a peer without it is an error, not a silent fallback).
-    RemoteTransport *verbs = transportOfKind(kTransportVerbs);
-    const bool we_can = verbs != nullptr && verbs->available();
-    const bool they_can = (remote.transports & kTransportVerbs) != 0;
-    if (cfg_.fabric.transport != config::TransportKind::kTcp && we_can && they_can) {
-        return verbs;
-    }
-    if (cfg_.fabric.transport == config::TransportKind::kVerbs) {
-        *why = !we_can ? std::string(
-                             "[fabric] transport = \"verbs\", but this node's RDMA port "
-                             "is not usable now")
-                       : "[fabric] transport = \"verbs\", but peer '" + p.name +
-                             "' cannot use verbs (no RDMA device, or transport = \"tcp\" there)";
-        return nullptr;
-    }
-    if (verbs != nullptr && cfg_.fabric.transport == config::TransportKind::kAuto) {
-        peerLog().info("peer '{}' uses tcp: {}", p.name,
-                       !they_can ? "it offers no verbs transport" : "our RDMA port is not usable");
-    }
-    return transportOfKind(kTransportTcp);
-}
-
-void PeerManagerImpl::Router::disconnect(PeerId peer) {
-    Peer *p = pm_.peerOf(peer);
+void PeerManagerImpl::disconnect(PeerId peer) {
+    Peer *p = peerOf(peer);
     if (p == nullptr) {
         return;
     }
     p->wanted = false;
     p->attempt_scheduled = false;
-    pm_.failOut(*p, "disconnected by the engine", false, monotonicMs());
-    pm_.setState(*p, PeerState::kDown, "disconnected by the engine");
-}
-
-Status PeerManagerImpl::Router::registerRegion(Region &r) {
-    for (auto &t : pm_.transports_) {
-        if (Status s = t->registerRegion(r); !s.isOk()) {
-            return s;
-        }
-    }
-    return Status::ok();
-}
-
-void PeerManagerImpl::Router::deregisterRegion(RegionId r) {
-    for (auto &t : pm_.transports_) {
-        t->deregisterRegion(r);
-    }
-}
-
-Status PeerManagerImpl::Router::post(const WriteOp &op) {
-    Peer *p = pm_.peerOf(op.peer);
-    if (p == nullptr) {
-        return {Code::kInvalid, "peer " + std::to_string(op.peer) + " is not a remote peer"};
-    }
-    if (p->state != PeerState::kUp || !p->out || !p->out->transport) {
-        return {Code::kPeer,
-                "peer '" + p->name + "' is down: " +
-                    (p->last_error.empty() ? std::string("not connected") : p->last_error)};
-    }
-    return p->out->transport->post(op);
-}
-
-size_t PeerManagerImpl::Router::inFlight() const {
-    size_t n = 0;
-    for (const auto &t : pm_.transports_) {
-        n += t->inFlight();
-    }
-    return n;
+    failOut(*p, "disconnected by the engine", false, monotonicMs());
+    setState(*p, PeerState::kDown, "disconnected by the engine");
 }
 
 std::string PeerManagerImpl::statusJson() const {
@@ -784,9 +715,9 @@ std::string PeerManagerImpl::statusJson() const {
         if (p.in) {
             conns += p.in->control && p.in->control->isOpen() ? 1 : 0;
         }
-        RemoteTransport *t = p.out && p.out->transport ? p.out->transport
+        const Transport *t = p.out && p.out->transport ? p.out->transport
                              : p.in && p.in->transport ? p.in->transport
-                                                       : transports_.front().get();
+                                                       : transports_.remote().front();
         nlohmann::json j = nlohmann::json::parse(t->peerStatusJson(p.id), nullptr, false);
         if (!j.is_object()) {
             j = nlohmann::json::object();
@@ -820,6 +751,37 @@ std::string PeerManagerImpl::statusJson() const {
     listener["handle_tombstones"] = directory_.tombstoneCount();
     out["listener"] = std::move(listener);
     return out.dump();
+}
+
+std::unique_ptr<PeerManager> makePeerManager(const config::Config &cfg, RegionTable &regions,
+                                             TransportSet &transports, Status *error) {
+    auto fail = [&](Status s) -> std::unique_ptr<PeerManager> {
+        if (error != nullptr) {
+            *error = std::move(s);
+        }
+        return nullptr;
+    };
+    if (Status s = checkPeerConfig(cfg); !s.isOk()) {
+        return fail(std::move(s));
+    }
+    if (!cfg.peers.empty() && transports.remote().empty()) {
+        return fail({Code::kInvalid, "no transport to reach peers"});
+    }
+    PeerKey key;
+    // A node without peers needs no key: it neither listens nor connects; nor does one whose
+    // peers all have a key_file of their own (init() reads those).
+    const bool shared_key_used = std::any_of(cfg.peers.begin(), cfg.peers.end(),
+                                             [](const auto &p) { return p.key_file.empty(); });
+    if (shared_key_used) {
+        if (Status s = PeerKey::fromFile(cfg.security.peer_key_file, &key); !s.isOk()) {
+            return fail(std::move(s));
+        }
+    }
+    auto pm = std::make_unique<PeerManagerImpl>(cfg, regions, key, transports);
+    if (Status s = pm->init(); !s.isOk()) {
+        return fail(std::move(s));
+    }
+    return pm;
 }
 
 }  // namespace tensorlane::sidecar

@@ -7,8 +7,9 @@
 //                 and the extra connections a transport asks for
 //   liveness.cpp  deadlines: handshakes, heartbeats, silence, reconnects, lookups
 //   directory.*   region descriptors and lookups (RegionDirectory)
-// The bytes of writes belong to the transports (transport/remote.hpp); this layer only
-// authenticates their connections and carries their control frames.
+// The bytes of writes belong to the transports (tensorlane/sidecar/transport.hpp), which the
+// engine owns and drives; this layer authenticates their connections, carries their bootstrap
+// blobs, and binds a transport to a peer once our session to it is up (TransportSet::bind).
 //
 // Sessions are one-way: our writes to a peer go over the session we opened to it ("out"), its
 // writes to us over the session it opened to us ("in"). The server side of a session sends its
@@ -37,7 +38,7 @@
 #include "peer/resolver.hpp"
 #include "tensorlane/config/config.hpp"
 #include "tensorlane/sidecar/peers.hpp"
-#include "transport/remote.hpp"
+#include "transport/set.hpp"
 
 namespace tensorlane::sidecar {
 
@@ -62,13 +63,12 @@ struct PeerLimits {
     int64_t address_refresh_ms = 1000;
 };
 
-class PeerManagerImpl final : public PeerManager, private PeerLink {
+class PeerManagerImpl final : public PeerManager, private TransportHost {
 public:
-    /// `transports` carry the writes; the first is the one every node speaks (tcp), the others
-    /// are preferred where both ends can use them (verbs).
+    /// `transports` (owned by the engine, outliving this) carry the writes; their remote ones,
+    /// in preference order, are offered to peers and bound to them.
     PeerManagerImpl(const config::Config &cfg, RegionTable &regions, PeerKey key,
-                    std::vector<std::unique_ptr<RemoteTransport>> transports,
-                    PeerLimits limits = {});
+                    TransportSet &transports, PeerLimits limits = {});
     ~PeerManagerImpl() override;
     PeerManagerImpl(const PeerManagerImpl &) = delete;
     PeerManagerImpl &operator=(const PeerManagerImpl &) = delete;
@@ -88,8 +88,9 @@ public:
                        std::string *why) const override;
     void regionExposed(const Region &r) override;
     void regionRevoked(RegionId r) override;
-    Transport &transport() override { return router_; }
+    void disconnect(PeerId peer) override;
     int wakeFd() const override { return poller_.fd(); }
+    void readable() override { poll_due_ = true; }
     size_t progress(EventSink &sink) override;
     std::string statusJson() const override;
 
@@ -99,11 +100,9 @@ public:
     uint64_t incarnation() const { return incarnation_; }
 
 private:
-    // ----- PeerLink (the transport's requests)
-    Status sendControl(PeerId peer, SessionSide side, FrameType type, uint64_t arg,
-                       std::span<const uint8_t> payload) override;
-    void openDataConnections(PeerId peer, uint32_t count) override;
-    void transportReady(PeerId peer) override;
+    // ----- TransportHost (the transport's requests)
+    void openChannels(PeerId peer, uint32_t count) override;
+    void sessionReady(PeerId peer) override;
     void failSession(PeerId peer, SessionSide side, const std::string &reason) override;
 
     // ----- state
@@ -135,7 +134,7 @@ private:
         PeerCaps remote_caps;
         bool integrity = false;
         std::map<uint64_t, RegionDescriptor> staged;  ///< the snapshot until READY
-        RemoteTransport *transport = nullptr;         ///< chosen at SELECT
+        Transport *transport = nullptr;               ///< chosen at SELECT
         bool transport_open = false;
         int64_t deadline_ms = 0;  ///< for the phase, until up
         int64_t heartbeat_ms = 0;
@@ -147,9 +146,9 @@ private:
         PeerCaps remote_caps;
         bool integrity = false;
         std::unique_ptr<Connection> control;
-        uint32_t data_expected = 0;  ///< connections the transport takes (tcp: connections)
+        uint32_t data_expected = 0;  ///< channels the transport takes (its openSession says)
         std::vector<bool> data_taken;
-        RemoteTransport *transport = nullptr;  ///< the one the peer selected
+        Transport *transport = nullptr;  ///< the one the peer selected
         bool transport_open = false;
         int64_t heartbeat_ms = 0;
     };
@@ -252,29 +251,10 @@ private:
     void onUp(Peer &p, int64_t now);
     void failOut(Peer &p, const std::string &reason, bool reconnect, int64_t now);
 
-    /// What the engine posts to: the transport each peer's session chose.
-    class Router final : public Transport {
-    public:
-        explicit Router(PeerManagerImpl &pm) : pm_(pm) {}
-        const char *name() const override { return "peers"; }
-        Status connect(PeerId peer) override { return pm_.ensureConnected(peer); }
-        void disconnect(PeerId peer) override;
-        Status registerRegion(Region &r) override;
-        void deregisterRegion(RegionId r) override;
-        Status post(const WriteOp &op) override;
-        /// Nothing: PeerManager::progress drives every transport.
-        size_t progress(EventSink &) override { return 0; }
-        size_t inFlight() const override;
-
-    private:
-        PeerManagerImpl &pm_;
-    };
-
     // ----- helpers
-    /// The transport of kind `bit`, or nullptr.
-    RemoteTransport *transportOfKind(uint32_t bit) const;
-    /// The transport our session to `p` should use, or nullptr with `*why`.
-    RemoteTransport *chooseTransport(const Peer &p, const PeerCaps &remote, std::string *why);
+    /// The transport our session to `p` should use: the first of ours, in preference order,
+    /// that is available here and that the peer announced; or nullptr with `*why`.
+    Transport *chooseTransport(const Peer &p, const PeerCaps &remote, std::string *why);
     /// Marks `peer` wanted and starts connecting it if it is not up.
     Status ensureConnected(PeerId peer);
     Peer *peerOf(PeerId id);
@@ -295,7 +275,6 @@ private:
     static constexpr uint64_t kTokenTimer = 2;
     static constexpr uint64_t kTokenWake = 3;
     static constexpr uint64_t kTokenResolver = 4;
-    static constexpr uint64_t kTokenTransport = 5;
     /// Resolver tags of address-book lookups: this bit, then the peer id.
     static constexpr uint64_t kHostsTag = uint64_t{1} << 63;
 
@@ -303,8 +282,7 @@ private:
     RegionTable &regions_;
     const PeerKey key_;
     const PeerLimits limits_;
-    std::vector<std::unique_ptr<RemoteTransport>> transports_;
-    Router router_{*this};
+    TransportSet &transports_;
     uint64_t incarnation_ = 0;
 
     Poller poller_;
@@ -348,8 +326,8 @@ private:
     bool started_ = false;
     bool stopped_ = false;
     bool wake_signalled_ = false;
-    /// Busy mode: turns since the poller was last asked (it is asked every kBusyPollEvery).
-    uint32_t busy_turns_ = 0;
+    /// The engine saw the poller's fd readable since progress() last asked it.
+    bool poll_due_ = false;
 
     LogLimiter drop_log_{20, 10000};
     LogLimiter region_log_{5, 10000};

@@ -256,16 +256,8 @@ bool PeerManagerImpl::handleOutControlFrame(Peer &p, const FrameHeader &h,
                 onSelected(p, h.arg, payload, now);
                 return p.out != nullptr;
             }
-            // A transport's own messages may come before SELECTED (the receiver sends its keys
-            // first); its acknowledgements only once it is open.
-            if ((h.type == FrameType::kTransport && s.transport != nullptr) ||
-                (h.type == FrameType::kAck && s.transport_open)) {
-                std::string error;
-                if (!s.transport->onControlFrame(p.id, SessionSide::kOut, h, payload, &error)) {
-                    return protocolError(error);
-                }
-                return p.out != nullptr;
-            }
+            // A transport's own messages (ACKs, keys, credits) never come here: they ride
+            // its own channels.
             return protocolError("unexpected " + frameTypeName(static_cast<uint8_t>(h.type)));
         default:
             return protocolError("frame before the connection was established");
@@ -286,13 +278,13 @@ void PeerManagerImpl::onSynced(Peer &p, int64_t now) {
     // The transport both ends can use: verbs where both announce it, else tcp (which every
     // node speaks). Its own bootstrap data rides along.
     std::string why;
-    RemoteTransport *t = chooseTransport(p, s.remote_caps, &why);
+    Transport *t = chooseTransport(p, s.remote_caps, &why);
     if (t == nullptr) {
         failOut(p, why, true, now);
         return;
     }
     std::vector<uint8_t> blob = t->localBlob(p.id, SessionSide::kOut);
-    if (t->kind() != kTransportTcp && blob.empty()) {
+    if (blob.empty()) {
         failOut(p, std::string("the ") + t->name() + " transport cannot make a session now", true,
                 now);
         return;
@@ -301,7 +293,7 @@ void PeerManagerImpl::onSynced(Peer &p, int64_t now) {
     s.phase = OutSession::Phase::kSelecting;
     s.deadline_ms = now + cfg_.tcp.connect_timeout_ms;
     noteDeadline(s.deadline_ms);
-    s.control->queueFrame(FrameType::kSelect, t->kind(), blob);
+    s.control->queueFrame(FrameType::kSelect, t->caps().wire_id, blob);
     if (int rc = s.control->flush(now); rc != 0) {
         failOut(p, "cannot send SELECT: " + errnoText(rc), true, now);
     }
@@ -310,7 +302,7 @@ void PeerManagerImpl::onSynced(Peer &p, int64_t now) {
 void PeerManagerImpl::onSelected(Peer &p, uint64_t kind, std::span<const uint8_t> blob,
                                  int64_t now) {
     OutSession &s = *p.out;
-    if (s.transport == nullptr || kind != s.transport->kind()) {
+    if (s.transport == nullptr || kind != s.transport->caps().wire_id) {
         failOut(p, "the peer selected transport " + std::to_string(kind) + ", not the one offered",
                 true, now);
         return;
@@ -319,8 +311,9 @@ void PeerManagerImpl::onSelected(Peer &p, uint64_t kind, std::span<const uint8_t
     info.remote_blob.assign(blob.begin(), blob.end());
     s.phase = OutSession::Phase::kOpening;
     s.transport_open = true;
-    RemoteTransport *t = s.transport;
-    Status st = t->openSession(p.id, SessionSide::kOut, info);
+    Transport *t = s.transport;
+    uint32_t channels = 0;  // kOut: the transport asks for its channels itself
+    Status st = t->openSession(p.id, SessionSide::kOut, info, &channels);
     if (!st.isOk() && p.out) {
         failOut(p, "cannot open the " + std::string(t->name()) + " session: " + st.message(), true,
                 now);
@@ -404,15 +397,12 @@ void PeerManagerImpl::onOutExtraEvent(Connection &c, uint32_t events, int64_t no
         }
         if (h.type == FrameType::kReady && d.sent_auth) {
             c.consumeFrame(h);
-            if (c.buffered() != 0) {
-                failOut(*p, "protocol error: bytes after READY on a data connection", true, now);
-                return;
-            }
-            // Authenticated: the transport owns it from here.
+            // Authenticated: the transport owns it from here, with any bytes that came after
+            // READY (a transport's channel may speak at once).
             std::unique_ptr<Connection> conn = std::move(d.conn);
             const uint32_t index = conn->index;
             d.hs.reset();
-            s.transport->adoptConnection(p->id, SessionSide::kOut, index, std::move(conn));
+            s.transport->adoptChannel(p->id, SessionSide::kOut, index, std::move(conn));
             return;
         }
         failOut(*p,
@@ -439,6 +429,7 @@ void PeerManagerImpl::onUp(Peer &p, int64_t now) {
         "{})",
         p.name, s.addr.text(), s.transport->name(), s.session_id, s.remote_incarnation,
         s.integrity ? "authenticated" : "not authenticated (tcp_integrity = none)");
+    transports_.bind(p.id, s.transport);
     setState(p, PeerState::kUp, "connected to " + s.addr.text());
     for (PendingLookup &l : p.lookups) {
         resolveLookup(p, l.name, std::move(l.done));
@@ -487,7 +478,9 @@ void PeerManagerImpl::failOut(Peer &p, const std::string &reason, bool reconnect
             d.conn->close();
         }
     }
-    // The transport fails every write in flight; each ends exactly once, with TL_EPEER.
+    // New writes fail at once; the transport fails every write in flight; each ends exactly
+    // once, with TL_EPEER.
+    transports_.unbind(p.id, "peer '" + p.name + "' is down: " + reason);
     std::unique_ptr<OutSession> dead = std::move(p.out);
     if (dead->transport != nullptr) {
         // Also before SELECTED: the transport may hold queue pairs made for SELECT.

@@ -7,8 +7,6 @@ namespace tensorlane::sidecar {
 namespace {
 
 void putCaps(ByteWriter &w, const PeerCaps &c) {
-    w.u32(c.chunk_bytes);
-    w.u32(c.connections);
     w.u32(c.peer_timeout_ms);
     w.u32(c.keepalive_ms);
     w.u32(c.integrity);
@@ -17,8 +15,6 @@ void putCaps(ByteWriter &w, const PeerCaps &c) {
 
 PeerCaps getCaps(ByteReader &r) {
     PeerCaps c;
-    c.chunk_bytes = r.u32();
-    c.connections = r.u32();
     c.peer_timeout_ms = r.u32();
     c.keepalive_ms = r.u32();
     c.integrity = r.u32();

@@ -8,14 +8,16 @@
 #include <string>
 #include <vector>
 
-#include "transport/remote.hpp"
+#include "transport/set.hpp"
 
 namespace tensorlane::sidecar {
 
 /// The peer protocol version. Bumped on any incompatible change; both ends must speak the same
 /// one. Every version keeps the frame header and the HELLO payload's first two bytes (this
 /// version) where they are, so a mismatch is always reported as such.
-inline constexpr uint16_t kPeerProtocolVersion = 2;  ///< 2: frame integrity, transports
+/// 2: frame integrity, transports. 3: each transport's parameters in its own SELECT blob (no
+/// [tcp] settings in HELLO), tcp ACKs on the session's data connection 0.
+inline constexpr uint16_t kPeerProtocolVersion = 3;
 inline constexpr size_t kNonceBytes = 32;
 inline constexpr size_t kMacBytes = 32;
 /// The longest node name the protocol carries (tl_notification holds 63 bytes and a NUL).
@@ -28,12 +30,10 @@ enum class LinkRole : uint8_t { kControl = 1, kData = 2 };
 
 /// Settings a node announces at bootstrap.
 struct PeerCaps {
-    uint32_t chunk_bytes = 0;      ///< [tcp] chunk_bytes; must match
-    uint32_t connections = 0;      ///< [tcp] connections_per_peer; must match
     uint32_t peer_timeout_ms = 0;  ///< [tcp] peer_timeout_ms; the other end heartbeats faster
     uint32_t keepalive_ms = 0;     ///< [tcp] keepalive_ms
     uint32_t integrity = 1;        ///< [security] tcp_integrity: 1 mac, 0 none; must match
-    uint32_t transports = kTransportTcp;  ///< TransportBit set this node can use
+    uint32_t transports = kTransportTcp;  ///< TransportWireId bits this node offers now
 };
 
 /// HELLO: the client's opening message.

@@ -53,8 +53,12 @@ struct NodeConfig {
 
 /// [fabric]: the RoCE device and the QP attributes.
 struct FabricConfig {
-    /// auto | verbs | tcp; see resolveTransport().
+    /// auto | verbs | tcp; see resolveTransport(). Set from `transports` when that is given
+    /// (tcp without verbs in it, verbs when it is verbs alone, else auto).
     TransportKind transport = TransportKind::kAuto;
+    /// The remote transports in order of preference (`transports = ["verbs", "tcp"]`); empty:
+    /// what `transport` says (transportPreference()).
+    std::vector<std::string> transports;
     /// "auto" or an RDMA device name such as "mlx5_0".
     std::string device = "auto";
     /// Device port, 1-255.
@@ -300,6 +304,12 @@ std::string describeJson(const Config &cfg, const TransportChoice &choice);
 
 /// The name used in the file: "auto", "verbs", "tcp".
 const char *toString(TransportKind k);
+
+/// The remote transports a node offers and picks from, best first: [fabric] transports, or
+/// for `transport` auto {"verbs", "tcp"}, verbs {"verbs"}, tcp {"tcp"}.
+std::vector<std::string> transportPreference(const FabricConfig &f);
+/// The remote transports the config library knows by name ("tcp", "verbs").
+bool isTransportName(std::string_view name);
 /// The name used in the file: "busy", "adaptive", "event".
 const char *toString(PollMode m);
 /// The name used in the file: "dscp", "pcp".

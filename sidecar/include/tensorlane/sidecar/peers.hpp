@@ -1,5 +1,5 @@
-// Remote peers: the authenticated bootstrap, exposed-region descriptors, and the transport that
-// carries writes to them (tcp here; verbs with the RDMA issue).
+// Remote peers: the authenticated bootstrap, exposed-region descriptors and lookups, liveness,
+// and which transport carries our writes to each peer (bound in the engine's TransportSet).
 #pragma once
 
 #include <cstdint>
@@ -60,22 +60,26 @@ public:
     virtual void regionExposed(const Region &r) = 0;
     virtual void regionRevoked(RegionId r) = 0;
 
-    /// The transport that carries writes to remote peers (the one chosen for `peer` at its
-    /// bootstrap; every peer uses tcp until the verbs transport is in).
-    virtual Transport &transport() = 0;
+    /// Closes our session to `peer` and stops reconnecting it until it is used again.
+    virtual void disconnect(PeerId peer) = 0;
 
     /// Readable when progress() has work.
     virtual int wakeFd() const = 0;
-    /// Runs lookup callbacks, peer state changes and the transport's events.
+    /// The engine saw wakeFd() readable: the next progress() looks at the sockets, timer and
+    /// resolver (only then: an epoll_wait per engine turn would be a system call for nothing).
+    virtual void readable() = 0;
+    /// Runs lookup callbacks, peer state changes, and the sockets of bootstrap and liveness.
     virtual size_t progress(EventSink &sink) = 0;
 
     /// Peers, their state, transport and counters, as a JSON object's text.
     virtual std::string statusJson() const = 0;
 };
 
-/// Builds the peer manager for `cfg`. Regions are read (exposure, bounds) by transport threads.
-/// Fails when the key file cannot be read.
+class TransportSet;
+
+/// Builds the peer manager for `cfg` over the remote transports of `transports` (which must
+/// outlive it). Fails when the key file cannot be read.
 std::unique_ptr<PeerManager> makePeerManager(const config::Config &cfg, RegionTable &regions,
-                                             Status *error);
+                                             TransportSet &transports, Status *error);
 
 }  // namespace tensorlane::sidecar

@@ -1,10 +1,24 @@
-// The seam every transport sits behind (DESIGN.md, "Transports"; docs/architecture.md).
+// The one seam every transport sits behind (DESIGN.md, "Transports"; docs/architecture.md,
+// "Adding a transport"; transport/tcp/tcp_transport.hpp is the worked example).
 //
-// A transport is chosen per peer at bootstrap (local for this node; verbs where both ends can,
-// else tcp). The engine drives every transport from its one thread: post() never blocks,
-// progress() reports what happened through an EventSink. A transport may keep threads of its
-// own (the local copy worker, an async-event thread for verbs); they hand their events to the
-// engine through a queue and an fd the engine polls, never by touching sessions.
+// A transport moves write-with-immediate from a source region to a target region, and says
+// what it can do (TransportCaps): which memory, within this node or to peer nodes, in what
+// order. The engine owns every transport (TransportSet) and drives each from its one thread:
+// their fds sit in the engine's epoll set, post() never blocks, progress() reports what
+// happened through an EventSink, arm() comes before the engine sleeps.
+//
+// To peer nodes a transport runs sessions. The peer layer (peer/) authenticates the other
+// node, carries each transport's own bootstrap data as an opaque blob (SELECT / SELECTED), hands
+// over any extra authenticated connections the transport asks for (its channels: data
+// connections, a channel for its own messages), and binds the transport to the peer once the
+// session is up. From then on the transport owns the bytes: its data, its acknowledgements,
+// credits and key messages travel on its own channels or RDMA writes, never on the peer layer's
+// control connection. Sessions are one-way: our writes to a peer go over the session we opened
+// (kOut), its writes to us over the one it opened (kIn).
+//
+// A transport may keep threads of its own (the local copy worker, verbs' async events); they
+// hand their events to the engine thread through a queue and an fd in pollFds(), never by
+// touching the engine's tables.
 #pragma once
 
 #include <cstdint>
@@ -18,12 +32,39 @@
 
 namespace tensorlane::sidecar {
 
+class Connection;  // net/connection.hpp: an authenticated, framed TCP connection
+
 /// A peer's index in the engine's peer list; kLocalPeer is this node.
 using PeerId = uint32_t;
 inline constexpr PeerId kLocalPeer = 0;
 
 enum class PeerState { kDown, kConnecting, kUp, kFailed };
 const char *toString(PeerState s);
+
+/// Which of a peer's two sessions: the one we opened (our writes) or the one it opened to us.
+enum class SessionSide : uint8_t { kOut, kIn };
+
+/// Wire ids of the remote transports, announced in the bootstrap as bits (PeerCaps::transports)
+/// and named by SELECT. A new transport takes the next free bit.
+enum TransportWireId : uint32_t {
+    kTransportTcp = 1u << 0,
+    kTransportVerbs = 1u << 1,
+};
+
+/// What a transport can do. The engine routes by it and the sidecar checks the configured
+/// preference list ([fabric] transports) against it.
+struct TransportCaps {
+    bool host_memory = true;   ///< moves host regions (either end)
+    bool cuda_memory = false;  ///< moves CUDA regions (either end)
+    bool local = false;        ///< between two clients of this node (PeerId kLocalPeer)
+    bool remote = false;       ///< to peer nodes, over sessions the peer layer bootstraps
+    /// Writes to one peer end (completed()) in the order they were posted, and each arrives
+    /// (arrived()) before its completion. Every transport here is ordered; the engine relies on
+    /// it for tl_deregister after a write and for stream-ordered writes.
+    bool ordered = true;
+    uint64_t max_message = 0;  ///< the largest single write; 0: any size a region can hold
+    uint32_t wire_id = 0;      ///< remote: its TransportWireId
+};
 
 /// One write-with-immediate. The engine validated it; the transport moves it.
 struct WriteOp {
@@ -55,38 +96,101 @@ public:
     virtual void peerState(PeerId peer, PeerState state, std::string_view reason) = 0;
 };
 
-/// One per kind; owns its connections to peers.
+/// What the peer layer tells a transport about a session it opens on it.
+struct SessionInfo {
+    std::string peer_name;
+    uint64_t session_id = 0;
+    uint64_t incarnation = 0;  ///< the peer process's
+    bool integrity = false;    ///< the session's connections carry FrameAuth tags
+    /// The other end's bootstrap blob (its localBlob()), as it came; the transport checks it.
+    std::vector<uint8_t> remote_blob;
+};
+
+/// What a remote transport may ask of the peer layer (engine thread only).
+class TransportHost {
+public:
+    virtual ~TransportHost() = default;
+    /// kOut: opens `count` more authenticated connections in our session to `peer`; each
+    /// arrives through Transport::adoptChannel with its index, or the session fails.
+    virtual void openChannels(PeerId peer, uint32_t count) = 0;
+    /// kOut: the session's transport part is up; the peer layer binds this transport to the
+    /// peer and writes may be posted.
+    virtual void sessionReady(PeerId peer) = 0;
+    /// Tears the session down with `reason` (a protocol error, a stalled peer).
+    virtual void failSession(PeerId peer, SessionSide side, const std::string &reason) = 0;
+    /// The peer's configured name (for notifications and logs).
+    virtual std::string peerName(PeerId peer) const = 0;
+};
+
 class Transport {
 public:
     virtual ~Transport() = default;
     virtual const char *name() const = 0;
-    /// Starts talking to `peer` (after bootstrap authenticated it, for remote transports).
-    virtual Status connect(PeerId peer) = 0;
-    virtual void disconnect(PeerId peer) = 0;
-    /// Makes `r` usable by this transport (verbs: memory registration; tcp/local: nothing).
-    /// Called when a region is allocated, registered or exposed; a transport whose
-    /// registration is slow says so in slowRegistration() and is then called off the engine
-    /// thread.
+    virtual TransportCaps caps() const = 0;
+    /// Whether this node can use it now (verbs: its port is up).
+    virtual bool available() const { return true; }
+
+    // ----- memory
+    /// Called when a region is allocated or registered, on the engine thread; must not block
+    /// for long (verbs registers MRs lazily on its own threads and only notes the region here).
     virtual Status registerRegion(Region &r) = 0;
-    /// Called only once no work of this transport uses the region any more.
+    /// Called once no write of any transport uses the region any more.
     virtual void deregisterRegion(RegionId r) = 0;
-    /// Whether registerRegion() may take long enough (milliseconds) that it must not run on
-    /// the engine thread.
-    virtual bool slowRegistration() const { return false; }
+
+    // ----- sessions with peer nodes (caps().remote only; the defaults suit a local transport)
+    /// Gives the transport the peer layer it talks to, before any session opens.
+    virtual void attach(TransportHost &host) { (void)host; }
+    /// The bootstrap data this end sends in SELECT (kOut) or SELECTED (kIn). An empty blob from
+    /// a transport that needs one means it cannot make a session now.
+    virtual std::vector<uint8_t> localBlob(PeerId peer, SessionSide side);
+    /// A session is open at both ends. kIn: decode the sender's blob, get ready to receive, and
+    /// say in `*channels` how many authenticated connections the sender will open (the peer
+    /// layer accepts exactly those). kOut: start (openChannels if needed) and call
+    /// TransportHost::sessionReady once writes may be posted.
+    virtual Status openSession(PeerId peer, SessionSide side, const SessionInfo &info,
+                               uint32_t *channels);
+    /// The session is gone: kOut fails every write in flight with `code` (each ends exactly once,
+    /// through progress()); kIn drops what was half received.
+    virtual void closeSession(PeerId peer, SessionSide side, Code code, const std::string &reason);
+    /// An authenticated connection of the session (channel `index`), from then on the
+    /// transport's. It may hold bytes already read (the other end may speak right after its
+    /// READY): epoll will not report those, so the transport looks at Connection::buffered().
+    /// The default closes it.
+    virtual void adoptChannel(PeerId peer, SessionSide side, uint32_t index,
+                              std::unique_ptr<Connection> conn);
+    /// A local region was exposed to `peer` (after its REGION_ADD went out on the session
+    /// `peer` opened to us, which uses this transport): a transport that needs per-peer keys
+    /// (verbs: an rkey in that session's protection domain) prepares and sends them.
+    virtual void regionExposed(PeerId peer, const std::shared_ptr<Region> &r) {
+        (void)peer;
+        (void)r;
+    }
+    /// The region was revoked (after its REGION_DEL went to `peer`).
+    virtual void regionRevoked(PeerId peer, RegionId r) {
+        (void)peer;
+        (void)r;
+    }
+
+    // ----- the data path (engine thread)
     /// Never blocks. kAgain when the queue to `op.peer` is full for now (the engine keeps the
-    /// op in that peer's queue and posts it again after progress() reported a completion);
-    /// any other error ends the op at once. On kOk the op ends exactly once, later, through
-    /// EventSink::completed().
+    /// op in that peer's queue and posts it again on a later turn); any other error ends the op
+    /// at once. On kOk the op ends exactly once, later, through EventSink::completed().
     virtual Status post(const WriteOp &op) = 0;
     /// Drives I/O and reports events; returns how many events it reported.
     virtual size_t progress(EventSink &sink) = 0;
     /// Fds that become readable when progress() has work; the engine sleeps on them.
     virtual std::vector<int> pollFds() const { return {}; }
+    /// The engine saw `fd`, one of pollFds(), readable; progress() follows in the same turn. A
+    /// transport whose fds lead to a system call when looked at (an epoll set of its own)
+    /// looks only then. In busy mode the engine looks at fds every 1024 turns.
+    virtual void readable(int fd) { (void)fd; }
     /// Called right before the engine sleeps (after it raised its own sleep flags): arm
     /// notifications (a CQ), then check again. False: there is work now; do not sleep.
     virtual bool arm() { return true; }
-    /// Writes posted and not yet reported.
-    virtual size_t inFlight() const = 0;
+
+    // ----- status
+    /// Per-peer figures as a JSON object's text (`tensorlane status`).
+    virtual std::string peerStatusJson(PeerId peer) const;
 };
 
 }  // namespace tensorlane::sidecar

@@ -65,8 +65,14 @@ public:
     Status start();
 
     const char *name() const override { return "local"; }
-    Status connect(PeerId) override { return Status::ok(); }
-    void disconnect(PeerId) override {}
+    TransportCaps caps() const override {
+        TransportCaps c;
+        c.host_memory = true;
+        c.cuda_memory = true;
+        c.local = true;
+        c.ordered = true;
+        return c;
+    }
     Status registerRegion(Region &) override { return Status::ok(); }
     /// Lets go of the page-locking of a host buffer (on the copy thread).
     void deregisterRegion(RegionId r) override;
@@ -76,7 +82,8 @@ public:
     size_t progress(EventSink &sink) override;
     std::vector<int> pollFds() const override { return {wake_.get()}; }
     bool arm() override;
-    size_t inFlight() const override { return in_flight_; }
+    /// Copies posted and not yet reported.
+    size_t inFlight() const { return in_flight_; }
 
     /// Bytes copied per turn of the copy thread before it looks at other sessions' writes.
     static constexpr uint64_t kSliceBytes = 512 * 1024;

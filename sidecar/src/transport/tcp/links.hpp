@@ -17,7 +17,7 @@
 #include "tensorlane/sidecar/region.hpp"
 #include "tensorlane/sidecar/status.hpp"
 #include "tensorlane/sidecar/transport.hpp"
-#include "transport/remote.hpp"
+#include "transport/set.hpp"
 #include "transport/tcp/staging.hpp"
 
 namespace tensorlane::sidecar {

@@ -37,11 +37,59 @@ std::string errnoText(int rc) {
                             : std::string(std::strerror(rc));
 }
 
+/// The tcp transport's bootstrap blob (SELECT / SELECTED): version, connections, chunk bytes.
+constexpr uint16_t kTcpBlobVersion = 1;
+constexpr size_t kTcpBlobBytes = 2 + 4 + 4;
+
+struct TcpParams {
+    uint32_t connections = 0;
+    uint32_t chunk_bytes = 0;
+};
+
+/// Decodes the other end's blob and checks it against ours.
+Status checkTcpBlob(const std::vector<uint8_t> &blob, const TcpParams &ours,
+                    const std::string &peer_name) {
+    if (blob.size() < 2) {
+        return {Code::kInvalid, "peer '" + peer_name + "' sent no tcp session parameters"};
+    }
+    const uint16_t version = static_cast<uint16_t>(blob[0] | blob[1] << 8);
+    if (version != kTcpBlobVersion || blob.size() != kTcpBlobBytes) {
+        return {Code::kInvalid, "tcp transport version mismatch: this node speaks version " +
+                                    std::to_string(kTcpBlobVersion) + ", peer '" + peer_name +
+                                    "' speaks version " + std::to_string(version) +
+                                    "; run the same tensorlane release on both nodes"};
+    }
+    const TcpParams theirs{loadLe32(blob.data() + 2), loadLe32(blob.data() + 6)};
+    auto differs = [&](const char *key, uint32_t a, uint32_t b) {
+        return Status{Code::kInvalid, std::string("[tcp] ") + key + " differs: this node has " +
+                                          std::to_string(a) + ", peer '" + peer_name + "' has " +
+                                          std::to_string(b) +
+                                          "; both ends must set the same value"};
+    };
+    if (theirs.chunk_bytes != ours.chunk_bytes) {
+        return differs("chunk_bytes", ours.chunk_bytes, theirs.chunk_bytes);
+    }
+    if (theirs.connections != ours.connections) {
+        return differs("connections_per_peer", ours.connections, theirs.connections);
+    }
+    return Status::ok();
+}
+
 }  // namespace
+
+std::vector<uint8_t> encodeTcpBlob(uint32_t connections, uint32_t chunk_bytes) {
+    std::vector<uint8_t> b(kTcpBlobBytes);
+    b[0] = kTcpBlobVersion & 0xff;
+    b[1] = kTcpBlobVersion >> 8;
+    storeLe32(b.data() + 2, connections);
+    storeLe32(b.data() + 6, chunk_bytes);
+    return b;
+}
 
 TcpTransport::TcpTransport(const config::Config &cfg, RegionTable &regions)
     : cfg_(cfg),
       regions_(regions),
+      busy_(cfg.ipc.poll_mode == config::PollMode::kBusy),
       tags_(std::make_unique<TagPool>(tagThreadsFor(cfg))),
       send_staging_(cfg.tcp.chunk_bytes, kStagingSlots),
       recv_staging_(cfg.tcp.chunk_bytes, kStagingSlots),
@@ -68,8 +116,18 @@ int TcpTransport::init() {
     return 0;
 }
 
-uint32_t TcpTransport::kind() const {
-    return kTransportTcp;
+TransportCaps TcpTransport::caps() const {
+    TransportCaps c;
+    c.host_memory = true;
+    c.cuda_memory = true;  // staged through host memory (staging.hpp)
+    c.remote = true;
+    c.ordered = true;
+    c.wire_id = kTransportTcp;
+    return c;
+}
+
+std::vector<uint8_t> TcpTransport::localBlob(PeerId, SessionSide) {
+    return encodeTcpBlob(cfg_.tcp.connections_per_peer, cfg_.tcp.chunk_bytes);
 }
 
 size_t TcpTransport::inFlight() const {
@@ -101,20 +159,27 @@ Status TcpTransport::post(const WriteOp &op) {
     return st;
 }
 
-Status TcpTransport::openSession(PeerId id, SessionSide side, const SessionInfo &info) {
+Status TcpTransport::openSession(PeerId id, SessionSide side, const SessionInfo &info,
+                                 uint32_t *channels) {
+    const TcpParams ours{cfg_.tcp.connections_per_peer, cfg_.tcp.chunk_bytes};
+    *channels = 0;
+    if (Status s = checkTcpBlob(info.remote_blob, ours, info.peer_name); !s.isOk()) {
+        return s;
+    }
     PeerData &p = peer(id);
     if (side == SessionSide::kOut) {
         p.out = std::make_unique<OutSide>();
         p.out->info = info;
-        p.out->data.resize(info.connections);
-        link_->openDataConnections(id, info.connections);
+        p.out->data.resize(ours.connections);
+        link_->openChannels(id, ours.connections);
     } else {
         p.in = std::make_unique<InSide>();
         p.in->info = info;
-        p.in->data.resize(info.connections);
+        p.in->data.resize(ours.connections);
         p.in->link =
-            std::make_unique<InLink>(regions_, info.peer_name, info.chunk_bytes, kMaxWindow,
+            std::make_unique<InLink>(regions_, info.peer_name, ours.chunk_bytes, kMaxWindow,
                                      recv_staging_, host_staging_, tags_.get());
+        *channels = ours.connections;
     }
     return Status::ok();
 }
@@ -153,8 +218,8 @@ void TcpTransport::closeSession(PeerId id, SessionSide side, Code code, const st
     }
 }
 
-void TcpTransport::adoptConnection(PeerId id, SessionSide side, uint32_t index,
-                                   std::unique_ptr<Connection> conn) {
+void TcpTransport::adoptChannel(PeerId id, SessionSide side, uint32_t index,
+                                std::unique_ptr<Connection> conn) {
     PeerData &p = peer(id);
     std::vector<std::unique_ptr<Connection>> *slots = nullptr;
     if (side == SessionSide::kOut && p.out) {
@@ -165,6 +230,13 @@ void TcpTransport::adoptConnection(PeerId id, SessionSide side, uint32_t index,
     if (slots == nullptr || index >= slots->size() || (*slots)[index]) {
         conn->close();
         dead_.push_back(std::move(conn));
+        return;
+    }
+    if (side == SessionSide::kOut && conn->buffered() != 0) {
+        // The target speaks on a data connection only to acknowledge writes, and none went yet.
+        conn->close();
+        dead_.push_back(std::move(conn));
+        link_->failSession(id, side, "protocol error: bytes after READY on a data connection");
         return;
     }
     conn->rebind(poller_);
@@ -186,23 +258,23 @@ void TcpTransport::adoptConnection(PeerId id, SessionSide side, uint32_t index,
         conns.push_back(c.get());
     }
     p.out->link =
-        std::make_unique<OutLink>(std::move(conns), p.out->info.chunk_bytes,
+        std::make_unique<OutLink>(std::move(conns), cfg_.tcp.chunk_bytes,
                                   std::min<size_t>(cfg_.tcp.window, kMaxWindow), send_staging_);
-    link_->transportReady(id);
+    link_->sessionReady(id);
 }
 
-bool TcpTransport::onControlFrame(PeerId id, SessionSide side, const FrameHeader &h,
-                                  std::span<const uint8_t> payload, std::string *error) {
+bool TcpTransport::onAck(PeerId id, uint64_t seq, std::span<const uint8_t> payload,
+                         std::string *error) {
     auto it = peers_.find(id);
-    if (side != SessionSide::kOut || h.type != FrameType::kAck || payload.size() != 8 ||
-        it == peers_.end() || !it->second.out || !it->second.out->link) {
-        *error = "unexpected " + frameTypeName(static_cast<uint8_t>(h.type)) + " frame";
+    if (payload.size() != kAckPayloadBytes || it == peers_.end() || !it->second.out ||
+        !it->second.out->link) {
+        *error = "malformed ACK";
         return false;
     }
     PeerData &p = it->second;
     const Code code = ipc::sanitizeCode(static_cast<int32_t>(loadLe32(payload.data())));
     const size_t before = completions_.size();
-    if (!p.out->link->onAck(h.arg, code, &completions_, error)) {
+    if (!p.out->link->onAck(seq, code, &completions_, error)) {
         return false;
     }
     if (code == Code::kOk && completions_.size() > before) {
@@ -242,13 +314,7 @@ void TcpTransport::onEvent(Connection &c, uint32_t events, int64_t now) {
             }
         }
         if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0) {
-            // The target sends nothing on a data connection: readable means closed or broken.
-            const int rc = c.fill(now);
-            if (rc != EAGAIN) {
-                fail(id, SessionSide::kOut,
-                     rc == 0 ? std::string("unexpected bytes on a data connection")
-                             : "data connection: " + errnoText(rc));
-            }
+            readAcks(id, c, now);
         }
         return;
     }
@@ -266,6 +332,43 @@ void TcpTransport::onEvent(Connection &c, uint32_t events, int64_t now) {
         return;
     }
     readIn(p, id, c, now);
+}
+
+void TcpTransport::readAcks(PeerId id, Connection &c, int64_t now) {
+    // The target answers on data connection 0, in sequence order: one ACK frame per write.
+    // Nothing else ever comes back on a data connection.
+    const int rc = c.fill(now);
+    for (;;) {
+        FrameHeader h;
+        std::span<const uint8_t> payload;
+        std::string error;
+        const auto parsed = c.nextFrame(kAckPayloadBytes, &h, &payload, &error);
+        if (parsed == Connection::Parse::kNeedMore) {
+            break;
+        }
+        if (parsed == Connection::Parse::kBad || c.index != 0 || h.type != FrameType::kAck) {
+            fail(id, SessionSide::kOut,
+                 "protocol error on a data connection: " +
+                     (parsed == Connection::Parse::kBad
+                          ? error
+                          : "unexpected " + frameTypeName(static_cast<uint8_t>(h.type))));
+            return;
+        }
+        uint8_t ack[kAckPayloadBytes] = {};
+        const size_t len = std::min(payload.size(), sizeof ack);
+        std::memcpy(ack, payload.data(), len);
+        const uint64_t seq = h.arg;
+        c.consumeFrame(h);
+        if (!onAck(id, seq, std::span<const uint8_t>(ack, len), &error)) {
+            fail(id, SessionSide::kOut, "protocol error: " + error);
+            return;  // the session (and this connection's place in it) is gone
+        }
+    }
+    if (rc == ECONNRESET) {
+        fail(id, SessionSide::kOut, "data connection closed by the peer");
+    } else if (rc != 0 && rc != EAGAIN) {
+        fail(id, SessionSide::kOut, "data connection: " + errnoText(rc));
+    }
 }
 
 void TcpTransport::readIn(PeerData &p, PeerId id, Connection &c, int64_t now) {
@@ -392,7 +495,6 @@ size_t TcpTransport::dispatchStaging(int64_t now) {
 }
 
 size_t TcpTransport::deliver(EventSink &sink, int64_t now) {
-    (void)now;
     size_t n = 0;
     for (auto &[id, p] : peers_) {
         if (!p.in || !p.in->link || !p.in->link->deliverable()) {
@@ -402,23 +504,30 @@ size_t TcpTransport::deliver(EventSink &sink, int64_t now) {
         const uint64_t writes_before = link.writesReceived();
         const uint64_t bytes_before = link.bytesReceived();
         const PeerId peer_id = id;
+        // ACKs go back on data connection 0, all of this turn's in one send.
+        Connection *acks = p.in->data.empty() ? nullptr : p.in->data[0].get();
         bool failed = false;
         n += link.deliver(sink, [&](uint64_t seq, Code code) {
-            if (failed) {
+            if (failed || acks == nullptr || !acks->isOpen()) {
+                failed = true;
                 return;
             }
-            uint8_t payload[8];
+            uint8_t payload[kAckPayloadBytes];
             storeLe32(payload, static_cast<uint32_t>(code));
             storeLe32(payload + 4, 0);
-            if (!link_->sendControl(peer_id, SessionSide::kIn, FrameType::kAck, seq, payload)
-                     .isOk()) {
-                failed = true;
-            }
+            acks->queueFrame(FrameType::kAck, seq, payload);
         });
         p.writes_received += link.writesReceived() - writes_before;
         p.bytes_received += link.bytesReceived() - bytes_before;
+        std::string why = "cannot send acknowledgements: data connection 0 is not open";
+        if (!failed && acks != nullptr && acks->hasOutput()) {
+            if (int rc = acks->flush(now); rc != 0) {
+                failed = true;
+                why = "cannot send acknowledgements: " + errnoText(rc);
+            }
+        }
         if (failed) {
-            fail(peer_id, SessionSide::kIn, "cannot send acknowledgements");
+            fail(peer_id, SessionSide::kIn, why);
         }
     }
     return n;
@@ -467,8 +576,14 @@ size_t TcpTransport::progress(EventSink &sink) {
     const int64_t now = monotonicMs();
     epoll_event evs[64];
     // Only data connections live in this set: with none (every peer on another transport)
-    // there is nothing to ask, and the engine's busy loop makes no system call for us.
-    const int n = poller_.noConnections() ? 0 : poller_.wait(evs, 64, 0);
+    // there is nothing to ask. The sleeping modes ask only when the engine saw the set
+    // readable (readable()); busy mode asks every turn, as the engine looks at fds rarely.
+    int n = 0;
+    if (!poller_.noConnections() && (io_ready_ || busy_)) {
+        io_ready_ = false;
+        n = poller_.wait(evs, 64, 0);
+        io_ready_ = n == 64;  // more may wait
+    }
     bool tags_ended = false;
     for (int i = 0; i < n; ++i) {
         if (evs[i].data.u64 == kTagToken) {

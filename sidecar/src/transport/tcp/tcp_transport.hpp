@@ -4,25 +4,30 @@
 // reports through the engine's EventSink.
 //
 // The sending side of a session (kOut) is an OutLink over connections_per_peer connections;
-// the receiving side (kIn) an InLink whose ACKs travel back on the session's control
-// connection through PeerLink::sendControl.
+// the receiving side (kIn) an InLink whose ACKs travel back on data connection 0 (the session's
+// control connection, the peer layer's, carries none of this transport's traffic).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "tensorlane/config/config.hpp"
-#include "transport/remote.hpp"
+#include "transport/set.hpp"
 #include "transport/tcp/links.hpp"
 #include "transport/tcp/staging.hpp"
 
 namespace tensorlane::sidecar {
 
-class TcpTransport final : public RemoteTransport {
+/// The tcp transport's bootstrap blob (SELECT / SELECTED): its version, then the sender's
+/// [tcp] connections_per_peer and chunk_bytes, which both ends must share.
+std::vector<uint8_t> encodeTcpBlob(uint32_t connections, uint32_t chunk_bytes);
+
+class TcpTransport final : public Transport {
 public:
     /// Writes in flight per peer session, at most (the receiver's reorder window).
     static constexpr size_t kMaxWindow = 4096;
@@ -42,8 +47,7 @@ public:
 
     // Transport
     const char *name() const override { return "tcp"; }
-    Status connect(PeerId) override { return Status::ok(); }
-    void disconnect(PeerId) override {}
+    TransportCaps caps() const override;
     /// Nothing to register: the target writes into the region's mapped memory.
     Status registerRegion(Region &) override { return Status::ok(); }
     void deregisterRegion(RegionId) override {}
@@ -51,22 +55,27 @@ public:
     Status post(const WriteOp &op) override;
     size_t progress(EventSink &sink) override;
     std::vector<int> pollFds() const override { return {poller_.fd()}; }
+    void readable(int fd) override {
+        if (fd == poller_.fd()) {
+            io_ready_ = true;
+        }
+    }
     bool arm() override {
-        return completions_.empty() && resume_.empty() && !send_staging_.ready() &&
+        return !io_ready_ && completions_.empty() && resume_.empty() && !send_staging_.ready() &&
                !recv_staging_.ready();
     }
-    size_t inFlight() const override;
+    /// Writes posted and not yet reported.
+    size_t inFlight() const;
 
-    // RemoteTransport
-    uint32_t kind() const override;
-    bool available() const override { return true; }
-    std::vector<uint8_t> localBlob(PeerId, SessionSide) override { return {}; }
-    Status openSession(PeerId peer, SessionSide side, const SessionInfo &info) override;
+    // Sessions
+    /// The session's parameters: [tcp] connections_per_peer and chunk_bytes (both ends must
+    /// agree; openSession refuses a peer whose values differ, naming both).
+    std::vector<uint8_t> localBlob(PeerId, SessionSide) override;
+    Status openSession(PeerId peer, SessionSide side, const SessionInfo &info,
+                       uint32_t *channels) override;
     void closeSession(PeerId peer, SessionSide side, Code code, const std::string &reason) override;
-    bool onControlFrame(PeerId peer, SessionSide side, const FrameHeader &h,
-                        std::span<const uint8_t> payload, std::string *error) override;
-    void adoptConnection(PeerId peer, SessionSide side, uint32_t index,
-                         std::unique_ptr<Connection> conn) override;
+    void adoptChannel(PeerId peer, SessionSide side, uint32_t index,
+                      std::unique_ptr<Connection> conn) override;
     void regionRevoked(PeerId peer, RegionId r) override;
     std::string peerStatusJson(PeerId peer) const override;
     /// Tag workers this transport runs (0: tags on the engine thread).
@@ -76,7 +85,7 @@ public:
     /// The budget of the transports made from now on in this process, 0: the default (tests:
     /// a small one makes a stop at it with bytes already buffered likely).
     static void setReadBudgetForTests(size_t bytes);
-    void attach(PeerLink &link) override { link_ = &link; }
+    void attach(TransportHost &host) override { link_ = &host; }
 
 private:
     struct OutSide {
@@ -100,6 +109,13 @@ private:
 
     PeerData &peer(PeerId id) { return peers_[id]; }
     void onEvent(Connection &c, uint32_t events, int64_t now);
+    /// An ACK's payload: the write's status (le32), then 4 reserved bytes.
+    static constexpr size_t kAckPayloadBytes = 8;
+    /// Reads the ACKs on one of our data connections (0; any other frame, or anything on the
+    /// others, is a protocol error).
+    void readAcks(PeerId id, Connection &c, int64_t now);
+    /// The target ended write `seq`; false with `*error` on a protocol error.
+    bool onAck(PeerId id, uint64_t seq, std::span<const uint8_t> payload, std::string *error);
     /// Sends queued ACKs of every receiving side and delivers arrivals.
     size_t deliver(EventSink &sink, int64_t now);
     /// Data connections whose output stopped moving for peer_timeout_ms: the peer stopped
@@ -121,7 +137,9 @@ private:
 
     const config::Config cfg_;
     RegionTable &regions_;
-    PeerLink *link_ = nullptr;
+    TransportHost *link_ = nullptr;
+    const bool busy_;        ///< [ipc] poll_mode = "busy": the set is asked every turn
+    bool io_ready_ = false;  ///< the engine saw poller_'s fd readable
     Poller poller_;
     /// Before everything that queues tag jobs, so it is destroyed after them.
     std::unique_ptr<TagPool> tags_;

@@ -238,10 +238,7 @@ bool RecvSession::deliver(EventSink &sink, std::string *error, bool closing) {
 void RecvSession::credit(bool force) {
     const uint64_t every = window_.slots() / 4;
     if (consumed_ - credit_sent_ >= every || (force && consumed_ != credit_sent_)) {
-        if (t_.link()
-                .sendControl(peer_, SessionSide::kIn, FrameType::kTransport,
-                             verbsMsgArg(VerbsMsg::kCredit), encodeU64(consumed_))
-                .isOk()) {
+        if (t_.sendMsg(peer_, SessionSide::kIn, VerbsMsg::kCredit, encodeU64(consumed_)).isOk()) {
             credit_sent_ = consumed_;
         }
     }
@@ -339,10 +336,7 @@ void RecvSession::sendReadyKeys() {
             continue;
         }
         RegionKey k{id, v.addr, v.mr->rkey, e.region->bytes};
-        if (t_.link()
-                .sendControl(peer_, SessionSide::kIn, FrameType::kTransport,
-                             verbsMsgArg(VerbsMsg::kKeyAdd), encodeRegionKey(k))
-                .isOk()) {
+        if (t_.sendMsg(peer_, SessionSide::kIn, VerbsMsg::kKeyAdd, encodeRegionKey(k)).isOk()) {
             e.key_sent = true;
         }
     }
@@ -364,8 +358,7 @@ void RecvSession::revoke(RegionId id) {
     it->second.revoking = true;
     it->second.revoke_by = monotonicMs() + t_.config().security.revoke_timeout_ms;
     ++revoking_;
-    (void)t_.link().sendControl(peer_, SessionSide::kIn, FrameType::kTransport,
-                                verbsMsgArg(VerbsMsg::kKeyDel), encodeU64(id));
+    (void)t_.sendMsg(peer_, SessionSide::kIn, VerbsMsg::kKeyDel, encodeU64(id));
 }
 
 void RecvSession::expireRevocations(int64_t now) {

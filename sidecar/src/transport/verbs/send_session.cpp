@@ -146,8 +146,9 @@ Status SendSession::post(const WriteOp &op) {
     }
     auto key = keys_.find(op.remote_region);
     if (key == keys_.end()) {
-        // The KEY_ADD follows the region's REGION_ADD on the same connection; a peer that never
-        // sends it must not hold the write (and its ticket) forever.
+        // The KEY_ADD comes on the verbs channel, the REGION_ADD on the peer layer's control
+        // connection: either may be first. A peer that never sends the key must not hold the
+        // write (and its ticket) forever.
         const int64_t now = monotonicMs();
         auto [w, first] = key_waits_.try_emplace(op.remote_region, now);
         if (!first && now - w->second > kKeyWaitMs) {
@@ -388,8 +389,7 @@ bool SendSession::poll(std::vector<Completion> *done, std::string *error) {
     // Revocations whose last write ended: tell the receiver its MR may go.
     for (auto it = keys_revoking_.begin(); it != keys_revoking_.end();) {
         if (key_users_.count(*it) == 0) {
-            (void)t_.link().sendControl(peer_, SessionSide::kOut, FrameType::kTransport,
-                                        verbsMsgArg(VerbsMsg::kKeyDelDone), encodeU64(*it));
+            (void)t_.sendMsg(peer_, SessionSide::kOut, VerbsMsg::kKeyDelDone, encodeU64(*it));
             keys_.erase(*it);
             keys_revoked_.insert(*it);
             it = keys_revoking_.erase(it);

@@ -36,6 +36,7 @@ VerbsTransport::~VerbsTransport() {
     dead_out_.clear();
     dead_in_.clear();
     closing_in_.clear();
+    dead_conns_.clear();  // connections leave chan_poller_ as they go: before it does
 }
 
 Status VerbsTransport::init() {
@@ -44,6 +45,9 @@ Status VerbsTransport::init() {
     }
     if (Status s = registrar_.start(); !s.isOk()) {
         return s;
+    }
+    if (int rc = chan_poller_.open(); rc != 0) {
+        return {Code::kInternal, std::string("epoll_create1: ") + std::strerror(rc)};
     }
     available_ = device_->portState() == IBV_PORT_ACTIVE;
     verbsLog().info("verbs transport on {} (max message {} bytes, {} QPs per peer)", sel_.summary(),
@@ -111,7 +115,19 @@ std::vector<uint8_t> VerbsTransport::localBlob(PeerId peer, SessionSide side) {
     return encodeVerbsBlob(p.out->blob());
 }
 
-Status VerbsTransport::openSession(PeerId peer, SessionSide side, const SessionInfo &info) {
+TransportCaps VerbsTransport::caps() const {
+    TransportCaps c;
+    c.host_memory = true;
+    c.cuda_memory = true;  // GPUDirect RDMA: dma-buf or peermem MRs (registrar.hpp)
+    c.remote = true;
+    c.ordered = true;
+    c.wire_id = kTransportVerbs;
+    return c;
+}
+
+Status VerbsTransport::openSession(PeerId peer, SessionSide side, const SessionInfo &info,
+                                   uint32_t *channels) {
+    *channels = 0;
     PeerData &p = peers_[peer];
     VerbsBlob remote;
     std::string error;
@@ -129,7 +145,9 @@ Status VerbsTransport::openSession(PeerId peer, SessionSide side, const SessionI
         verbsLog().info("peer '{}': sending over {} RC QPs, path MTU {}, traffic class {}",
                         info.peer_name, remote.qps.size(),
                         std::min(remote.mtu_bytes, sel_.path_mtu), cfg_.trafficClass());
-        link_->transportReady(peer);
+        // Ready once the verbs channel (keys and credits) is up too: adoptChannel().
+        closeChannel(p.out_ch);
+        link_->openChannels(peer, 1);
         return Status::ok();
     }
     if (!gidMatchesDevice()) {
@@ -149,7 +167,9 @@ Status VerbsTransport::openSession(PeerId peer, SessionSide side, const SessionI
     if (p.in) {
         dead_in_.push_back(std::move(p.in));
     }
+    closeChannel(p.in_ch);
     p.in = std::move(in);
+    *channels = 1;  // the verbs channel
     // Every region exposed now goes into this peer's protection domain; its key follows when
     // registered (later exposures arrive through regionExposed()).
     for (const auto &r : regions_.exposed()) {
@@ -169,6 +189,11 @@ void VerbsTransport::closeSession(PeerId peer, SessionSide side, Code code,
         return;
     }
     PeerData &p = it->second;
+    if (side == SessionSide::kOut) {
+        closeChannel(p.out_ch);
+    } else {
+        closeChannel(p.in_ch);
+    }
     if (side == SessionSide::kOut && p.out) {
         p.out->failAll(code, reason, &completions_);
         dead_out_.push_back(std::move(p.out));
@@ -180,13 +205,12 @@ void VerbsTransport::closeSession(PeerId peer, SessionSide side, Code code,
     }
 }
 
-bool VerbsTransport::onControlFrame(PeerId peer, SessionSide side, const FrameHeader &h,
-                                    std::span<const uint8_t> payload, std::string *error) {
-    const uint32_t m = verbsMsgOf(h.arg);
+bool VerbsTransport::onMessage(PeerId peer, SessionSide side, uint64_t arg,
+                               std::span<const uint8_t> payload, std::string *error) {
+    const uint32_t m = verbsMsgOf(arg);
     auto it = peers_.find(peer);
-    if (h.type != FrameType::kTransport || m == 0 || it == peers_.end()) {
-        *error = "unexpected " + frameTypeName(static_cast<uint8_t>(h.type)) +
-                 " frame for the verbs transport";
+    if (m == 0 || it == peers_.end()) {
+        *error = "a verbs channel frame that is no verbs message";
         return false;
     }
     PeerData &p = it->second;
@@ -200,6 +224,163 @@ bool VerbsTransport::onControlFrame(PeerId peer, SessionSide side, const FrameHe
         return true;
     }
     return p.in->onMessage(static_cast<VerbsMsg>(m), payload, error);
+}
+
+Status VerbsTransport::sendMsg(PeerId peer, SessionSide side, VerbsMsg m,
+                               std::vector<uint8_t> payload) {
+    auto it = peers_.find(peer);
+    if (it == peers_.end() || (side == SessionSide::kOut ? !it->second.out : !it->second.in)) {
+        return {Code::kPeer, "no verbs session"};
+    }
+    Channel &ch = side == SessionSide::kOut ? it->second.out_ch : it->second.in_ch;
+    if (!ch.conn) {
+        ch.early.emplace_back(m, std::move(payload));
+        return Status::ok();
+    }
+    if (!ch.conn->isOpen()) {
+        return {Code::kPeer, "the verbs channel is closed"};
+    }
+    ch.conn->queueFrame(FrameType::kTransport, verbsMsgArg(m), payload);
+    chan_output_ = true;
+    return Status::ok();
+}
+
+void VerbsTransport::adoptChannel(PeerId peer, SessionSide side, uint32_t index,
+                                  std::unique_ptr<Connection> conn) {
+    auto it = peers_.find(peer);
+    const bool live = it != peers_.end() && (side == SessionSide::kOut ? it->second.out != nullptr
+                                                                       : it->second.in != nullptr);
+    Channel *ch = !live                       ? nullptr
+                  : side == SessionSide::kOut ? &it->second.out_ch
+                                              : &it->second.in_ch;
+    if (ch == nullptr || index != 0 || ch->conn) {
+        conn->close();
+        dead_conns_.push_back(std::move(conn));
+        return;
+    }
+    conn->rebind(chan_poller_);
+    conn->peer = peer;
+    conn->index = 0;
+    conn->role = side == SessionSide::kOut ? ConnRole::kOutData : ConnRole::kInData;
+    if (conn->buffered() != 0) {
+        chan_buffered_ = true;  // messages that came with READY: read at the next progress()
+    }
+    ch->conn = std::move(conn);
+    for (auto &[m, payload] : std::exchange(ch->early, {})) {
+        ch->conn->queueFrame(FrameType::kTransport, verbsMsgArg(m), payload);
+    }
+    chan_output_ = true;
+    if (side == SessionSide::kOut && it->second.out_connected) {
+        link_->sessionReady(peer);  // QPs connected and the channel up: writes may go
+    }
+}
+
+void VerbsTransport::readable(int fd) {
+    if (fd == chan_poller_.fd()) {
+        chan_readable_ = true;
+    }
+}
+
+void VerbsTransport::closeChannel(Channel &ch) {
+    ch.early.clear();
+    if (ch.conn) {
+        ch.conn->dropOutput();
+        ch.conn->close();
+        dead_conns_.push_back(std::move(ch.conn));
+    }
+}
+
+void VerbsTransport::onChannelEvent(Connection &c, uint32_t events, int64_t now) {
+    const PeerId peer = c.peer;
+    const SessionSide side = c.role == ConnRole::kOutData ? SessionSide::kOut : SessionSide::kIn;
+    if ((events & EPOLLOUT) != 0) {
+        if (int rc = c.flush(now); rc != 0) {
+            fail(peer, side, std::string("verbs channel: ") + std::strerror(rc));
+            return;
+        }
+    }
+    if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) == 0) {
+        return;
+    }
+    const int rc = c.fill(now);
+    for (;;) {
+        FrameHeader h;
+        std::span<const uint8_t> payload;
+        std::string error;
+        const auto parsed = c.nextFrame(kMaxVerbsMsgBytes, &h, &payload, &error);
+        if (parsed == Connection::Parse::kNeedMore) {
+            break;
+        }
+        if (parsed == Connection::Parse::kBad || h.type != FrameType::kTransport) {
+            fail(peer, side,
+                 "protocol error on the verbs channel: " +
+                     (parsed == Connection::Parse::kBad
+                          ? error
+                          : "unexpected " + frameTypeName(static_cast<uint8_t>(h.type))));
+            return;
+        }
+        const bool ok = onMessage(peer, side, h.arg, payload, &error);
+        if (!ok) {
+            fail(peer, side, "protocol error: " + error);
+            return;  // the session is gone; its channel with it
+        }
+        c.consumeFrame(h);
+    }
+    if (rc == ECONNRESET) {
+        fail(peer, side, "verbs channel closed by the peer");
+    } else if (rc != 0 && rc != EAGAIN) {
+        fail(peer, side, std::string("verbs channel: ") + std::strerror(rc));
+    }
+}
+
+void VerbsTransport::pumpChannels(int64_t now) {
+    if (chan_buffered_) {
+        chan_buffered_ = false;
+        std::vector<Connection *> held;
+        for (auto &[id, p] : peers_) {
+            for (Channel *ch : {&p.out_ch, &p.in_ch}) {
+                if (ch->conn && ch->conn->isOpen() && ch->conn->buffered() != 0) {
+                    held.push_back(ch->conn.get());
+                }
+            }
+        }
+        // Each stays alive until the end of this turn even if a message fails its session.
+        for (Connection *c : held) {
+            if (c->isOpen()) {
+                onChannelEvent(*c, EPOLLIN, now);
+            }
+        }
+    }
+    if (chan_readable_) {
+        chan_readable_ = false;
+        epoll_event evs[32];
+        const int n = chan_poller_.wait(evs, 32, 0);
+        for (int i = 0; i < n; ++i) {
+            if (Connection *c = chan_poller_.find(evs[i].data.u64)) {
+                onChannelEvent(*c, evs[i].events, now);
+            }
+        }
+        if (n == 32) {
+            chan_readable_ = true;  // more may wait: look again next turn
+        }
+    }
+    if (chan_output_) {
+        chan_output_ = false;
+        std::vector<std::pair<PeerId, SessionSide>> broken;
+        for (auto &[id, p] : peers_) {
+            for (Channel *ch : {&p.out_ch, &p.in_ch}) {
+                if (ch->conn && ch->conn->isOpen() && ch->conn->hasOutput()) {
+                    if (ch->conn->flush(now) != 0) {
+                        broken.emplace_back(id,
+                                            ch == &p.out_ch ? SessionSide::kOut : SessionSide::kIn);
+                    }
+                }
+            }
+        }
+        for (auto &[id, side] : broken) {
+            fail(id, side, "cannot send on the verbs channel");
+        }
+    }
 }
 
 Status VerbsTransport::post(const WriteOp &op) {
@@ -331,6 +512,10 @@ bool VerbsTransport::gidMatchesDevice() const {
 
 size_t VerbsTransport::progress(EventSink &sink) {
     size_t events = 0;
+    if (chan_readable_ || chan_buffered_) {
+        pumpChannels(monotonicMs());
+        ++events;
+    }
     if (device_->eventsPending()) {
         handleEvents();
     }
@@ -419,23 +604,29 @@ size_t VerbsTransport::progress(EventSink &sink) {
         sink.completed(c.op_id, c.code, c.reason);
     }
     events += done_scratch_.size();
+    if (chan_output_) {
+        pumpChannels(monotonicMs());  // this turn's KEY_ADDs and CREDITs, one send a channel
+    }
     if (!dead_out_.empty() || !dead_in_.empty()) {
         // Their CQs go now: acknowledge what their channel holds first.
         (void)device_->drainCqEvents();
         dead_out_.clear();
         dead_in_.clear();
     }
+    dead_conns_.clear();
     return events;
 }
 
 std::vector<int> VerbsTransport::pollFds() const {
     std::vector<int> fds = device_->fds();
     fds.push_back(registrar_.fd());
+    fds.push_back(chan_poller_.fd());
     return fds;
 }
 
 bool VerbsTransport::arm() {
-    if (!completions_.empty() || device_->eventsPending() || registrar_.pending()) {
+    if (!completions_.empty() || device_->eventsPending() || registrar_.pending() || chan_output_ ||
+        chan_readable_ || chan_buffered_) {
         return false;
     }
     if (busy_) {

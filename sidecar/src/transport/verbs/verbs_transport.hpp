@@ -19,13 +19,15 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "net/connection.hpp"
 #include "tensorlane/config/config.hpp"
 #include "tensorlane/sidecar/fabric.hpp"
-#include "transport/remote.hpp"
+#include "transport/set.hpp"
 #include "transport/verbs/device.hpp"
 #include "transport/verbs/gdr_flush.hpp"
 #include "transport/verbs/mr_cache.hpp"
@@ -213,7 +215,7 @@ private:
     std::vector<ibv_recv_wr> recv_scratch_;  ///< postRecvs()'s work requests, reused
 };
 
-class VerbsTransport final : public RemoteTransport {
+class VerbsTransport final : public Transport {
 public:
     VerbsTransport(const config::Config &cfg, RegionTable &regions, FabricSelection selection);
     ~VerbsTransport() override;
@@ -223,32 +225,31 @@ public:
 
     // Transport
     const char *name() const override { return "verbs"; }
-    Status connect(PeerId) override { return Status::ok(); }
-    void disconnect(PeerId) override {}
+    TransportCaps caps() const override;
     /// Registration is lazy and per protection domain (at first use, on the registrar's
     /// thread); nothing to do when a region is created.
     Status registerRegion(Region &) override { return Status::ok(); }
     void deregisterRegion(RegionId r) override;
-    bool slowRegistration() const override { return true; }
     Status post(const WriteOp &op) override;
     size_t progress(EventSink &sink) override;
     std::vector<int> pollFds() const override;
     bool arm() override;
-    size_t inFlight() const override;
+    /// Writes posted and not yet reported.
+    size_t inFlight() const;
 
-    // RemoteTransport
-    uint32_t kind() const override { return kTransportVerbs; }
+    // Sessions
     bool available() const override { return available_; }
     std::vector<uint8_t> localBlob(PeerId peer, SessionSide side) override;
-    Status openSession(PeerId peer, SessionSide side, const SessionInfo &info) override;
+    Status openSession(PeerId peer, SessionSide side, const SessionInfo &info,
+                       uint32_t *channels) override;
     void closeSession(PeerId peer, SessionSide side, Code code, const std::string &reason) override;
-    bool onControlFrame(PeerId peer, SessionSide side, const FrameHeader &h,
-                        std::span<const uint8_t> payload, std::string *error) override;
-    void adoptConnection(PeerId, SessionSide, uint32_t, std::unique_ptr<Connection> conn) override {
-        conn->close();
-    }
+    /// The session's verbs channel: one authenticated connection that carries this transport's
+    /// messages (KEY_ADD, KEY_DEL, KEY_DEL_DONE, CREDIT) both ways.
+    void adoptChannel(PeerId peer, SessionSide side, uint32_t index,
+                      std::unique_ptr<Connection> conn) override;
+    void readable(int fd) override;
     std::string peerStatusJson(PeerId peer) const override;
-    void attach(PeerLink &link) override { link_ = &link; }
+    void attach(TransportHost &host) override { link_ = &host; }
     void regionExposed(PeerId peer, const std::shared_ptr<Region> &r) override;
     void regionRevoked(PeerId peer, RegionId r) override;
 
@@ -258,7 +259,11 @@ public:
     VerbsDevice &device() { return *device_; }
     Registrar &registrar() { return registrar_; }
     RegionTable &regions() { return regions_; }
-    PeerLink &link() { return *link_; }
+    TransportHost &link() { return *link_; }
+    /// Queues one of this transport's messages on the verbs channel of `peer`'s session `side`
+    /// (kept until the channel is up; sent at the end of this turn). kPeer when that session
+    /// is gone.
+    Status sendMsg(PeerId peer, SessionSide side, VerbsMsg m, std::vector<uint8_t> payload);
     /// The QP parameters for a session whose sender announced `tc`/`sl` and `mtu`.
     QpParams qpParams(uint8_t tc, uint8_t sl, uint32_t peer_mtu) const;
     std::vector<Completion> &completions() { return completions_; }
@@ -270,11 +275,26 @@ public:
     }
 
 private:
+    /// A session's verbs channel (docs/verbs.md, "Messages").
+    struct Channel {
+        std::unique_ptr<Connection> conn;
+        /// Messages queued before the connection arrived, in order.
+        std::vector<std::pair<VerbsMsg, std::vector<uint8_t>>> early;
+    };
     struct PeerData {
         std::unique_ptr<SendSession> out;
-        bool out_connected = false;
+        bool out_connected = false;  ///< its QPs are connected
+        Channel out_ch;
         std::unique_ptr<RecvSession> in;
+        Channel in_ch;
     };
+    /// Reads the channels that have input, dispatches their messages, flushes their output.
+    void pumpChannels(int64_t now);
+    void onChannelEvent(Connection &c, uint32_t events, int64_t now);
+    bool onMessage(PeerId peer, SessionSide side, uint64_t arg, std::span<const uint8_t> payload,
+                   std::string *error);
+    /// Closes a session's channel (its connection is destroyed at the end of the turn).
+    void closeChannel(Channel &ch);
     void handleEvents();
     /// Reads the port and the GID table again (after they settled) and, when usable, takes
     /// the new selection for the sessions built from now on.
@@ -289,7 +309,7 @@ private:
     const config::Config cfg_;
     RegionTable &regions_;
     FabricSelection sel_;
-    PeerLink *link_ = nullptr;
+    TransportHost *link_ = nullptr;
     std::unique_ptr<VerbsDevice> device_;
     Registrar registrar_;
     bool available_ = false;
@@ -309,6 +329,12 @@ private:
     /// A CQ was armed since the channel was last drained: only then can it hold events.
     bool cq_armed_ = false;
     std::vector<Completion> done_scratch_;  ///< progress()'s batch, reused (keeps its capacity)
+    /// The sessions' verbs channels, in an epoll set of their own (its fd is in pollFds()).
+    Poller chan_poller_;
+    bool chan_readable_ = false;  ///< readable() saw chan_poller_'s fd
+    bool chan_output_ = false;    ///< a message was queued on a channel this turn
+    bool chan_buffered_ = false;  ///< a channel arrived with messages already read
+    std::vector<std::unique_ptr<Connection>> dead_conns_;
     /// Per peer, across its sessions: revocations forced by [security] revoke_timeout_ms.
     std::unordered_map<PeerId, uint64_t> forced_revocations_;
 };

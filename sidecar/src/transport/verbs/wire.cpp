@@ -1,7 +1,7 @@
 #include "transport/verbs/wire.hpp"
 
 #include "net/frame.hpp"
-#include "transport/remote.hpp"
+#include "transport/set.hpp"
 
 namespace tensorlane::sidecar {
 

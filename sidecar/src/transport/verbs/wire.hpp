@@ -36,7 +36,11 @@ std::vector<uint8_t> encodeVerbsBlob(const VerbsBlob &b);
 /// False with `*error` for a malformed blob (or a version this build does not speak).
 bool decodeVerbsBlob(std::span<const uint8_t> payload, VerbsBlob *out, std::string *error);
 
-/// TRANSPORT frames of the verbs transport: the frame's arg is (kTransportVerbs << 32) | type.
+/// The largest verbs message payload (a KEY_ADD) a channel accepts, with room to spare.
+inline constexpr size_t kMaxVerbsMsgBytes = 64;
+
+/// The verbs transport's messages, TRANSPORT frames on the session's verbs channel (an
+/// authenticated connection of its own): the frame's arg is (kTransportVerbs << 32) | type.
 enum class VerbsMsg : uint32_t {
     kKeyAdd = 1,      ///< receiver -> sender: a region's address and rkey for this session
     kKeyDel = 2,      ///< receiver -> sender: stop using that rkey
