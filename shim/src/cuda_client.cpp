@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "client.hpp"
-#include "cuda_driver.hpp"
+#include "cuda_context.hpp"
 #include "tensorlane/ipc/doorbell.hpp"
 
 namespace tensorlane::shim {
@@ -178,7 +178,7 @@ tl_status Client::writeOnStream(const tl_write_desc &w, void *stream, tl_ticket 
     if (tl_status st = ensureStreams(); st != TL_OK) {
         return st;
     }
-    const CudaDriver &d = cudaDriver();
+    const cuda::Driver &d = cuda::driver();
     auto s = static_cast<CUstream>(stream);
     CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
     if (d.cuStreamIsCapturing(s, &capture) == CUDA_SUCCESS &&
@@ -197,11 +197,11 @@ tl_status Client::writeOnStream(const tl_write_desc &w, void *stream, tl_ticket 
     // nothing behind.
     class Gate final : public StreamGate {
     public:
-        Gate(const CudaDriver &d, CUstream s, CUcontext ctx) : d_(d), s_(s), ctx_(ctx) {}
+        Gate(const cuda::Driver &d, CUstream s, CUcontext ctx) : d_(d), s_(s), ctx_(ctx) {}
         tl_status enqueue(uint64_t gate_address, uint32_t ticket) override {
             CUresult rc;
             {
-                CudaContextGuard g(d_, ctx_);
+                cuda::ContextGuard g(d_, ctx_);
                 rc = d_.cuStreamWriteValue32(s_, static_cast<CUdeviceptr>(gate_address),
                                              static_cast<cuuint32_t>(ticket),
                                              CU_STREAM_WRITE_VALUE_DEFAULT);
@@ -214,7 +214,7 @@ tl_status Client::writeOnStream(const tl_write_desc &w, void *stream, tl_ticket 
         }
 
     private:
-        const CudaDriver &d_;
+        const cuda::Driver &d_;
         CUstream s_;
         CUcontext ctx_;
     };
@@ -226,7 +226,7 @@ tl_status Client::streamWaitTicket(tl_ticket t, void *stream) {
     if (tl_status st = ensureStreams(); st != TL_OK) {
         return st;
     }
-    const CudaDriver &d = cudaDriver();
+    const cuda::Driver &d = cuda::driver();
     auto s = static_cast<CUstream>(stream);
     CUcontext ctx = nullptr;
     (void)d.cuStreamGetCtx(s, &ctx);
@@ -253,7 +253,7 @@ tl_status Client::streamWaitTicket(tl_ticket t, void *stream) {
     }
     CUresult rc;
     {
-        CudaContextGuard g(d, ctx);
+        cuda::ContextGuard g(d, ctx);
         rc = d.cuStreamWaitValue32(s, static_cast<CUdeviceptr>(streams.doneAddress(slot)),
                                    static_cast<cuuint32_t>(t), CU_STREAM_WAIT_VALUE_GEQ);
     }
@@ -325,7 +325,7 @@ tl_status Client::streamWaitNotification(tl_region r, uint32_t imm, void *stream
             }
         }
     }
-    const CudaDriver &d = cudaDriver();
+    const cuda::Driver &d = cuda::driver();
     auto s = static_cast<CUstream>(stream);
     CUcontext ctx = nullptr;
     (void)d.cuStreamGetCtx(s, &ctx);
@@ -334,7 +334,7 @@ tl_status Client::streamWaitNotification(tl_region r, uint32_t imm, void *stream
     {
         // Wait for a hand-over (1), then consume it (0): fixed values, so a CUDA graph that
         // captured the pair waits for one more notification on every replay.
-        CudaContextGuard g(d, ctx);
+        cuda::ContextGuard g(d, ctx);
         rc = d.cuStreamWaitValue32(s, flag, 1, CU_STREAM_WAIT_VALUE_EQ);
         if (rc == CUDA_SUCCESS) {
             rc = d.cuStreamWriteValue32(s, flag, 0, CU_STREAM_WRITE_VALUE_DEFAULT);
