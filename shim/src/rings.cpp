@@ -157,9 +157,8 @@ void Rings::drainLocked(bool all) {
         std::memcpy(out.n.peer, in.peer, sizeof(out.n.peer));
         out.n.peer[sizeof(out.n.peer) - 1] = '\0';
         out.writer_uid = in.writer_uid;
-        // The sidecar's count of notifications it dropped for this client before this one
-        // (h-engine names the field `dropped`; reserved2[0] until that rename is merged).
-        out.dropped = in.reserved2[0];
+        // The sidecar's count of notifications it dropped for this client before this one.
+        out.dropped = in.dropped;
         notes_.push_back(out);
     }
     if (n) {

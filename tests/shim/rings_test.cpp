@@ -179,5 +179,32 @@ TEST_F(RingsTest, DrainKeepsAtMostFourDepthsOfNotificationsUnlessAll) {
     EXPECT_EQ(rings_.notes().back().n.imm, 5u * kDepth - 1);
 }
 
+TEST_F(RingsTest, DrainCopiesEveryFieldOfANotification) {
+    // tl_notification_ex.dropped was read from reserved2[0] after the layout had named the
+    // field `dropped` (offset 96): a client was never told how many notifications it lost.
+    ipc::Notification n{};
+    n.region = 5;
+    n.offset = 64;
+    n.bytes = 4096;
+    n.imm = 11;
+    n.writer_uid = 1234;
+    ipc::copyName(n.peer, sizeof(n.peer), "node-b");
+    n.dropped = 7;
+    n.reserved2[0] = 99;  // not the count
+    ASSERT_TRUE(notifications_.push(n));
+    notifications_.publish();
+    std::lock_guard lock(rings_.mutex());
+    rings_.drainLocked();
+    ASSERT_EQ(rings_.notes().size(), 1u);
+    const tl_notification_ex &out = rings_.notes().front();
+    EXPECT_EQ(out.n.region, 5u);
+    EXPECT_EQ(out.n.offset, 64u);
+    EXPECT_EQ(out.n.bytes, 4096u);
+    EXPECT_EQ(out.n.imm, 11u);
+    EXPECT_EQ(out.writer_uid, 1234u);
+    EXPECT_STREQ(out.n.peer, "node-b");
+    EXPECT_EQ(out.dropped, 7u);
+}
+
 }  // namespace
 }  // namespace tensorlane::shim
