@@ -10,6 +10,9 @@
 #include "tensorlane/ipc/doorbell.hpp"
 
 namespace tensorlane::shim {
+
+#ifdef TENSORLANE_HAVE_CUDA
+
 namespace {
 
 std::string hexAddress(uint64_t a) {
@@ -19,8 +22,6 @@ std::string hexAddress(uint64_t a) {
 }
 
 }  // namespace
-
-#ifdef TENSORLANE_HAVE_CUDA
 
 tl_status Client::registerCuda(void *ptr, size_t bytes, tl_region *out) {
     CudaAllocation a;
