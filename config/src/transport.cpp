@@ -4,39 +4,19 @@
 // tests can point it at a fake tree. The verbs transport re-checks the device when it opens it.
 #include <algorithm>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "tensorlane/config/config.hpp"
+#include "tensorlane/config/sysfs.hpp"
 
 namespace tensorlane::config {
 namespace {
 
-namespace fs = std::filesystem;
-
-/// Entry names of `dir`, sorted; empty when it is missing or unreadable.
-std::vector<std::string> listDir(const fs::path &dir) {
-    std::vector<std::string> names;
-    std::error_code ec;
-    fs::directory_iterator it(dir, ec);
-    if (ec) {
-        return names;
-    }
-    for (const fs::directory_iterator end; it != end; it.increment(ec)) {
-        if (ec) {
-            break;
-        }
-        names.push_back(it->path().filename().string());
-    }
-    std::sort(names.begin(), names.end());
-    return names;
-}
-
 /// Port directories are numbers; sort them as numbers so port 10 comes after port 2.
-std::vector<std::string> listPorts(const fs::path &device_dir) {
-    std::vector<std::string> ports = listDir(device_dir / "ports");
+std::vector<std::string> listPorts(const SysfsRoot &root, const std::string &device_dir) {
+    std::vector<std::string> ports = root.list(device_dir + "/ports");
     std::stable_sort(ports.begin(), ports.end(), [](const std::string &a, const std::string &b) {
         return a.size() != b.size() ? a.size() < b.size() : a < b;
     });
@@ -44,12 +24,12 @@ std::vector<std::string> listPorts(const fs::path &device_dir) {
 }
 
 /// The state name of a port: sysfs writes "4: ACTIVE\n" (ib_port_state number and name).
-std::string readPortState(const fs::path &state_file) {
-    std::ifstream in(state_file);
-    std::string line;
-    if (!in || !std::getline(in, line)) {
+std::string readPortState(const SysfsRoot &root, const std::string &state_file) {
+    const std::optional<std::string> text = root.read(state_file);
+    if (!text) {
         return "unreadable";
     }
+    const std::string line = text->substr(0, text->find('\n'));
     const size_t colon = line.find(':');
     std::string state = colon == std::string::npos ? line : line.substr(colon + 1);
     const size_t first = state.find_first_not_of(" \t\r");
@@ -70,30 +50,33 @@ struct Probe {
     std::string detail;
 };
 
-Probe probeDevice(const fs::path &ib_dir, const std::string &device, unsigned port) {
-    std::error_code ec;
-    if (!fs::exists(ib_dir / device, ec)) {
-        return {false, device + " not found under " + ib_dir.string()};
+constexpr const char *kIbDir = "class/infiniband";
+
+Probe probeDevice(const SysfsRoot &root, const std::string &device, unsigned port) {
+    const std::string dev_dir = std::string(kIbDir) + "/" + device;
+    if (!root.exists(dev_dir)) {
+        return {false, device + " not found under " + root.pathOf(kIbDir)};
     }
-    const fs::path state_file = ib_dir / device / "ports" / std::to_string(port) / "state";
-    if (!fs::exists(state_file, ec)) {
+    const std::string state_file = dev_dir + "/ports/" + std::to_string(port) + "/state";
+    if (!root.exists(state_file)) {
         return {false, device + " has no port " + std::to_string(port)};
     }
-    const std::string state = readPortState(state_file);
+    const std::string state = readPortState(root, state_file);
     return {isActive(state), device + " port " + std::to_string(port) + " is " + state};
 }
 
-Probe probeAny(const fs::path &ib_dir) {
-    const std::vector<std::string> devices = listDir(ib_dir);
+Probe probeAny(const SysfsRoot &root) {
+    const std::vector<std::string> devices = root.list(kIbDir);
     if (devices.empty()) {
-        return {false, "no RDMA device under " + ib_dir.string()};
+        return {false, "no RDMA device under " + root.pathOf(kIbDir)};
     }
     // Name every port that is not up, a few at most, so the reason says what to fix.
     constexpr size_t kMaxListed = 4;
     std::vector<std::string> down;
     size_t not_listed = 0;
     for (const auto &device : devices) {
-        const std::vector<std::string> ports = listPorts(ib_dir / device);
+        const std::string dev_dir = std::string(kIbDir) + "/" + device;
+        const std::vector<std::string> ports = listPorts(root, dev_dir);
         if (ports.empty()) {
             if (down.size() < kMaxListed) {
                 down.push_back(device + " has no ports");
@@ -103,7 +86,7 @@ Probe probeAny(const fs::path &ib_dir) {
             continue;
         }
         for (const auto &port : ports) {
-            const std::string state = readPortState(ib_dir / device / "ports" / port / "state");
+            const std::string state = readPortState(root, dev_dir + "/ports/" + port + "/state");
             if (isActive(state)) {
                 return {true, device + " port " + port + " is ACTIVE"};
             }
@@ -129,7 +112,7 @@ Probe probeAny(const fs::path &ib_dir) {
 TransportChoice resolveTransport(const Config &cfg, const std::string &sysfs_root_arg) {
     // The default root follows TENSORLANE_SYSFS_ROOT, as every other sysfs read of the sidecar
     // does (DESIGN.md), so callers that pass nothing agree with the fabric selection.
-    const char *env = std::getenv("TENSORLANE_SYSFS_ROOT");
+    const char *env = std::getenv(SysfsRoot::kEnvVar);
     const std::string sysfs_root =
         sysfs_root_arg == "/sys" && env != nullptr && *env != '\0' ? env : sysfs_root_arg;
     if (cfg.fabric.transport == TransportKind::kTcp) {
@@ -137,10 +120,9 @@ TransportChoice resolveTransport(const Config &cfg, const std::string &sysfs_roo
     }
     Probe probe;
     try {
-        const fs::path ib_dir = fs::path(sysfs_root) / "class" / "infiniband";
-        probe = cfg.fabric.device == "auto"
-                    ? probeAny(ib_dir)
-                    : probeDevice(ib_dir, cfg.fabric.device, cfg.fabric.port);
+        const SysfsRoot root(sysfs_root);
+        probe = cfg.fabric.device == "auto" ? probeAny(root)
+                                            : probeDevice(root, cfg.fabric.device, cfg.fabric.port);
     } catch (const std::exception &e) {
         probe = {false, std::string("cannot read sysfs: ") + e.what()};
     }

@@ -6,15 +6,14 @@
 #include <cstring>
 
 #include "client.hpp"
-#include "cuda_driver.hpp"
+#include "cuda_context.hpp"
 #include "tensorlane/ipc/doorbell.hpp"
 
 namespace tensorlane::shim {
-namespace {
 
-ipc::MsgHeader header(ipc::MsgType type) {
-    return ipc::MsgHeader{ipc::kControlMagic, ipc::kControlVersion, static_cast<uint16_t>(type), 0};
-}
+#ifdef TENSORLANE_HAVE_CUDA
+
+namespace {
 
 std::string hexAddress(uint64_t a) {
     char buf[32];
@@ -23,8 +22,6 @@ std::string hexAddress(uint64_t a) {
 }
 
 }  // namespace
-
-#ifdef TENSORLANE_HAVE_CUDA
 
 tl_status Client::registerCuda(void *ptr, size_t bytes, tl_region *out) {
     CudaAllocation a;
@@ -48,7 +45,7 @@ tl_status Client::registerCuda(void *ptr, size_t bytes, tl_region *out) {
                         std::to_string(a.bytes) + " bytes at " + hexAddress(a.base) + ")");
     }
     ipc::RegisterMsg m{};
-    m.h = header(ipc::MsgType::kRegister);
+    m.h = messageHeader(ipc::MsgType::kRegister);
     m.kind = static_cast<uint32_t>(ipc::RegionKind::kCuda);
     m.parent = a.buffer_id;
     m.offset = offset;
@@ -67,7 +64,7 @@ tl_status Client::registerCuda(void *ptr, size_t bytes, tl_region *out) {
         if (cuda_exports_.known(a.buffer_id)) {
             // A second tensor in an allocation already exported: no export, one round trip.
             m.flags = ipc::kRegisterReuse;
-            c = call(&m, sizeof(m), &reply, nullptr);
+            c = control_.call(&m, sizeof(m), &reply, nullptr);
             if (c == Code::kNotFound) {
                 cuda_exports_.forget(a.buffer_id);
             }
@@ -82,18 +79,14 @@ tl_status Client::registerCuda(void *ptr, size_t bytes, tl_region *out) {
             m.dmabuf_error = ex.dmabuf_error;
             // The fd goes to the sidecar; ours closes when `ex` goes (the sidecar's copy keeps
             // the memory's dma-buf alive for as long as it needs it).
-            c = call(&m, sizeof(m), &reply, nullptr, nullptr, ex.dmabuf.get());
+            c = control_.call(&m, sizeof(m), &reply, nullptr, nullptr, ex.dmabuf.get());
         }
         if (c != Code::kOk) {
             return toStatus(c);
         }
         cuda_exports_.addRegion(a.buffer_id);
     }
-    {
-        std::unique_lock lock(reg_mu_);
-        regions_[reply.value0] =
-            LocalRegion{static_cast<unsigned char *>(ptr), bytes, 0, true, a.buffer_id};
-    }
+    regions_.addCuda(reply.value0, ptr, bytes, a.buffer_id);
     *out = reply.value0;
     // This process uses CUDA: from now on its writes carry stream slots, so tl_stream_wait_ticket
     // works on any ticket. A failure here is not this call's (the stream calls report it).
@@ -116,24 +109,22 @@ tl_status Client::ensureStreams() {
     if (!cudaInUse()) {
         return fail(Code::kCuda, "the stream-ordered calls need CUDA in use in this process");
     }
-    ipc::MsgHeader m = header(ipc::MsgType::kStreamSetup);
+    ipc::MsgHeader m = messageHeader(ipc::MsgType::kStreamSetup);
     ipc::ReplyMsg reply{};
     ipc::UniqueFd fd;
-    if (Code c = call(&m, sizeof(m), &reply, &fd); c != Code::kOk) {
+    if (Code c = control_.call(&m, sizeof(m), &reply, &fd); c != Code::kOk) {
         return toStatus(c);
     }
     std::unique_ptr<ClientStreams> streams;
     std::string why;
-    if (Code c = ClientStreams::open(std::move(fd), depth_, &streams, &why); c != Code::kOk) {
+    if (Code c = ClientStreams::open(std::move(fd), rings_.depth(), &streams, &why);
+        c != Code::kOk) {
         return fail(c, why);
     }
     if (int rc = ipc::makeEventFd(&keeper_stop_)) {
         return fail(Code::kInternal, std::string("eventfd: ") + std::strerror(rc));
     }
-    {
-        std::lock_guard cl(comp_mu_);
-        streams_ = std::move(streams);
-    }
+    rings_.setStreams(std::move(streams));
     keeper_ = std::thread([this] { keepStreams(); });
     streams_ready_.store(true, std::memory_order_release);
     return TL_OK;
@@ -143,7 +134,7 @@ void Client::keepStreams() {
     // Sleeps until the sidecar hangs up or we stop. A sidecar that dies cannot release the
     // streams waiting on it, so this thread does: every pending ticket's `done`, and every
     // notification flag (again each time a stream consumes it) until tl_disconnect.
-    pollfd p[2] = {{sock_.get(), POLLRDHUP, 0}, {keeper_stop_.get(), POLLIN, 0}};
+    pollfd p[2] = {{control_.fd(), POLLRDHUP, 0}, {keeper_stop_.get(), POLLIN, 0}};
     bool gone = false;
     for (;;) {
         const int n = ::poll(p, 2, gone ? 1 : -1);
@@ -153,16 +144,16 @@ void Client::keepStreams() {
         if (!gone && (p[0].revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0) {
             gone = true;
             p[0].fd = -1;  // it stays readable; from here we only re-arm
-            std::lock_guard lock(comp_mu_);
-            markDead("the sidecar went away");
-            tickets_.failPending(static_cast<int32_t>(Code::kConnection));
-            streams_->releaseAll();
-            comp_cv_.notify_all();
+            std::lock_guard lock(rings_.mutex());
+            control_.markDead("the sidecar went away");
+            rings_.tickets().failPending(static_cast<int32_t>(Code::kConnection));
+            rings_.streams()->releaseAll();
+            waiter_.wakeAllLocked();
             continue;
         }
         if (gone) {
-            std::lock_guard lock(comp_mu_);
-            streams_->rearm();
+            std::lock_guard lock(rings_.mutex());
+            rings_.streams()->rearm();
         }
     }
 }
@@ -171,14 +162,12 @@ tl_status Client::writeOnStream(const tl_write_desc &w, void *stream, tl_ticket 
     if (!out) {
         return fail(Code::kInvalid, "tl_write_on_stream: out is NULL");
     }
-    ipc::Request r{};
-    {
-        std::shared_lock lock(reg_mu_);
-        std::string why;
-        if (!validWrite(w, &why)) {
-            return fail(Code::kInvalid, "tl_write_on_stream: " + why);
-        }
+    size_t bad = 0;
+    std::string why;
+    if (!regions_.checkWrites(&w, 1, &bad, &why)) {
+        return fail(Code::kInvalid, "tl_write_on_stream: " + why);
     }
+    ipc::Request r{};
     r.op = static_cast<uint8_t>(ipc::Op::kWrite);
     r.flags = ipc::kRequestHasSlot | ipc::kRequestGated;
     r.imm = w.imm;
@@ -190,7 +179,7 @@ tl_status Client::writeOnStream(const tl_write_desc &w, void *stream, tl_ticket 
     if (tl_status st = ensureStreams(); st != TL_OK) {
         return st;
     }
-    const CudaDriver &d = cudaDriver();
+    const cuda::Driver &d = cuda::driver();
     auto s = static_cast<CUstream>(stream);
     CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
     if (d.cuStreamIsCapturing(s, &capture) == CUDA_SUCCESS &&
@@ -202,61 +191,51 @@ tl_status Client::writeOnStream(const tl_write_desc &w, void *stream, tl_ticket 
     }
     CUcontext ctx = nullptr;
     (void)d.cuStreamGetCtx(s, &ctx);  // the legacy stream (0) answers with the current one
-    tl_ticket t = 0;
-    {
-        std::lock_guard lock(comp_mu_);
-        if (dead_.load(std::memory_order_acquire)) {
-            return fail(Code::kConnection, "sidecar connection lost: " + dead_reason_);
+
+    // The stream stores the ticket into the gate once the work queued before has finished
+    // (the store fences that work, like __threadfence_system); the sidecar starts the write
+    // when it sees it. Queued first, published second (Rings::submit): a failure leaves
+    // nothing behind.
+    class Gate final : public StreamGate {
+    public:
+        Gate(const cuda::Driver &d, CUstream s, CUcontext ctx) : d_(d), s_(s), ctx_(ctx) {}
+        tl_status enqueue(uint64_t gate_address, uint32_t ticket) override {
+            CUresult rc;
+            {
+                cuda::ContextGuard g(d_, ctx_);
+                rc = d_.cuStreamWriteValue32(s_, static_cast<CUdeviceptr>(gate_address),
+                                             static_cast<cuuint32_t>(ticket),
+                                             CU_STREAM_WRITE_VALUE_DEFAULT);
+            }
+            if (rc != CUDA_SUCCESS) {
+                return fail(Code::kCuda,
+                            "tl_write_on_stream: cuStreamWriteValue32: " + d_.errorText(rc));
+            }
+            return TL_OK;
         }
-        if (tickets_.pending() + 1 > depth_) {
-            drainLocked();
-        }
-        uint16_t slot = 0;
-        if (tickets_.pending() + 1 > depth_ || requests_.freeSlots(1) < 1 ||
-            !streams_->takeSlot(next_ticket_, true, &slot)) {
-            return fail(Code::kAgain, std::to_string(depth_) +
-                                          " requests outstanding; wait on a ticket and retry");
-        }
-        t = next_ticket_;
-        // The stream stores the ticket into the gate once the work queued before has finished
-        // (the store fences that work, like __threadfence_system); the sidecar starts the write
-        // when it sees it. Queued first, published second: a failure leaves nothing behind.
-        CUresult rc;
-        {
-            CudaContextGuard g(d, ctx);
-            rc = d.cuStreamWriteValue32(s, static_cast<CUdeviceptr>(streams_->gateAddress(slot)),
-                                        static_cast<cuuint32_t>(t), CU_STREAM_WRITE_VALUE_DEFAULT);
-        }
-        if (rc != CUDA_SUCCESS) {
-            streams_->untake(slot, t);
-            return fail(Code::kCuda,
-                        "tl_write_on_stream: cuStreamWriteValue32: " + d.errorText(rc));
-        }
-        streams_->noteEnqueued();
-        r.ticket = t;
-        r.slot = slot;
-        (void)requests_.push(r);  // freeSlots() said there is room
-        tickets_.addPending(next_ticket_++);
-        requests_.publish();
-    }
-    ringSidecar();
-    *out = t;
-    return TL_OK;
+
+    private:
+        const cuda::Driver &d_;
+        CUstream s_;
+        CUcontext ctx_;
+    };
+    Gate gate(d, s, ctx);
+    return rings_.submit(&r, 1, out, nullptr, &gate);
 }
 
 tl_status Client::streamWaitTicket(tl_ticket t, void *stream) {
     if (tl_status st = ensureStreams(); st != TL_OK) {
         return st;
     }
-    const CudaDriver &d = cudaDriver();
+    const cuda::Driver &d = cuda::driver();
     auto s = static_cast<CUstream>(stream);
     CUcontext ctx = nullptr;
     (void)d.cuStreamGetCtx(s, &ctx);
-    std::lock_guard lock(comp_mu_);
-    int32_t st = tickets_.state(t);
+    std::lock_guard lock(rings_.mutex());
+    int32_t st = rings_.tickets().state(t);
     if (st == TicketTable::kPending) {
-        drainLocked();
-        st = tickets_.state(t);
+        rings_.drainLocked();
+        st = rings_.tickets().state(t);
     }
     if (st == TicketTable::kUnknown) {
         return fail(Code::kNotFound, "tl_stream_wait_ticket: unknown ticket " + std::to_string(t) +
@@ -265,8 +244,9 @@ tl_status Client::streamWaitTicket(tl_ticket t, void *stream) {
     if (st != TicketTable::kPending) {
         return TL_OK;  // it has ended: nothing for the stream to wait for (tl_wait has its status)
     }
+    ClientStreams &streams = *rings_.streams();
     uint16_t slot = 0;
-    if (!streams_->slotOf(t, &slot)) {
+    if (!streams.slotOf(t, &slot)) {
         return fail(Code::kInvalid,
                     "tl_stream_wait_ticket: ticket " + std::to_string(t) +
                         " was submitted before this client's first CUDA registration or stream "
@@ -274,24 +254,20 @@ tl_status Client::streamWaitTicket(tl_ticket t, void *stream) {
     }
     CUresult rc;
     {
-        CudaContextGuard g(d, ctx);
-        rc = d.cuStreamWaitValue32(s, static_cast<CUdeviceptr>(streams_->doneAddress(slot)),
+        cuda::ContextGuard g(d, ctx);
+        rc = d.cuStreamWaitValue32(s, static_cast<CUdeviceptr>(streams.doneAddress(slot)),
                                    static_cast<cuuint32_t>(t), CU_STREAM_WAIT_VALUE_GEQ);
     }
     if (rc != CUDA_SUCCESS) {
         return fail(Code::kCuda, "tl_stream_wait_ticket: cuStreamWaitValue32: " + d.errorText(rc));
     }
-    streams_->noteEnqueued();
+    streams.noteEnqueued();
     return TL_OK;
 }
 
 tl_status Client::streamWaitNotification(tl_region r, uint32_t imm, void *stream) {
-    {
-        std::shared_lock lock(reg_mu_);
-        if (!regions_.count(r)) {
-            return fail(Code::kNotFound,
-                        "tl_stream_wait_notification: no region " + std::to_string(r));
-        }
+    if (!regions_.contains(r)) {
+        return fail(Code::kNotFound, "tl_stream_wait_notification: no region " + std::to_string(r));
     }
     if (tl_status st = ensureStreams(); st != TL_OK) {
         return st;
@@ -299,22 +275,22 @@ tl_status Client::streamWaitNotification(tl_region r, uint32_t imm, void *stream
     uint32_t slot = 0;
     bool known = false;
     {
-        std::lock_guard lock(comp_mu_);
-        known = streams_->subscription(r, imm, &slot);
+        std::lock_guard lock(rings_.mutex());
+        known = rings_.streams()->subscription(r, imm, &slot);
     }
     if (!known) {
         std::lock_guard sub(cuda_mu_);  // one subscription at a time
         {
-            std::lock_guard lock(comp_mu_);
-            known = streams_->subscription(r, imm, &slot);
+            std::lock_guard lock(rings_.mutex());
+            known = rings_.streams()->subscription(r, imm, &slot);
         }
         if (!known) {
             ipc::StreamSubscribeMsg m{};
-            m.h = header(ipc::MsgType::kStreamSubscribe);
+            m.h = messageHeader(ipc::MsgType::kStreamSubscribe);
             m.region = r;
             m.imm = imm;
             ipc::ReplyMsg reply{};
-            if (Code c = call(&m, sizeof(m), &reply, nullptr); c != Code::kOk) {
+            if (Code c = control_.call(&m, sizeof(m), &reply, nullptr); c != Code::kOk) {
                 return toStatus(c);
             }
             slot = static_cast<uint32_t>(reply.value0);
@@ -326,39 +302,40 @@ tl_status Client::streamWaitNotification(tl_region r, uint32_t imm, void *stream
             // the stream's now, handed back for its flag.
             uint32_t earlier = 0;
             {
-                std::lock_guard lock(comp_mu_);
-                drainLocked(true);
-                for (auto it = notes_.begin(); it != notes_.end();) {
+                std::lock_guard lock(rings_.mutex());
+                rings_.drainLocked(true);
+                std::deque<tl_notification_ex> &notes = rings_.notes();
+                for (auto it = notes.begin(); it != notes.end();) {
                     if (it->n.region == r && it->n.imm == imm) {
-                        it = notes_.erase(it);
+                        it = notes.erase(it);
                         ++earlier;
                     } else {
                         ++it;
                     }
                 }
-                streams_->addSubscription(r, imm, slot);
+                rings_.streams()->addSubscription(r, imm, slot);
             }
             if (earlier != 0) {
                 ipc::StreamCreditMsg cm{};
-                cm.h = header(ipc::MsgType::kStreamCredit);
+                cm.h = messageHeader(ipc::MsgType::kStreamCredit);
                 cm.slot = slot;
                 cm.count = earlier;
-                if (Code c = call(&cm, sizeof(cm), &reply, nullptr); c != Code::kOk) {
+                if (Code c = control_.call(&cm, sizeof(cm), &reply, nullptr); c != Code::kOk) {
                     return toStatus(c);
                 }
             }
         }
     }
-    const CudaDriver &d = cudaDriver();
+    const cuda::Driver &d = cuda::driver();
     auto s = static_cast<CUstream>(stream);
     CUcontext ctx = nullptr;
     (void)d.cuStreamGetCtx(s, &ctx);
-    const auto flag = static_cast<CUdeviceptr>(streams_->notifyAddress(slot));
+    const auto flag = static_cast<CUdeviceptr>(rings_.streams()->notifyAddress(slot));
     CUresult rc;
     {
         // Wait for a hand-over (1), then consume it (0): fixed values, so a CUDA graph that
         // captured the pair waits for one more notification on every replay.
-        CudaContextGuard g(d, ctx);
+        cuda::ContextGuard g(d, ctx);
         rc = d.cuStreamWaitValue32(s, flag, 1, CU_STREAM_WAIT_VALUE_EQ);
         if (rc == CUDA_SUCCESS) {
             rc = d.cuStreamWriteValue32(s, flag, 0, CU_STREAM_WRITE_VALUE_DEFAULT);
@@ -368,8 +345,8 @@ tl_status Client::streamWaitNotification(tl_region r, uint32_t imm, void *stream
         return fail(Code::kCuda,
                     "tl_stream_wait_notification: stream memory operation: " + d.errorText(rc));
     }
-    std::lock_guard lock(comp_mu_);
-    streams_->noteEnqueued();
+    std::lock_guard lock(rings_.mutex());
+    rings_.streams()->noteEnqueued();
     return TL_OK;
 }
 

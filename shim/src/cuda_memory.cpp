@@ -4,14 +4,14 @@
 
 #include <cstring>
 
-#include "cuda_driver.hpp"
+#include "cuda_context.hpp"
 
 namespace tensorlane::shim {
 
 #ifdef TENSORLANE_HAVE_CUDA
 
 CudaPointer probeCudaPointer(const void *ptr, CudaAllocation *out, std::string *why) {
-    const CudaDriver &d = cudaDriver();
+    const cuda::Driver &d = cuda::driver();
     if (!d.ok || !cudaInUse()) {
         return CudaPointer::kNotCuda;  // no driver, or CUDA not used here: no CUDA memory
     }
@@ -69,7 +69,7 @@ CudaPointer probeCudaPointer(const void *ptr, CudaAllocation *out, std::string *
     size_t bytes = 0;
     CUresult arc;
     {
-        CudaContextGuard guard(d, static_cast<CUcontext>(a.context));
+        cuda::ContextGuard guard(d, static_cast<CUcontext>(a.context));
         arc = d.cuMemGetAddressRange(&base, &bytes, reinterpret_cast<CUdeviceptr>(ptr));
     }
     if (arc != CUDA_SUCCESS) {
@@ -91,8 +91,8 @@ CudaPointer probeCudaPointer(const void *ptr, CudaAllocation *out, std::string *
 }
 
 ipc::Code exportCudaAllocation(const CudaAllocation &a, CudaExport *out, std::string *why) {
-    const CudaDriver &d = cudaDriver();
-    CudaContextGuard guard(d, static_cast<CUcontext>(a.context));
+    const cuda::Driver &d = cuda::driver();
+    cuda::ContextGuard guard(d, static_cast<CUcontext>(a.context));
     CUipcMemHandle h{};
     if (CUresult rc = d.cuIpcGetMemHandle(&h, a.base); rc != CUDA_SUCCESS) {
         *why = "tl_register: cuIpcGetMemHandle: " + d.errorText(rc);
@@ -125,7 +125,7 @@ ipc::Code exportCudaAllocation(const CudaAllocation &a, CudaExport *out, std::st
 }
 
 bool pinHostForCuda(void *base, size_t bytes) {
-    const CudaDriver &d = cudaDriver();
+    const cuda::Driver &d = cuda::driver();
     if (!d.ok || !cudaInUse()) {
         return false;
     }
@@ -137,7 +137,7 @@ bool pinHostForCuda(void *base, size_t bytes) {
 }
 
 void unpinHostForCuda(void *base) {
-    const CudaDriver &d = cudaDriver();
+    const cuda::Driver &d = cuda::driver();
     if (d.ok) {
         AnyContextGuard ctx(d);
         if (ctx.ok()) {

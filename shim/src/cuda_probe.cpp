@@ -1,13 +1,10 @@
 #include "cuda_probe.hpp"
 
-#include <dlfcn.h>
-
 #include <cstdint>
 #include <mutex>
+#include <string>
 
-#ifdef TENSORLANE_HAVE_CUDA
-#include <cuda.h>
-#endif
+#include "tensorlane/cuda/driver.hpp"
 
 namespace tensorlane::shim {
 namespace {
@@ -25,6 +22,8 @@ static_assert(kMemoryTypeDevice == CU_MEMORYTYPE_DEVICE);
 static_assert(sizeof(CUresult) == sizeof(int));
 #endif
 
+// The two entry points, bound by hand from tensorlane::cuda's library: a build without the
+// toolkit has no cuda.h to type its table with.
 struct Driver {
     CuPointerGetAttribute get_attribute = nullptr;
     bool ok = false;
@@ -34,13 +33,14 @@ const Driver &driver() {
     static Driver d;
     static std::once_flag once;
     std::call_once(once, [] {
-        void *lib = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+        void *lib = cuda::library().handle;
         if (!lib) {
             return;  // no driver: every pointer is a host pointer to us
         }
-        auto init = reinterpret_cast<CuInit>(::dlsym(lib, "cuInit"));
-        d.get_attribute =
-            reinterpret_cast<CuPointerGetAttribute>(::dlsym(lib, "cuPointerGetAttribute"));
+        std::string ignored;
+        CuInit init = nullptr;
+        (void)cuda::bind(lib, "cuInit", &init, &ignored);
+        (void)cuda::bind(lib, "cuPointerGetAttribute", &d.get_attribute, &ignored);
         d.ok = init && d.get_attribute && init(0) == 0;
     });
     return d;

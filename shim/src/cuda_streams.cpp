@@ -3,7 +3,7 @@
 #include <atomic>
 #include <mutex>
 
-#include "cuda_driver.hpp"
+#include "cuda_context.hpp"
 
 namespace tensorlane::shim {
 
@@ -36,7 +36,7 @@ ipc::Code ClientStreams::open(ipc::UniqueFd fd, uint32_t ring_depth,
         return ipc::Code::kConnection;
     }
     s->view_ = ipc::StreamView::at(s->mapping_.data(), s->geometry_);
-    const CudaDriver &d = cudaDriver();
+    const cuda::Driver &d = cuda::driver();
     AnyContextGuard ctx(d);
     if (!ctx.ok()) {
         *why = "the stream-ordered calls need CUDA in use in this process (no CUDA context)";
@@ -74,7 +74,7 @@ ClientStreams::~ClientStreams() {
         return;
     }
     if (registered_) {
-        const CudaDriver &d = cudaDriver();
+        const cuda::Driver &d = cuda::driver();
         AnyContextGuard ctx(d);
         if (ctx.ok()) {
             d.cuMemHostUnregister(mapping_.data());

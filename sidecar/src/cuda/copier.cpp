@@ -3,7 +3,7 @@
 #include "cuda/runtime.hpp"
 
 #ifdef TENSORLANE_HAVE_CUDA
-#include "cuda/driver.hpp"
+#include "tensorlane/cuda/driver.hpp"
 #endif
 
 namespace tensorlane::sidecar {
@@ -11,13 +11,13 @@ namespace tensorlane::sidecar {
 #ifdef TENSORLANE_HAVE_CUDA
 
 CudaCopier::~CudaCopier() {
-    const CudaDriver &d = cudaDriver();
+    const cuda::Driver &d = cuda::driver();
     for (Event &e : events_) {
-        CudaContextGuard g(d, static_cast<CUcontext>(e.ctx));
+        cuda::ContextGuard g(d, static_cast<CUcontext>(e.ctx));
         d.cuEventDestroy(static_cast<CUevent>(e.event));
     }
     for (Device &dev : devices_) {
-        CudaContextGuard g(d, static_cast<CUcontext>(dev.ctx));
+        cuda::ContextGuard g(d, static_cast<CUcontext>(dev.ctx));
         for (void *s : dev.streams) {
             if (s != nullptr) {
                 d.cuStreamDestroy(static_cast<CUstream>(s));
@@ -28,14 +28,14 @@ CudaCopier::~CudaCopier() {
 
 void CudaCopier::bind(void *ctx) {
     if (ctx != current_) {
-        cudaDriver().cuCtxSetCurrent(static_cast<CUcontext>(ctx));
+        cuda::driver().cuCtxSetCurrent(static_cast<CUcontext>(ctx));
         current_ = ctx;
     }
 }
 
 Status CudaCopier::start(int ordinal, uint32_t lane, uint64_t dst, uint64_t src, uint64_t bytes,
                          uint32_t *handle) {
-    const CudaDriver &d = cudaDriver();
+    const cuda::Driver &d = cuda::driver();
     CudaRuntime &rt = CudaRuntime::get();
     if (ordinal < 0 || ordinal >= rt.deviceCount()) {
         return {Code::kCuda, "no CUDA device " + std::to_string(ordinal) + " in the sidecar"};
@@ -97,7 +97,7 @@ Status CudaCopier::poll(uint32_t handle) {
     if (handle >= events_.size() || !events_[handle].busy) {
         return {Code::kInternal, "poll of a copy that is not running"};
     }
-    const CudaDriver &d = cudaDriver();
+    const cuda::Driver &d = cuda::driver();
     Event &e = events_[handle];
     bind(e.ctx);
     const CUresult rc = d.cuEventQuery(static_cast<CUevent>(e.event));

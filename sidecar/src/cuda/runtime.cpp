@@ -1,7 +1,7 @@
 #include "cuda/runtime.hpp"
 
 #ifdef TENSORLANE_HAVE_CUDA
-#include "cuda/driver.hpp"
+#include "tensorlane/cuda/driver.hpp"
 #endif
 
 namespace tensorlane::sidecar {
@@ -56,11 +56,11 @@ void CudaRuntime::releaseLoop() {
 #ifdef TENSORLANE_HAVE_CUDA
 
 std::string CudaRuntime::errorText(int rc) {
-    return cudaDriver().errorText(static_cast<CUresult>(rc));
+    return cuda::driver().errorText(static_cast<CUresult>(rc));
 }
 
 CudaRuntime::CudaRuntime() {
-    const CudaDriver &d = cudaDriver();
+    const cuda::Driver &d = cuda::driver();
     if (!d.ok) {
         why_ = d.why;
         return;
@@ -99,7 +99,7 @@ Status CudaRuntime::context(int ordinal, void **ctx) {
     if (ordinal < 0 || ordinal >= deviceCount()) {
         return {Code::kCuda, "no CUDA device " + std::to_string(ordinal) + " in the sidecar"};
     }
-    const CudaDriver &d = cudaDriver();
+    const cuda::Driver &d = cuda::driver();
     std::lock_guard lock(ctx_mu_);
     Device &dev = devices_[ordinal];
     if (dev.ctx == nullptr) {
@@ -128,11 +128,11 @@ Status CudaRuntime::context(int ordinal, void **ctx) {
                 continue;
             }
             {
-                CudaContextGuard g(d, c);
+                cuda::ContextGuard g(d, c);
                 d.cuCtxEnablePeerAccess(static_cast<CUcontext>(devices_[j].ctx), 0);
             }
             {
-                CudaContextGuard g(d, static_cast<CUcontext>(devices_[j].ctx));
+                cuda::ContextGuard g(d, static_cast<CUcontext>(devices_[j].ctx));
                 d.cuCtxEnablePeerAccess(c, 0);
             }
         }
@@ -163,13 +163,13 @@ Status CudaRuntime::openIpc(const CudaIpcHandle &handle, int ordinal, uint32_t u
     if (Status st = context(ordinal, &ctx); !st.isOk()) {
         return st;
     }
-    const CudaDriver &d = cudaDriver();
+    const cuda::Driver &d = cuda::driver();
     CUipcMemHandle h{};
     std::copy(handle.begin(), handle.end(), h.reserved);
     CUdeviceptr base = 0;
     CUresult rc;
     {
-        CudaContextGuard g(d, static_cast<CUcontext>(ctx));
+        cuda::ContextGuard g(d, static_cast<CUcontext>(ctx));
         // Lazy peer access: a copy engine of another device may reach it later. If an earlier
         // import of the same handle is still being closed on the release thread, the driver
         // counts opens of one handle, so that close does not undo this open.
@@ -184,7 +184,7 @@ Status CudaRuntime::openIpc(const CudaIpcHandle &handle, int ordinal, uint32_t u
     CUdeviceptr range_base = 0;
     size_t range_bytes = 0;
     {
-        CudaContextGuard g(d, static_cast<CUcontext>(ctx));
+        cuda::ContextGuard g(d, static_cast<CUcontext>(ctx));
         rc = d.cuMemGetAddressRange(&range_base, &range_bytes, base);
         if (rc != CUDA_SUCCESS || range_base != base) {
             d.cuIpcCloseMemHandle(base);
@@ -207,7 +207,7 @@ Status CudaRuntime::openIpc(const CudaIpcHandle &handle, int ordinal, uint32_t u
 }
 
 void CudaRuntime::closeIpc(CudaIpcMapping *m) {
-    const CudaDriver &d = cudaDriver();
+    const cuda::Driver &d = cuda::driver();
     {
         std::lock_guard lock(ipc_mu_);
         auto it = imports_.find(m->handle_);
@@ -216,7 +216,7 @@ void CudaRuntime::closeIpc(CudaIpcMapping *m) {
             imports_.erase(it);
         }
     }
-    CudaContextGuard g(d, static_cast<CUcontext>(m->ctx_));
+    cuda::ContextGuard g(d, static_cast<CUcontext>(m->ctx_));
     d.cuIpcCloseMemHandle(static_cast<CUdeviceptr>(m->base_));
     open_mappings_.fetch_sub(1, std::memory_order_relaxed);
 }
@@ -226,10 +226,10 @@ Status CudaRuntime::pinHost(void *base, size_t bytes, std::shared_ptr<void> *out
     if (Status st = context(0, &ctx); !st.isOk()) {
         return st;
     }
-    const CudaDriver &d = cudaDriver();
+    const cuda::Driver &d = cuda::driver();
     CUresult rc;
     {
-        CudaContextGuard g(d, static_cast<CUcontext>(ctx));
+        cuda::ContextGuard g(d, static_cast<CUcontext>(ctx));
         rc = d.cuMemHostRegister(base, bytes, CU_MEMHOSTREGISTER_PORTABLE);
     }
     if (rc != CUDA_SUCCESS) {
@@ -237,8 +237,8 @@ Status CudaRuntime::pinHost(void *base, size_t bytes, std::shared_ptr<void> *out
                 "cuMemHostRegister(" + std::to_string(bytes) + " bytes): " + d.errorText(rc)};
     }
     *out = std::shared_ptr<void>(base, [ctx](void *p) {
-        const CudaDriver &drv = cudaDriver();
-        CudaContextGuard g(drv, static_cast<CUcontext>(ctx));
+        const cuda::Driver &drv = cuda::driver();
+        cuda::ContextGuard g(drv, static_cast<CUcontext>(ctx));
         drv.cuMemHostUnregister(p);
     });
     return Status::ok();

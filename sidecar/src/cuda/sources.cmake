@@ -1,5 +1,6 @@
-# The sidecar's CUDA layer (driver table, contexts, IPC imports, copies, tcp staging), added to
-# tensorlane_sidecar_core. driver.cpp needs cuda.h; the others build without it as stubs.
+# The sidecar's CUDA layer (contexts, IPC imports, copies, tcp staging), added to
+# tensorlane_sidecar_core; the driver table is tensorlane::cuda's (cuda/). Without cuda.h they
+# build as stubs.
 set(TENSORLANE_CUDA_SOURCES
   src/cuda/runtime.cpp
   src/cuda/import.cpp
@@ -7,6 +8,3 @@ set(TENSORLANE_CUDA_SOURCES
   src/cuda/copier.cpp
   src/cuda/stager.cpp
 )
-if(TENSORLANE_HAVE_CUDA)
-  list(APPEND TENSORLANE_CUDA_SOURCES src/cuda/driver.cpp)
-endif()

@@ -10,6 +10,5 @@ set(TENSORLANE_FABRIC_SOURCES
   src/fabric/qos.cpp
   src/fabric/select.cpp
   src/fabric/startup.cpp
-  src/fabric/sysfs.cpp
   src/fabric/topology.cpp
 )

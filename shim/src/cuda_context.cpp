@@ -1,47 +1,10 @@
-#include "cuda_driver.hpp"
+#include "cuda_context.hpp"
 
 #ifdef TENSORLANE_HAVE_CUDA
 
-#include <mutex>
-
-#include "tensorlane/ipc/cuda_dl.hpp"
-
 namespace tensorlane::shim {
-namespace {
 
-// The symbol cuda.h maps a name to ("cuMemGetAddressRange" -> "cuMemGetAddressRange_v2"): the
-// argument is macro-expanded before it is stringised.
-#define TL_SHIM_CUDA_SYMBOL_(x) #x
-#define TL_SHIM_CUDA_SYMBOL(x) TL_SHIM_CUDA_SYMBOL_(x)
-
-void load(CudaDriver *d) {
-    void *lib = ipc::cudadl::openDriver(&d->why);
-    if (lib == nullptr) {
-        return;
-    }
-#define TL_SHIM_CUDA_LOAD(name)                                                  \
-    if (!ipc::cudadl::bind(lib, TL_SHIM_CUDA_SYMBOL(name), &d->name, &d->why)) { \
-        return;                                                                  \
-    }
-    TL_SHIM_CUDA_CALLS(TL_SHIM_CUDA_LOAD)
-#undef TL_SHIM_CUDA_LOAD
-    d->ok = true;
-}
-
-}  // namespace
-
-std::string CudaDriver::errorText(CUresult rc) const {
-    return ipc::cudadl::errorText(*this, rc);
-}
-
-const CudaDriver &cudaDriver() {
-    static CudaDriver d;
-    static std::once_flag once;
-    std::call_once(once, [] { load(&d); });
-    return d;
-}
-
-AnyContextGuard::AnyContextGuard(const CudaDriver &d) : d_(d) {
+AnyContextGuard::AnyContextGuard(const cuda::Driver &d) : d_(d) {
     if (!d_.ok) {
         return;
     }
@@ -82,7 +45,7 @@ AnyContextGuard::~AnyContextGuard() {
 }
 
 bool cudaInUse() {
-    const CudaDriver &d = cudaDriver();
+    const cuda::Driver &d = cuda::driver();
     if (!d.ok) {
         return false;
     }

@@ -1,4 +1,4 @@
-// SysfsRoot: every sysfs read of the fabric code, relative to one root.
+// SysfsRoot: every sysfs read of tensorlane, relative to one root.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -7,9 +7,9 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "tensorlane/sidecar/fabric.hpp"
+#include "tensorlane/config/sysfs.hpp"
 
-namespace tensorlane::sidecar {
+namespace tensorlane::config {
 
 namespace fs = std::filesystem;
 
@@ -132,4 +132,4 @@ std::optional<std::string> SysfsRoot::resolve(std::string_view rel) const {
     return inside.string();
 }
 
-}  // namespace tensorlane::sidecar
+}  // namespace tensorlane::config
