@@ -300,7 +300,8 @@ Status EngineImpl::startMetrics() {
     if (!metrics_) {
         return st;
     }
-    log_->info("serving Prometheus metrics on http://{}/metrics", metrics_->address());
+    log_->info("serving Prometheus metrics on http://{}/metrics (writes timed by the {} clock)",
+               metrics_->address(), stats_.clock().name());
     return Status::ok();
 }
 
@@ -506,6 +507,7 @@ void EngineImpl::run() {
         work += progressTransports();
         work += pumpQueues();
         work += publishAll();
+        stats_.timeEnded();  // the end stamp of the writes that ended this turn, once published
         if (!to_reap_.empty()) {
             reapSessions();
         }
@@ -522,9 +524,6 @@ void EngineImpl::run() {
 }
 
 size_t EngineImpl::progressTransports() {
-    if (stats_.timing()) {
-        stats_.invalidateClock();  // the completions reported below share one clock read
-    }
     size_t work = 0;
     for (Transport *t : transports_.all()) {
         in_local_progress_ = t == local_;
@@ -694,10 +693,8 @@ void EngineImpl::completed(uint64_t op_id, Code status, std::string_view reason)
     PendingOp op = std::move(it->second);
     ops_.erase(it);
     // Counted whether or not the writer is still there: the peer saw the write either way.
-    stats_.writeEnded(op.peer, status, op.bytes,
-                      op.accepted_ns != 0 ? static_cast<uint64_t>(
-                                                std::max<int64_t>(0, stats_.now() - op.accepted_ns))
-                                          : 0);
+    // Timed to the end of this turn, after its completions are published (run()).
+    stats_.writeEndedSince(op.peer, status, op.bytes, op.accepted_ns);
     dropUser(op.src);
     dropUser(op.dst);
     Session *s = findSession(op.session);

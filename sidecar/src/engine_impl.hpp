@@ -187,7 +187,7 @@ private:
         std::shared_ptr<Region> src;  ///< counts as a user until the op ends
         std::shared_ptr<Region> dst;  ///< local writes: the target, also a user
         PeerId peer = kLocalPeer;
-        int64_t accepted_ns = 0;  ///< steady clock at acceptance; 0 when writes are not timed
+        int64_t accepted_ns = 0;  ///< EngineStats::now() at acceptance; 0 when not timed
         uint32_t slot = kNoSlot;  ///< its stream TicketSlot (Request.slot)
         uint32_t writer_uid = 0;  ///< the writer's uid, for the target's notification
     };

@@ -127,8 +127,8 @@ void EngineImpl::handleRequest(Session &s, const ipc::Request &r) {
     if (op.dst) {
         ++op.dst->users;
     }
-    // Timed only with the metrics endpoint on: one clock read (vDSO, no syscall) per batch of
-    // requests drained (drainRequests invalidates it).
+    // Timed only with the metrics endpoint on: one clock read (the TSC where it is a clock,
+    // else the vDSO's steady clock) per batch of requests drained (drainRequests invalidates it).
     ops_.emplace(op.op_id, PendingOp{s.id, r.ticket, r.bytes, op.src, op.dst, op.peer,
                                      stats_.timing() ? stats_.now() : 0, slot, s.cred.uid});
     ++s.in_flight;

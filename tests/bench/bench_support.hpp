@@ -142,6 +142,7 @@ struct SidecarOptions {
     std::string listen = "127.0.0.1:18515";
     std::string extra;                     ///< TOML appended to the generated config
     std::vector<std::string> environment;  ///< NAME=VALUE set for the sidecar
+    std::string binary;  ///< the tensorlane-sidecar to run; empty: the one built with the bench
 };
 
 /// One tensorlane-sidecar process with a generated single-node config (no [[peers]]), started
@@ -202,8 +203,9 @@ private:
             for (const std::string &kv : opts_.environment) {
                 ::putenv(const_cast<char *>(kv.c_str()));
             }
-            ::execl(TENSORLANE_SIDECAR_BIN, "tensorlane-sidecar", "--config", config_.c_str(),
-                    "--log-level", opts_.log_level.c_str(), static_cast<char *>(nullptr));
+            const char *bin = opts_.binary.empty() ? TENSORLANE_SIDECAR_BIN : opts_.binary.c_str();
+            ::execl(bin, "tensorlane-sidecar", "--config", config_.c_str(), "--log-level",
+                    opts_.log_level.c_str(), static_cast<char *>(nullptr));
             ::_exit(127);
         }
         auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);

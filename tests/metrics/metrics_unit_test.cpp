@@ -6,9 +6,11 @@
 #include <prometheus/text_serializer.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <map>
+#include <random>
 #include <string>
 #include <thread>
 
@@ -17,6 +19,7 @@
 #include "metrics/families.hpp"
 #include "metrics/nic_counters.hpp"
 #include "metrics/snapshot.hpp"
+#include "metrics/write_clock.hpp"
 #include "metrics/write_stats.hpp"
 
 namespace tensorlane::sidecar {
@@ -72,6 +75,113 @@ TEST(EngineStats, OneClockReadPerBatch) {
     EXPECT_GE(s.now() - first, 2'000'000);  // a new batch reads the clock again
 }
 
+size_t lowerBoundBucket(uint64_t ns) {
+    return static_cast<size_t>(
+        std::lower_bound(kLatencyBoundsNs.begin(), kLatencyBoundsNs.end(), ns) -
+        kLatencyBoundsNs.begin());
+}
+
+TEST(EngineStats, LatencyBucketIsTheFirstBoundAtOrAbove) {
+    // latencyBucket() (count-leading-zeros and one compare) against std::lower_bound: every
+    // bound and its neighbours, every power of two and its neighbours, and random values of
+    // every magnitude.
+    std::vector<uint64_t> values = {0, UINT64_MAX, UINT64_MAX - 1};
+    for (uint64_t b : kLatencyBoundsNs) {
+        values.insert(values.end(), {b - 1, b, b + 1, b / 2, b * 2});
+    }
+    for (int w = 0; w < 64; ++w) {
+        const uint64_t p = uint64_t{1} << w;
+        values.insert(values.end(), {p - 1, p, p + 1});
+    }
+    std::mt19937_64 rng(20);
+    for (int i = 0; i < 200'000; ++i) {
+        values.push_back(rng() >> (rng() % 64));
+    }
+    for (uint64_t v : values) {
+        ASSERT_EQ(latencyBucket(v), lowerBoundBucket(v)) << v << " ns";
+    }
+}
+
+TEST(EngineStats, EndedWritesAreTimedOnceTheTurnEnds) {
+    EngineStats s({"node-a", "node-b"});
+    s.setClock(WriteClock{});  // the steady clock, to compare with
+    s.setTiming(true);
+    const auto t0 = std::chrono::steady_clock::now();
+    const int64_t accepted = s.now();
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    s.writeEndedSince(1, Code::kOk, 64, accepted);
+    s.writeEndedSince(1, Code::kPeer, 64, accepted);  // failed: counted, never timed
+    s.writeEndedSince(1, Code::kOk, 32, 0);           // accepted untimed: not timed either
+    s.writeEndedSince(9, Code::kOk, 32, accepted);    // not a peer: ignored
+    // Counted at once; the latency waits for the turn's end stamp.
+    EXPECT_EQ(s.peers()[1].writes, 3u);
+    EXPECT_EQ(s.peers()[1].bytes, 96u);
+    EXPECT_EQ(s.peers()[1].timed(), 0u);
+    EXPECT_EQ(s.endedUntimed(), 1u);
+    s.timeEnded();
+    const auto took = std::chrono::steady_clock::now() - t0;
+    EXPECT_EQ(s.endedUntimed(), 0u);
+    EXPECT_EQ(s.peers()[1].timed(), 1u);
+    EXPECT_GE(s.peers()[1].latency_sum_ns, 3'000'000u);
+    EXPECT_LE(s.peers()[1].latency_sum_ns,
+              static_cast<uint64_t>(std::chrono::nanoseconds(took).count()));
+    s.timeEnded();  // nothing ended since: nothing more
+    EXPECT_EQ(s.peers()[1].timed(), 1u);
+}
+
+TEST(EngineStats, AnEndStampBeforeTheAcceptanceCountsAsZero) {
+    EngineStats s({"a"});
+    s.setClock(WriteClock{});
+    s.setTiming(true);
+    s.writeEndedSince(0, Code::kOk, 1, s.now() + 1'000'000'000);  // another CPU's counter ahead
+    s.timeEnded();
+    EXPECT_EQ(s.peers()[0].latency_buckets[0], 1u);
+    EXPECT_EQ(s.peers()[0].latency_sum_ns, 0u);
+}
+
+TEST(EngineStats, NoTimingNothingWaitsForAnEndStamp) {
+    EngineStats s({"a"});
+    s.writeEndedSince(0, Code::kOk, 64, 12345);
+    EXPECT_EQ(s.endedUntimed(), 0u);
+    s.timeEnded();
+    EXPECT_EQ(s.peers()[0].bytes, 64u);
+    EXPECT_EQ(s.peers()[0].timed(), 0u);
+}
+
+TEST(WriteClock, ChoosesTheTscExactlyWhereItIsUsable) {
+    const WriteClock c = WriteClock::calibrated();
+    EXPECT_EQ(c.usesTsc(), WriteClock::tscUsable()) << "calibration refused the TSC";
+    if (c.usesTsc()) {
+        EXPECT_GT(c.ticksPerNs(), 0.2);
+        EXPECT_LT(c.ticksPerNs(), 20.0);
+        EXPECT_STREQ(c.name(), "tsc");
+    } else {
+        EXPECT_EQ(c.ticksPerNs(), 0.0);
+        EXPECT_STREQ(c.name(), "steady_clock");
+    }
+    EXPECT_FALSE(WriteClock{}.usesTsc());
+}
+
+TEST(WriteClock, MeasuresWhatTheSteadyClockMeasures) {
+    // An interval on the chosen clock (the TSC here if usable) must lie between the steady
+    // clock's inner and outer brackets of it, give or take 0.1% (the calibration's error is
+    // about 1e-5): preemption anywhere widens the outer bracket, never breaks the check.
+    const WriteClock c = WriteClock::calibrated();
+    for (int round = 0; round < 3; ++round) {
+        const int64_t s0 = monotonicNs();
+        const int64_t w0 = c.nowNs();
+        const int64_t s1 = monotonicNs();
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        const int64_t s2 = monotonicNs();
+        const int64_t w1 = c.nowNs();
+        const int64_t s3 = monotonicNs();
+        const double measured = static_cast<double>(w1 - w0);
+        EXPECT_NE(w0, 0);
+        EXPECT_GE(measured, static_cast<double>(s2 - s1) * 0.999) << c.name();
+        EXPECT_LE(measured, static_cast<double>(s3 - s0) * 1.001) << c.name();
+    }
+}
+
 TEST(EngineStats, ReceivedByPeerName) {
     EngineStats s({"node-a", "node-b"});
     s.received("node-b", 100);
@@ -80,6 +190,18 @@ TEST(EngineStats, ReceivedByPeerName) {
     EXPECT_EQ(s.peers()[1].received_writes, 2u);
     EXPECT_EQ(s.peers()[1].received_bytes, 128u);
     EXPECT_EQ(s.peers()[0].received_writes, 0u);
+    // Runs from one peer, then another, then the first again (the last one's peer is tried
+    // first; a different name still finds its own).
+    s.received("node-a", 1);
+    s.received("node-a", 2);
+    s.received("node-b", 4);
+    s.received("stranger", 8);
+    s.received("node-b", 16);
+    s.received(std::string_view("node-bb", 6), 32);  // a view into a longer buffer
+    EXPECT_EQ(s.peers()[0].received_writes, 2u);
+    EXPECT_EQ(s.peers()[0].received_bytes, 3u);
+    EXPECT_EQ(s.peers()[1].received_writes, 5u);
+    EXPECT_EQ(s.peers()[1].received_bytes, 180u);
 }
 
 TEST(SnapshotChannel, RequestTimesOutWhenNobodyServes) {

@@ -5,4 +5,5 @@ set(TENSORLANE_METRICS_SOURCES
   src/metrics/metrics_server.cpp
   src/metrics/nic_counters.cpp
   src/metrics/snapshot.cpp
+  src/metrics/write_clock.cpp
 )
