@@ -29,11 +29,14 @@ public:
 
     /// Listens on the client socket and the peer port. Fails if either cannot be opened.
     Status start();
-    /// Runs the progress loop until stop() is called (from any thread or a signal handler).
+    /// Runs the progress loop until stop() is called (from any thread or a signal handler);
+    /// after a stop() made before it, returns at once.
     void run();
     /// Asks run() to return. Async-signal-safe.
     void stop();
-    /// The resolved status as JSON text (what `tensorlane status --json` prints).
+    /// The resolved status as JSON text (what `tensorlane status --json` prints). It reads the
+    /// engine thread's state without a lock: call it before run() or once run() has returned.
+    /// While run() runs, ask over the socket (tl_sidecar_status): the engine thread answers.
     std::string statusJson() const;
 
 private:
