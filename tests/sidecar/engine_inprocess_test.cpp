@@ -754,11 +754,10 @@ TEST(InProcessNotifications, ABacklogPastItsBoundDropsCountsAndKeepsTheRestInOrd
     EXPECT_EQ(n->imm, 500u);
 }
 
-// DISABLED: a bug in the shim (shim/src/client.cpp, drainLocked): tl_notification_ex.dropped
-// is read from ipc::Notification::reserved2[0] (offset 104), but the engine writes the count
-// into Notification::dropped (offset 96, ipc/layout.hpp), so every notification reports 0
-// drops. Fix: `out.dropped = in.dropped;`. Run with --gtest_also_run_disabled_tests.
-TEST(InProcessNotifications, DISABLED_TheDropCountReachesTlWaitNotificationEx) {
+// Found by this test: the shim read tl_notification_ex.dropped from Notification::reserved2[0]
+// (offset 104) where the engine writes Notification::dropped (offset 96), so every
+// notification reported 0 drops (fixed in shim/src/rings.cpp).
+TEST(InProcessNotifications, TheDropCountReachesTlWaitNotificationEx) {
     Flood f;
     std::string why;
     ASSERT_TRUE(f.run(&why)) << why;
