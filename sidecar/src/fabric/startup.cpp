@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fabric/internal.hpp"
-#include "peer/key.hpp"
+#include "key_file_status.hpp"
 
 namespace tensorlane::sidecar {
 
@@ -40,19 +40,19 @@ StartupReport checkStartup(const config::Config &cfg, const SysfsRoot &root,
     const bool explicit_verbs = cfg.fabric.transport == config::TransportKind::kVerbs;
 
     // The peer key: the parser checks the file's existence and mode; its content (length) is
-    // checked here, as the peer manager reads it at start.
+    // checked here, as the peer manager reads it at start (the same reader, the same words).
     bool shared_key_used = false;
     for (const auto &peer : cfg.peers) {
-        PeerKey key;
+        config::KeyBytes key;
         if (peer.key_file.empty()) {
             shared_key_used = true;
-        } else if (Status s = PeerKey::fromFile(peer.key_file, &key); !s.isOk()) {
+        } else if (Status s = readPeerKeyFile(peer.key_file, &key); !s.isOk()) {
             r.errors.push_back("[[peers]] '" + peer.name + "' key_file: " + s.message());
         }
     }
     if (shared_key_used) {
-        PeerKey key;
-        if (Status s = PeerKey::fromFile(cfg.security.peer_key_file, &key); !s.isOk()) {
+        config::KeyBytes key;
+        if (Status s = readPeerKeyFile(cfg.security.peer_key_file, &key); !s.isOk()) {
             r.errors.push_back("[security] peer_key_file: " + s.message());
         }
     }

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "key_file_status.hpp"
 #include "tensorlane/config/key_file.hpp"
 
 namespace tensorlane::sidecar {
@@ -12,11 +13,6 @@ namespace {
 
 // Domain separation: the same key bytes used elsewhere never yield this MAC key.
 constexpr std::string_view kKeyContext = "tensorlane peer key v1";
-
-Code codeOf(const config::KeyFileResult &r) {
-    return r.problem == config::KeyFileResult::Problem::kAccess ? Code::kPermission
-                                                                : Code::kInvalid;
-}
 
 }  // namespace
 
@@ -41,16 +37,15 @@ Status PeerKey::fromText(std::string_view text, PeerKey *out) {
     config::KeyBytes bytes;
     const config::KeyFileResult r = config::parseKeyText(text, &bytes);
     if (!r.ok()) {
-        return {codeOf(r), "peer key text: " + r.detail};
+        return {keyFileCode(r), "peer key text: " + r.detail};
     }
     return derive(bytes, out);
 }
 
 Status PeerKey::fromFile(const std::string &path, PeerKey *out) {
     config::KeyBytes bytes;
-    const config::KeyFileResult r = config::readKeyFile(path, &bytes);
-    if (!r.ok()) {
-        return {codeOf(r), "peer key file " + path + ": " + r.detail};
+    if (Status s = readPeerKeyFile(path, &bytes); !s.isOk()) {
+        return s;
     }
     return derive(bytes, out);
 }
