@@ -368,8 +368,17 @@ void EngineImpl::readControl(Session &s) {
             return;
         }
         if (rc == EMSGSIZE) {
+            // Cut to the buffer (or sent with more fds than allowed): refused, but its header
+            // came whole, so the refusal names the call it answers, as every other one does (a
+            // client takes a reply with another seq for a stale one and would wait it out).
+            uint64_t seq = 0;
+            if (bytes >= sizeof(ipc::MsgHeader)) {
+                ipc::MsgHeader h{};
+                std::memcpy(&h, buf, sizeof(h));
+                seq = h.seq;
+            }
             log_->warn("session {}: oversized control message dropped", s.id);
-            reply(s, 0, Code::kInvalid, 0, 0, "control message too large");
+            reply(s, seq, Code::kInvalid, 0, 0, "control message too large");
             continue;
         }
         if (rc) {

@@ -29,9 +29,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -49,15 +53,33 @@ namespace ipc = tensorlane::ipc;
 
 namespace {
 
-/// Stops the run with a crash libFuzzer reports (and saves the input for).
-void check(bool condition) {
+/// Stops the run with a crash libFuzzer reports (and saves the input for), saying which check.
+void check(bool condition, int line = __builtin_LINE()) {
     if (!condition) {
+        std::fprintf(stderr, "fuzz_control.cpp:%d: check failed\n", line);
         std::abort();
     }
 }
 
 /// Longest a reply may take: none of these calls waits on anything but the engine.
 constexpr int kReplyTimeoutMs = 5000;
+
+/// Waits up to kReplyTimeoutMs for `fd` to be readable; true if it is. A signal does not end
+/// the wait: libFuzzer's -timeout watchdog is a SIGALRM every few seconds, and poll() is never
+/// restarted after a handler (signal(7)), so an EINTR is no hang.
+bool waitReadable(int fd) {
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(kReplyTimeoutMs);
+    for (;;) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            deadline - std::chrono::steady_clock::now());
+        pollfd p{fd, POLLIN, 0};
+        const int n = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 0)));
+        if (n >= 0 || errno != EINTR) {
+            return n == 1;
+        }
+    }
+}
 
 /// One engine for the whole run: started on first use, on a socket of its own.
 class EngineUnderTest {
@@ -117,12 +139,15 @@ struct RawClient {
         ipc::HelloMsg hello{};
         ipc::UniqueFd fds[ipc::kMaxFdsPerMessage];
         size_t bytes = 0, nfds = 0;
-        pollfd p{sock.get(), POLLIN, 0};
-        if (::poll(&p, 1, kReplyTimeoutMs) != 1 ||
+        if (!waitReadable(sock.get()) ||
             ipc::receiveMessage(sock.get(), &hello, sizeof(hello), &bytes, fds, &nfds) != 0) {
+            std::fprintf(stderr, "fuzz_control: no greeting\n");
             return false;
         }
         if (bytes != sizeof(hello) || hello.status != 0 || nfds != 3) {
+            hello.error[sizeof(hello.error) - 1] = '\0';
+            std::fprintf(stderr, "fuzz_control: greeting of %zu bytes, status %d, %zu fds: %s\n",
+                         bytes, hello.status, nfds, hello.error);
             return false;
         }
         if (ipc::mapSegment(fds[0].get(), hello.segment_bytes, &seg) != 0 ||
@@ -145,9 +170,8 @@ struct RawClient {
             check(rc == EPIPE || rc == ECONNRESET || rc == EMSGSIZE);
             return;
         }
-        pollfd p{sock.get(), POLLIN, 0};
-        const int n = ::poll(&p, 1, kReplyTimeoutMs);
-        check(n == 1);  // a datagram left unanswered, and the session still open: a hang
+        // A datagram left unanswered, and the session still open: a hang.
+        check(waitReadable(sock.get()));
         alignas(8) static unsigned char buf[ipc::kMaxControlMessage];
         ipc::UniqueFd got_fds[ipc::kMaxFdsPerMessage];
         size_t got = 0, nfds = 0;

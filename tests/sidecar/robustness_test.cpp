@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstddef>
 #include <thread>
+#include <vector>
 
 #include "../metrics/http_client.hpp"
 #include "harness.hpp"
@@ -462,6 +463,47 @@ TEST(HostileClient, GarbageControlMessagesAreAnswered) {
     }
     EXPECT_TRUE(sc.alive());
     EXPECT_TRUE(healthyRoundTrip(sc.socket(), 4));
+}
+
+// tests/fuzz/findings/control-reply-out-of-order: a datagram larger than the sidecar reads (a
+// lookup header and 1.1 KiB after it) was refused with seq 0, which a client takes for a stale
+// reply; the refusal must name the seq of the call it answers, and the session go on.
+TEST(HostileClient, OversizedControlMessageIsRefusedWithItsSeq) {
+    Sidecar sc;
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    RawClient raw;
+    ASSERT_TRUE(raw.connect(sc.socket()));
+    for (const size_t len : {size_t{1164}, size_t{4096}, ipc::kMaxControlMessage}) {
+        std::vector<unsigned char> msg(len, 0);
+        const uint64_t seq = raw.seq++;
+        const ipc::MsgHeader h{ipc::kControlMagic, ipc::kControlVersion,
+                               static_cast<uint16_t>(ipc::MsgType::kLookup), seq};
+        std::memcpy(msg.data(), &h, sizeof(h));
+        ASSERT_EQ(ipc::sendMessage(raw.sock.get(), msg.data(), msg.size()), 0) << len;
+        pollfd p{raw.sock.get(), POLLIN, 0};
+        ASSERT_GT(::poll(&p, 1, 5000), 0) << len;
+        alignas(8) unsigned char reply[ipc::kMaxControlMessage];
+        size_t got = 0;
+        ASSERT_EQ(ipc::receiveMessage(raw.sock.get(), reply, sizeof(reply), &got, nullptr, nullptr),
+                  0);
+        ipc::ReplyMsg r;
+        ASSERT_EQ(got, sizeof(r));
+        std::memcpy(&r, reply, sizeof(r));
+        EXPECT_EQ(r.h.type, static_cast<uint16_t>(ipc::MsgType::kReply));
+        EXPECT_EQ(r.h.seq, seq) << len;
+        EXPECT_EQ(r.status, static_cast<int32_t>(ipc::Code::kInvalid)) << len;
+        EXPECT_STREQ(r.error, "control message too large") << len;
+    }
+    // The session still answers a call of the right size, with its seq.
+    ipc::LookupMsg m{};
+    m.h.type = static_cast<uint16_t>(ipc::MsgType::kLookup);
+    ipc::copyName(m.peer, sizeof(m.peer), "nobody-here");
+    ipc::copyName(m.name, sizeof(m.name), "nothing");
+    const uint64_t want = raw.seq;
+    const ipc::ReplyMsg r = raw.call(m);
+    EXPECT_EQ(r.h.seq, want);
+    EXPECT_EQ(r.status, static_cast<int32_t>(ipc::Code::kNotFound)) << r.error;
+    EXPECT_TRUE(sc.alive());
 }
 
 TEST(DeadSidecar, BlockedWaitReturnsEconnPromptly) {
