@@ -63,12 +63,12 @@ shellcheck "${scripts[@]}"
 echo "shellcheck: ${#scripts[@]} scripts clean"
 
 if [ "$quick" -eq 0 ]; then
-    # Four libFuzzer targets (docs/SECURITY.md, "Fuzzing"), each from its checked-in corpus into
+    # Five libFuzzer targets (docs/SECURITY.md, "Fuzzing"), each from its checked-in corpus into
     # a scratch one: the config parser, peer frames after authentication (a real peer manager),
-    # the verbs receiver's descriptors and control payloads; the simulated HCA's packet parser
-    # follows. fuzz_control (a client's control messages against a real engine) is built but not
-    # run here while its open finding stands (docs/SECURITY.md); its seeds replay in ctest.
-    step "libFuzzer: config, peer frames, verbs descriptors (${fuzz_seconds}s each)"
+    # the verbs receiver's descriptors and control payloads, a client's control messages against
+    # a real engine (its finding fixed: docs/SECURITY.md); the simulated HCA's packet parser
+    # follows.
+    step "libFuzzer: config, peer frames, verbs descriptors, control (${fuzz_seconds}s each)"
     cmake --preset fuzz >/dev/null
     cmake --build build/fuzz --target fuzz_config fuzz_control fuzz_peer_frames fuzz_verbs \
         fuzz_simhca_packet -j "$jobs"
@@ -87,6 +87,7 @@ if [ "$quick" -eq 0 ]; then
     run_fuzzer peer-frames tests/fuzz/corpus/peer_frames 8192 10 \
         build/fuzz/tests/fuzz/fuzz_peer_frames
     run_fuzzer verbs tests/fuzz/corpus/verbs 2048 10 build/fuzz/tests/fuzz/fuzz_verbs
+    run_fuzzer control tests/fuzz/corpus/control 2048 10 build/fuzz/tests/fuzz/fuzz_control
 
     step "ThreadSanitizer: ring stress, frame tags on worker threads, tcp peers"
     cmake --preset tsan >/dev/null

@@ -19,6 +19,7 @@
 #include "tensorlane/ipc/layout.hpp"
 #include "tensorlane/ipc/shm.hpp"
 #include "tensorlane/ipc/socket.hpp"
+#include "tensorlane/ipc/status.hpp"
 #include "tensorlane/tensorlane.hpp"
 
 using namespace tltest;
