@@ -82,8 +82,6 @@ public:
     size_t progress(EventSink &sink) override;
     std::vector<int> pollFds() const override { return {wake_.get()}; }
     bool arm() override;
-    /// Copies posted and not yet reported.
-    size_t inFlight() const { return in_flight_; }
 
     /// Bytes copied per turn of the copy thread before it looks at other sessions' writes.
     static constexpr uint64_t kSliceBytes = 512 * 1024;

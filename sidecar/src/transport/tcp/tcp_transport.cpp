@@ -130,16 +130,6 @@ std::vector<uint8_t> TcpTransport::localBlob(PeerId, SessionSide) {
     return encodeTcpBlob(cfg_.tcp.connections_per_peer, cfg_.tcp.chunk_bytes);
 }
 
-size_t TcpTransport::inFlight() const {
-    size_t n = completions_.size();
-    for (const auto &[id, p] : peers_) {
-        if (p.out && p.out->link) {
-            n += p.out->link->inFlight();
-        }
-    }
-    return n;
-}
-
 Status TcpTransport::post(const WriteOp &op) {
     auto it = peers_.find(op.peer);
     if (it == peers_.end() || !it->second.out || !it->second.out->link) {

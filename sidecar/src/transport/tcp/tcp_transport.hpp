@@ -64,8 +64,6 @@ public:
         return !io_ready_ && completions_.empty() && resume_.empty() && !send_staging_.ready() &&
                !recv_staging_.ready();
     }
-    /// Writes posted and not yet reported.
-    size_t inFlight() const;
 
     // Sessions
     /// The session's parameters: [tcp] connections_per_peer and chunk_bytes (both ends must

@@ -641,14 +641,6 @@ bool VerbsTransport::arm() {
     return true;
 }
 
-size_t VerbsTransport::inFlight() const {
-    size_t n = completions_.size();
-    for (const auto &[id, p] : peers_) {
-        n += p.out ? p.out->inFlight() : 0;
-    }
-    return n;
-}
-
 std::string VerbsTransport::peerStatusJson(PeerId peer) const {
     nlohmann::json j;
     j["transport"] = "verbs";

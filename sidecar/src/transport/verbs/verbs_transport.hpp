@@ -234,8 +234,6 @@ public:
     size_t progress(EventSink &sink) override;
     std::vector<int> pollFds() const override;
     bool arm() override;
-    /// Writes posted and not yet reported.
-    size_t inFlight() const;
 
     // Sessions
     bool available() const override { return available_; }
