@@ -1,7 +1,7 @@
 #include "transport/verbs/wire.hpp"
 
 #include "net/frame.hpp"
-#include "transport/set.hpp"
+#include "tensorlane/sidecar/transport.hpp"
 
 namespace tensorlane::sidecar {
 
