@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, checks formatting and scripts, builds, runs the
-# four fuzzers briefly (config, peer frames, verbs, simulated HCA packets), the
-# ring stress tests under ThreadSanitizer, then every CTest tier that runs on this machine (the Python package's pytest files are CTest entries named
-# python.*). Ends with CTest's summary line.
+# five fuzzers briefly (config, peer frames, verbs, control, simulated HCA packets), the ring
+# stress tests, peer managers and simulated HCA under ThreadSanitizer, the simulated HCA under
+# ASan+UBSan, then every CTest tier that runs on this machine (the Python package's pytest files
+# are CTest entries named python.*). Each step prints the minutes since the start; the run ends
+# with CTest's summary line.
 set -euo pipefail
 
 usage() {
@@ -34,7 +36,7 @@ cd "$root"
 jobs=${JOBS:-$(nproc)}
 fuzz_seconds=${FUZZ_SECONDS:-12}
 
-step() { printf '\n== %s\n' "$*"; }
+step() { printf '\n== [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
 
 if [ "$install" -eq 1 ]; then
     step "dependencies"
@@ -66,28 +68,45 @@ if [ "$quick" -eq 0 ]; then
     # Five libFuzzer targets (docs/SECURITY.md, "Fuzzing"), each from its checked-in corpus into
     # a scratch one: the config parser, peer frames after authentication (a real peer manager),
     # the verbs receiver's descriptors and control payloads, a client's control messages against
-    # a real engine (its finding fixed: docs/SECURITY.md); the simulated HCA's packet parser
-    # follows.
-    step "libFuzzer: config, peer frames, verbs descriptors, control (${fuzz_seconds}s each)"
+    # a real engine (its finding fixed: docs/SECURITY.md), and the simulated HCA's packet parser.
+    step "libFuzzer: config, peer frames, verbs, control, simhca packets (${fuzz_seconds}s each)"
     cmake --preset fuzz >/dev/null
     cmake --build build/fuzz --target fuzz_config fuzz_control fuzz_peer_frames fuzz_verbs \
         fuzz_simhca_packet -j "$jobs"
-    run_fuzzer() {  # NAME CORPUS MAX_LEN TIMEOUT BINARY
+    run_fuzzer() {  # NAME CORPUS MAX_LEN TIMEOUT BINARY: output in build/fuzz/NAME.log
         mkdir -p "build/fuzz/corpus-$1"
-        echo "-- $1"
         "$5" -max_total_time="$fuzz_seconds" -max_len="$3" -timeout="$4" -print_final_stats=1 \
-            "build/fuzz/corpus-$1" "$2" 2>&1 | tail -n 6
-        # libFuzzer exits non-zero on a crash; the pipe hides it, so look at the status.
-        if [ "${PIPESTATUS[0]}" -ne 0 ]; then
-            echo "fuzzer $1 failed" >&2
-            exit 1
-        fi
+            "build/fuzz/corpus-$1" "$2" >"build/fuzz/$1.log" 2>&1
     }
-    run_fuzzer config tests/fuzz/corpus/config 4096 10 build/fuzz/tests/fuzz/fuzz_config
-    run_fuzzer peer-frames tests/fuzz/corpus/peer_frames 8192 10 \
-        build/fuzz/tests/fuzz/fuzz_peer_frames
-    run_fuzzer verbs tests/fuzz/corpus/verbs 2048 10 build/fuzz/tests/fuzz/fuzz_verbs
-    run_fuzzer control tests/fuzz/corpus/control 2048 10 build/fuzz/tests/fuzz/fuzz_control
+    # Two at a time (CI has two cores); libFuzzer exits non-zero on a crash.
+    fuzz_pair() {  # "ARGS..." "ARGS..."
+        local -a names=() pids=()
+        for spec in "$@"; do
+            # shellcheck disable=SC2086
+            set -- $spec
+            run_fuzzer "$@" &
+            pids+=("$!")
+            names+=("$1")
+        done
+        local failed=0
+        for i in "${!pids[@]}"; do
+            local rc=0
+            wait "${pids[$i]}" || rc=$?
+            echo "-- ${names[$i]}"
+            tail -n 6 "build/fuzz/${names[$i]}.log"
+            if [ "$rc" -ne 0 ]; then
+                echo "fuzzer ${names[$i]} failed (exit $rc, build/fuzz/${names[$i]}.log)" >&2
+                failed=1
+            fi
+        done
+        [ "$failed" -eq 0 ] || exit 1
+    }
+    fuzz_pair "config tests/fuzz/corpus/config 4096 10 build/fuzz/tests/fuzz/fuzz_config" \
+        "peer-frames tests/fuzz/corpus/peer_frames 8192 10 build/fuzz/tests/fuzz/fuzz_peer_frames"
+    fuzz_pair "verbs tests/fuzz/corpus/verbs 2048 10 build/fuzz/tests/fuzz/fuzz_verbs" \
+        "control tests/fuzz/corpus/control 2048 10 build/fuzz/tests/fuzz/fuzz_control"
+    fuzz_pair "simhca-packet tests/simhca/fuzz/corpus/packet 9000 10 \
+build/fuzz/tests/simhca/fuzz/fuzz_simhca_packet"
 
     step "ThreadSanitizer: ring stress, frame tags on worker threads, tcp peers"
     cmake --preset tsan >/dev/null
@@ -104,10 +123,6 @@ if [ "$quick" -eq 0 ]; then
         exit 1
     fi
     tail -n 2 build/tsan/peer_tests.log
-
-    step "libFuzzer: simulated HCA packet parser (${fuzz_seconds}s)"
-    run_fuzzer simhca-packet tests/simhca/fuzz/corpus/packet 9000 10 \
-        build/fuzz/tests/simhca/fuzz/fuzz_simhca_packet
 
     # The simulated HCA and its tests, instrumented: the conformance suite and the netns fault
     # tests (their traffic programs are built with the same sanitizer).
