@@ -102,8 +102,9 @@ int addToEpoll(int epfd, int fd, uint32_t events, uint64_t tag) {
     return ::epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) == 0 ? 0 : errno;
 }
 
-EngineImpl::EngineImpl(const config::Config &cfg)
+EngineImpl::EngineImpl(const config::Config &cfg, std::vector<std::unique_ptr<Transport>> remote)
     : cfg_(cfg), log_(sidecarLogger()), stats_(peerNames(cfg)) {
+    given_remote_ = std::move(remote);
     stats_.setTiming(cfg_.metrics.listen.has_value());
 }
 
@@ -185,10 +186,21 @@ Status EngineImpl::init() {
     }
     local_ = local.get();
     transports_.add(std::move(local));
-    if (!cfg_.peers.empty()) {
+    if (!given_remote_.empty()) {
+        for (auto &t : given_remote_) {
+            if (!t->caps().remote) {
+                return {Code::kInvalid,
+                        std::string("transport '") + t->name() + "' carries no remote writes"};
+            }
+            transports_.add(std::move(t));
+        }
+        given_remote_.clear();
+    } else if (!cfg_.peers.empty()) {
         if (Status st = addRemoteTransports(cfg_, regions_, &transports_); !st.isOk()) {
             return st;
         }
+    }
+    if (!cfg_.peers.empty()) {
         Status st;
         peers_ = makePeerManager(cfg_, regions_, transports_, &st);
         if (!peers_) {
@@ -864,7 +876,12 @@ Engine::Engine(std::unique_ptr<EngineImpl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() = default;
 
 std::unique_ptr<Engine> Engine::create(const config::Config &cfg, Status *error) {
-    auto impl = std::make_unique<EngineImpl>(cfg);
+    return create(cfg, error, {});
+}
+
+std::unique_ptr<Engine> Engine::create(const config::Config &cfg, Status *error,
+                                       std::vector<std::unique_ptr<Transport>> remote) {
+    auto impl = std::make_unique<EngineImpl>(cfg, std::move(remote));
     Status st = impl->init();
     if (!st.isOk()) {
         *error = st;

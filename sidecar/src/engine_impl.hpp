@@ -38,7 +38,9 @@ int addToEpoll(int epfd, int fd, uint32_t events, uint64_t tag);
 
 class EngineImpl final : public EventSink {
 public:
-    explicit EngineImpl(const config::Config &cfg);
+    /// `remote`: the remote transports to use instead of the configured ones (empty: those).
+    explicit EngineImpl(const config::Config &cfg,
+                        std::vector<std::unique_ptr<Transport>> remote = {});
     ~EngineImpl() override;
 
     Status init();
@@ -231,7 +233,8 @@ private:
     /// Every transport, local first (what pollFds/arm/progress iterate); the peer layer binds
     /// the remote ones to peers.
     TransportSet transports_;
-    LocalTransport *local_ = nullptr;  ///< transports_'s local one
+    std::vector<std::unique_ptr<Transport>> given_remote_;  ///< Engine::create's, until init()
+    LocalTransport *local_ = nullptr;                       ///< transports_'s local one
     std::unique_ptr<PeerManager> peers_;
     ipc::UniqueFd epoll_;
     ipc::UniqueFd listen_;

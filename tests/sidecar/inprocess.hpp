@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -38,6 +39,9 @@ struct InProcessOptions {
     std::string key_file;
     std::string tcp;     ///< body of a [tcp] table
     std::string limits;  ///< body of a [limits] table
+    /// Makes the remote transports to use instead of the configured ones (Engine::create's
+    /// third argument), e.g. a loop_transport.hpp one; empty: tcp as configured.
+    std::function<std::vector<std::unique_ptr<tensorlane::sidecar::Transport>>()> transports;
 };
 
 /// One engine on a thread of this process; stopped, joined and destroyed at destruction.
@@ -75,7 +79,9 @@ public:
             return;
         }
         tensorlane::sidecar::Status st;
-        engine_ = tensorlane::sidecar::Engine::create(*parsed.config, &st);
+        engine_ = opts_.transports
+                      ? tensorlane::sidecar::Engine::create(*parsed.config, &st, opts_.transports())
+                      : tensorlane::sidecar::Engine::create(*parsed.config, &st);
         if (!engine_) {
             error_ = "Engine::create: " + st.message();
             return;

@@ -540,6 +540,13 @@ bool PeerManagerImpl::handleInControlFrame(Peer &p, const FrameHeader &h,
         }
         s.transport = t;
         s.transport_open = true;
+        // The regions exposed now (the snapshot this session's REGION_ADDs carried); later
+        // ones follow through regionExposed() as they are exposed.
+        for (const auto &r : regions_.exposed()) {
+            if (!r->revoked.load(std::memory_order_acquire) && !r->exposed_name.empty()) {
+                t->regionExposed(p.id, r);
+            }
+        }
         s.data_expected = channels;
         s.data_taken.assign(s.data_expected, false);
         s.control->queueFrame(FrameType::kSelected, h.arg, t->localBlob(p.id, SessionSide::kIn));

@@ -6,9 +6,11 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tensorlane/config/config.hpp"
 #include "tensorlane/sidecar/status.hpp"
+#include "tensorlane/sidecar/transport.hpp"
 
 namespace tensorlane::sidecar {
 
@@ -25,6 +27,11 @@ class Engine {
 public:
     /// Builds an engine for `cfg` (nothing is opened yet).
     static std::unique_ptr<Engine> create(const config::Config &cfg, Status *error);
+    /// The same with these remote transports, in this preference order, instead of the ones
+    /// [fabric] transports names (tests and embedders: a transport of their own, e.g.
+    /// tests/sidecar/loop_transport.hpp). Each must say caps().remote.
+    static std::unique_ptr<Engine> create(const config::Config &cfg, Status *error,
+                                          std::vector<std::unique_ptr<Transport>> remote);
     ~Engine();
 
     /// Listens on the client socket and the peer port. Fails if either cannot be opened.

@@ -160,7 +160,9 @@ public:
                               std::unique_ptr<Connection> conn);
     /// A local region was exposed to `peer` (after its REGION_ADD went out on the session
     /// `peer` opened to us, which uses this transport): a transport that needs per-peer keys
-    /// (verbs: an rkey in that session's protection domain) prepares and sends them.
+    /// (verbs: an rkey in that session's protection domain) prepares and sends them. Right
+    /// after openSession(kIn) succeeds this comes once for every region exposed at that moment,
+    /// then for each one exposed later.
     virtual void regionExposed(PeerId peer, const std::shared_ptr<Region> &r) {
         (void)peer;
         (void)r;

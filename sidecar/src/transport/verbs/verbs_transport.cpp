@@ -170,13 +170,8 @@ Status VerbsTransport::openSession(PeerId peer, SessionSide side, const SessionI
     closeChannel(p.in_ch);
     p.in = std::move(in);
     *channels = 1;  // the verbs channel
-    // Every region exposed now goes into this peer's protection domain; its key follows when
-    // registered (later exposures arrive through regionExposed()).
-    for (const auto &r : regions_.exposed()) {
-        if (!r->revoked.load(std::memory_order_acquire)) {
-            p.in->expose(r);
-        }
-    }
+    // The regions exposed now come through regionExposed() right after this returns, like
+    // later ones: each goes into this peer's protection domain, its key follows once registered.
     verbsLog().info("peer '{}': receiving over {} RC QPs (its traffic class {})", info.peer_name,
                     remote.qps.size(), remote.traffic_class);
     return Status::ok();
