@@ -14,7 +14,7 @@ usage: scripts/device-run.sh fetch
        scripts/device-run.sh run [--out DIR] [--jobs N] [--budget SECONDS] [--bench-min-time S]
                                  [--bench-filter REGEX] [--verbs-bench] [--simhca-bench] [--tcp-compare]
                                  [--latency-rounds N] [--host-latency] [--gpu-repeat N] [--no-rest]
-                                 [--dry-run]
+                                 [--no-gpu] [--verbs-args "ARGS"] [--dry-run]
 
   fetch                download the .debs the GPU machine lacks (toml++, CLI11, nlohmann-json,
                        libsodium, Google Benchmark, prometheus-cpp and civetweb, perftest: -dev
@@ -40,6 +40,9 @@ usage: scripts/device-run.sh fetch
   --simhca-bench       tests/simhca/tools/bench.sh: the simulator alone (perftest over it) against
                        UDP ping-pong and stream on the same loopback
   --no-rest            skip the tests not labelled gpu
+  --no-gpu             skip `ctest -L gpu` and gpu_bench (host-only measurements)
+  --verbs-args "ARGS"  bench-verbs.sh's arguments instead of the default
+                       "--rounds 2 --iters 3000 --poll-mode 'event adaptive busy'"
   --dry-run            print the steps, change nothing
 USAGE
 }
@@ -66,6 +69,8 @@ budget=540
 min_time=0.2
 filter=""
 rest=1
+gpu=1
+verbs_args=(--rounds 2 --iters 3000 --poll-mode "event adaptive busy")
 verbs_bench=0
 simhca_bench=0
 tcp_compare=0
@@ -81,6 +86,8 @@ while [ $# -gt 0 ]; do
         --bench-min-time) min_time=$2; shift ;;
         --bench-filter) filter=$2; shift ;;
         --no-rest) rest=0 ;;
+        --no-gpu) gpu=0 ;;
+        --verbs-args) eval "verbs_args=($2)"; shift ;;  # shell words, quotes allowed
         --verbs-bench) verbs_bench=1 ;;
         --simhca-bench) simhca_bench=1 ;;
         --tcp-compare) tcp_compare=1 ;;
@@ -195,26 +202,28 @@ if [ "$rc" -ne 0 ]; then
     exit "$rc"
 fi
 
-note "== ctest -L gpu ($(left) s left)"
-set +e
-run timeout "$(left)" ctest --test-dir build/release -L gpu -j 1 --timeout 180 \
-    --repeat until-fail:"$gpu_repeat" --output-on-failure >"$out/ctest-gpu.log" 2>&1
-grep -E '^(100%|[0-9]+%) tests passed|tests failed|Failed|\*\*\*|Skipped|Timeout' \
-    "$out/ctest-gpu.log" | tee -a "$summary"
-set -e
+if [ "$gpu" -eq 1 ]; then
+    note "== ctest -L gpu ($(left) s left)"
+    set +e
+    run timeout "$(left)" ctest --test-dir build/release -L gpu -j 1 --timeout 180 \
+        --repeat until-fail:"$gpu_repeat" --output-on-failure >"$out/ctest-gpu.log" 2>&1
+    grep -E '^(100%|[0-9]+%) tests passed|tests failed|Failed|\*\*\*|Skipped|Timeout' \
+        "$out/ctest-gpu.log" | tee -a "$summary"
+    set -e
 
-note "== gpu_bench ($(left) s left)"
-bench_args=(--benchmark_min_time="$min_time" --benchmark_out="$out/gpu_bench.json"
-            --benchmark_out_format=json)
-if [ -n "$filter" ]; then
-    bench_args+=(--benchmark_filter="$filter")
+    note "== gpu_bench ($(left) s left)"
+    bench_args=(--benchmark_min_time="$min_time" --benchmark_out="$out/gpu_bench.json"
+                --benchmark_out_format=json)
+    if [ -n "$filter" ]; then
+        bench_args+=(--benchmark_filter="$filter")
+    fi
+    set +e
+    run timeout "$(left)" build/release/tests/bench/gpu_bench "${bench_args[@]}" \
+        >"$out/gpu_bench.txt" 2>&1
+    note "gpu_bench: exit $?"
+    sed -n '/== gpu_bench summary/,$p' "$out/gpu_bench.txt" | tee -a "$summary"
+    set -e
 fi
-set +e
-run timeout "$(left)" build/release/tests/bench/gpu_bench "${bench_args[@]}" \
-    >"$out/gpu_bench.txt" 2>&1
-note "gpu_bench: exit $?"
-sed -n '/== gpu_bench summary/,$p' "$out/gpu_bench.txt" | tee -a "$summary"
-set -e
 
 for ((round = 1; round <= latency_rounds; round++)); do
     [ "$(left)" -gt 30 ] || break
@@ -255,8 +264,8 @@ fi
 if [ "$verbs_bench" -eq 1 ] && [ "$(left)" -gt 60 ]; then
     note "== bench-verbs.sh ($(left) s left)"
     set +e
-    run timeout "$(( $(left) - 20 ))" scripts/bench-verbs.sh --no-build --rounds 2 --iters 3000 \
-        --poll-mode "event adaptive busy" --out "$out/bench-verbs" >"$out/bench-verbs.txt" 2>&1
+    run timeout "$(( $(left) - 20 ))" scripts/bench-verbs.sh --no-build "${verbs_args[@]}" \
+        --out "$out/bench-verbs" >"$out/bench-verbs.txt" 2>&1
     note "bench-verbs: exit $?"
     tail -n 30 "$out/bench-verbs.txt" | tee -a "$summary"
     set -e
