@@ -64,6 +64,9 @@ mapfile -t scripts < <(git ls-files 'scripts/*.sh' '.ci/run' 'tests/scripts/*.sh
 shellcheck "${scripts[@]}"
 echo "shellcheck: ${#scripts[@]} scripts clean"
 
+step "folder dependencies"
+scripts/check-layers.sh
+
 if [ "$quick" -eq 0 ]; then
     # Five libFuzzer targets (docs/SECURITY.md, "Fuzzing"), each from its checked-in corpus into
     # a scratch one: the config parser, peer frames after authentication (a real peer manager),
