@@ -37,6 +37,11 @@ uint16_t SockAddr::port() const {
     return 0;
 }
 
+std::string errnoText(int rc) {
+    return rc == ECONNRESET ? std::string("connection closed by the peer")
+                            : std::string(std::strerror(rc));
+}
+
 int64_t monotonicMs() {
     timespec ts{};
     ::clock_gettime(CLOCK_MONOTONIC, &ts);

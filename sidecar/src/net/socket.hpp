@@ -25,6 +25,10 @@ struct SockAddr {
 /// Milliseconds on CLOCK_MONOTONIC (the clock timerfd deadlines use).
 int64_t monotonicMs();
 
+/// A socket call's errno in words; ECONNRESET (fill()'s end of stream too) reads "connection
+/// closed by the peer".
+std::string errnoText(int rc);
+
 /// Parses a numeric IPv4/IPv6 host ("10.0.0.2", "::1", "[::1]") and a port. False for names.
 bool parseNumericAddress(const std::string &host, uint16_t port, SockAddr *out);
 

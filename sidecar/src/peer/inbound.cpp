@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "net/frame_reader.hpp"
 #include "peer/manager.hpp"
 #include "peer/text.hpp"
 
@@ -17,10 +18,6 @@ namespace {
 // How long a refused connection may linger so the client reads the REFUSE before our close
 // (closing with its unread bytes in our receive queue would reset the connection and lose it).
 constexpr int64_t kRefuseLingerMs = 500;
-
-std::string errnoText(int rc) {
-    return rc == ECONNRESET ? std::string("connection closed") : std::string(std::strerror(rc));
-}
 
 }  // namespace
 
@@ -282,82 +279,76 @@ void PeerManagerImpl::onPendingEvent(Connection &c, uint32_t events, int64_t now
     if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) == 0) {
         return;
     }
-    const int rc = c.fill(now);
-    for (;;) {
-        FrameHeader h;
-        std::span<const uint8_t> payload;
-        std::string error;
-        const auto parsed = c.nextFrame(kMaxHandshakePayload, &h, &payload, &error);
-        if (parsed == Connection::Parse::kNeedMore) {
-            break;
-        }
-        if (parsed == Connection::Parse::kBad) {
-            dropPending(token, "not a tensorlane peer handshake (" + error + ")", now);
-            return;
-        }
-        if (h.type == FrameType::kRefuse) {
-            std::string why = printableText(payload);
-            c.consumeFrame(h);
-            dropPending(token, "the connecting side gave up: " + why, now);
-            return;
-        }
-        if (!pd.challenged) {
-            if (h.type != FrameType::kHello) {
+    const FramesRead r = readFrames(
+        c, now, kMaxHandshakePayload, [&](const FrameHeader &h, std::span<const uint8_t> payload) {
+            if (h.type == FrameType::kRefuse) {
+                std::string why = printableText(payload);
+                c.consumeFrame(h);
+                dropPending(token, "the connecting side gave up: " + why, now);
+                return FrameStep::kStop;
+            }
+            if (!pd.challenged) {
+                if (h.type != FrameType::kHello) {
+                    dropPending(
+                        token, "expected HELLO, got " + frameTypeName(static_cast<uint8_t>(h.type)),
+                        now);
+                    return FrameStep::kStop;
+                }
+                uint64_t session_id = 0;
+                do {
+                    randombytes_buf(&session_id, sizeof session_id);
+                } while (session_id == 0);
+                std::vector<uint8_t> challenge;
+                std::string detail;
+                Status s = pd.hs->onHello(
+                    payload,
+                    [&](const HelloMsg &m) { return admit(m, pd.source, *pd.hs, now, &detail); },
+                    session_id, &challenge);
+                if (s.isOk() || !pd.hs->hello().from.empty()) {
+                    pd.claimed = pd.hs->hello().from;
+                }
+                c.consumeFrame(h);
+                if (!s.isOk()) {
+                    refusePending(pd, s.message(), s.message() + detail, now);
+                    return FrameStep::kStop;
+                }
+                c.queueFrame(FrameType::kChallenge, 0, challenge);
+                if (int wrc = c.flush(now); wrc != 0) {
+                    dropPending(token, "handshake send failed: " + errnoText(wrc), now);
+                    return FrameStep::kStop;
+                }
+                pd.challenged = true;
+                return FrameStep::kNext;
+            }
+            if (h.type != FrameType::kAuth) {
                 dropPending(token,
-                            "expected HELLO, got " + frameTypeName(static_cast<uint8_t>(h.type)),
+                            "expected AUTH, got " + frameTypeName(static_cast<uint8_t>(h.type)),
                             now);
-                return;
+                return FrameStep::kStop;
             }
-            uint64_t session_id = 0;
-            do {
-                randombytes_buf(&session_id, sizeof session_id);
-            } while (session_id == 0);
-            std::vector<uint8_t> challenge;
-            std::string detail;
-            Status s = pd.hs->onHello(
-                payload,
-                [&](const HelloMsg &m) { return admit(m, pd.source, *pd.hs, now, &detail); },
-                session_id, &challenge);
-            if (s.isOk() || !pd.hs->hello().from.empty()) {
-                pd.claimed = pd.hs->hello().from;
-            }
+            HandshakeOutcome outcome;
+            Status s = pd.hs->onAuth(payload, &outcome);
             c.consumeFrame(h);
             if (!s.isOk()) {
-                refusePending(pd, s.message(), s.message() + detail, now);
-                return;
+                // The refusal names the reason: after a failed proof it tells nothing the client
+                // does not know; after a good one (a settings mismatch) both ends should see it.
+                refusePending(pd, s.message(), s.message(), now);
+                return FrameStep::kStop;
             }
-            c.queueFrame(FrameType::kChallenge, 0, challenge);
-            if (int wrc = c.flush(now); wrc != 0) {
-                dropPending(token, "handshake send failed: " + errnoText(wrc), now);
-                return;
-            }
-            pd.challenged = true;
-            continue;
-        }
-        if (h.type != FrameType::kAuth) {
-            dropPending(token, "expected AUTH, got " + frameTypeName(static_cast<uint8_t>(h.type)),
-                        now);
-            return;
-        }
-        HandshakeOutcome outcome;
-        Status s = pd.hs->onAuth(payload, &outcome);
-        c.consumeFrame(h);
-        if (!s.isOk()) {
-            // The refusal names the reason: after a failed proof it tells nothing the client
-            // does not know; after a good one (a settings mismatch) both ends should see it.
-            refusePending(pd, s.message(), s.message(), now);
-            return;
-        }
-        promote(token, outcome, now);
+            promote(token, outcome, now);
+            return FrameStep::kStop;  // the connection is the session's now
+        });
+    if (r.end == FramesRead::End::kBad) {
+        dropPending(token, "not a tensorlane peer handshake (" + r.error + ")", now);
         return;
     }
-    if (rc == ECONNRESET) {
+    if (r.end == FramesRead::End::kClosed) {
         dropPending(token,
                     pd.challenged ? "closed during the handshake (after CHALLENGE)"
                                   : "closed before completing a handshake",
                     now);
-    } else if (rc != 0 && rc != EAGAIN) {
-        dropPending(token, "handshake read failed: " + errnoText(rc), now);
+    } else if (r.end == FramesRead::End::kFailed) {
+        dropPending(token, "handshake read failed: " + errnoText(r.rc), now);
     }
 }
 
@@ -478,28 +469,17 @@ void PeerManagerImpl::onInControlEvent(Connection &c, uint32_t events, int64_t n
     if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) == 0) {
         return;
     }
-    const int rc = c.fill(now);
-    for (;;) {
-        FrameHeader h;
-        std::span<const uint8_t> payload;
-        std::string error;
-        const auto parsed = c.nextFrame(kMaxControlPayload, &h, &payload, &error);
-        if (parsed == Connection::Parse::kNeedMore) {
-            break;
-        }
-        if (parsed == Connection::Parse::kBad) {
-            closeIn(*p, "protocol error: " + error, true);
-            return;
-        }
-        if (!handleInControlFrame(*p, h, payload, now)) {
-            return;  // the session was closed
-        }
-        c.consumeFrame(h);
-    }
-    if (rc == ECONNRESET) {
+    const FramesRead r = readFrames(
+        c, now, kMaxControlPayload, [&](const FrameHeader &h, std::span<const uint8_t> payload) {
+            // false: the session was closed
+            return handleInControlFrame(*p, h, payload, now) ? FrameStep::kNext : FrameStep::kStop;
+        });
+    if (r.end == FramesRead::End::kBad) {
+        closeIn(*p, "protocol error: " + r.error, true);
+    } else if (r.end == FramesRead::End::kClosed) {
         closeIn(*p, "closed by the peer", false);
-    } else if (rc != 0 && rc != EAGAIN) {
-        closeIn(*p, errnoText(rc), true);
+    } else if (r.end == FramesRead::End::kFailed) {
+        closeIn(*p, errnoText(r.rc), true);
     }
 }
 

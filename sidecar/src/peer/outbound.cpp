@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "net/frame_reader.hpp"
 #include "peer/manager.hpp"
 #include "peer/text.hpp"
 
@@ -16,11 +17,6 @@ namespace {
 
 std::span<const uint8_t> bytesOf(const std::string &s) {
     return {reinterpret_cast<const uint8_t *>(s.data()), s.size()};
-}
-
-std::string errnoText(int rc) {
-    return rc == ECONNRESET ? std::string("connection closed by the peer")
-                            : std::string(std::strerror(rc));
 }
 
 }  // namespace
@@ -134,30 +130,22 @@ void PeerManagerImpl::onOutControlEvent(Connection &c, uint32_t events, int64_t 
     if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) == 0) {
         return;
     }
-    const int rc = c.fill(now);
-    for (;;) {
-        FrameHeader h;
-        std::span<const uint8_t> payload;
-        std::string error;
-        const uint32_t limit =
-            s.phase == OutSession::Phase::kHandshake ? kMaxHandshakePayload : kMaxControlPayload;
-        const auto parsed = c.nextFrame(limit, &h, &payload, &error);
-        if (parsed == Connection::Parse::kNeedMore) {
-            break;
-        }
-        if (parsed == Connection::Parse::kBad) {
-            failOut(*p, "protocol error on the control connection: " + error, true, now);
-            return;
-        }
-        if (!handleOutControlFrame(*p, h, payload, now)) {
-            return;  // the session failed; `c` is closed
-        }
-        c.consumeFrame(h);
-    }
-    if (rc == ECONNRESET) {
+    const FramesRead r = readFrames(
+        c, now,
+        [&] {
+            return s.phase == OutSession::Phase::kHandshake ? kMaxHandshakePayload
+                                                            : kMaxControlPayload;
+        },
+        [&](const FrameHeader &h, std::span<const uint8_t> payload) {
+            // false: the session failed; `c` is closed
+            return handleOutControlFrame(*p, h, payload, now) ? FrameStep::kNext : FrameStep::kStop;
+        });
+    if (r.end == FramesRead::End::kBad) {
+        failOut(*p, "protocol error on the control connection: " + r.error, true, now);
+    } else if (r.end == FramesRead::End::kClosed) {
         failOut(*p, "connection closed by the peer", true, now);
-    } else if (rc != 0 && rc != EAGAIN) {
-        failOut(*p, "control connection: " + errnoText(rc), true, now);
+    } else if (r.end == FramesRead::End::kFailed) {
+        failOut(*p, "control connection: " + errnoText(r.rc), true, now);
     }
 }
 
@@ -352,69 +340,63 @@ void PeerManagerImpl::onOutExtraEvent(Connection &c, uint32_t events, int64_t no
     if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) == 0) {
         return;
     }
-    const int rc = c.fill(now);
-    for (;;) {
-        FrameHeader h;
-        std::span<const uint8_t> payload;
-        std::string error;
-        const auto parsed = c.nextFrame(kMaxHandshakePayload, &h, &payload, &error);
-        if (parsed == Connection::Parse::kNeedMore) {
-            break;
-        }
-        if (parsed == Connection::Parse::kBad) {
-            failOut(*p, "protocol error on a data connection: " + error, true, now);
-            return;
-        }
-        if (h.type == FrameType::kRefuse) {
-            failOut(*p, "data connection refused by '" + p->name + "': " + printableText(payload),
+    const FramesRead r = readFrames(
+        c, now, kMaxHandshakePayload, [&](const FrameHeader &h, std::span<const uint8_t> payload) {
+            if (h.type == FrameType::kRefuse) {
+                failOut(*p,
+                        "data connection refused by '" + p->name + "': " + printableText(payload),
+                        true, now);
+                return FrameStep::kStop;
+            }
+            if (h.type == FrameType::kChallenge && !d.sent_auth) {
+                std::vector<uint8_t> auth;
+                HandshakeOutcome o;
+                Status st = d.hs->onChallenge(payload, &auth, &o);
+                c.consumeFrame(h);
+                if (!st.isOk()) {
+                    c.queueFrame(FrameType::kRefuse, 0, bytesOf(st.message()));
+                    (void)c.flush(now);
+                    failOut(*p, st.message(), true, now);
+                    return FrameStep::kStop;
+                }
+                if (o.peer_incarnation != s.remote_incarnation) {
+                    failOut(*p, "the peer restarted while connecting", true, now);
+                    return FrameStep::kStop;
+                }
+                c.queueFrame(FrameType::kAuth, 0, auth);
+                if (int wrc = c.flush(now); wrc != 0) {
+                    failOut(*p, "cannot send AUTH: " + errnoText(wrc), true, now);
+                    return FrameStep::kStop;
+                }
+                // Everything after AUTH is tagged, both ways (the server's READY first).
+                authenticate(c, o, true);
+                d.sent_auth = true;
+                return FrameStep::kNext;
+            }
+            if (h.type == FrameType::kReady && d.sent_auth) {
+                c.consumeFrame(h);
+                // Authenticated: the transport owns it from here, with any bytes that came after
+                // READY (a transport's channel may speak at once).
+                std::unique_ptr<Connection> conn = std::move(d.conn);
+                const uint32_t index = conn->index;
+                d.hs.reset();
+                s.transport->adoptChannel(p->id, SessionSide::kOut, index, std::move(conn));
+                return FrameStep::kStop;
+            }
+            failOut(*p,
+                    "protocol error: unexpected " + frameTypeName(static_cast<uint8_t>(h.type)) +
+                        " on a data connection",
                     true, now);
-            return;
-        }
-        if (h.type == FrameType::kChallenge && !d.sent_auth) {
-            std::vector<uint8_t> auth;
-            HandshakeOutcome o;
-            Status st = d.hs->onChallenge(payload, &auth, &o);
-            c.consumeFrame(h);
-            if (!st.isOk()) {
-                c.queueFrame(FrameType::kRefuse, 0, bytesOf(st.message()));
-                (void)c.flush(now);
-                failOut(*p, st.message(), true, now);
-                return;
-            }
-            if (o.peer_incarnation != s.remote_incarnation) {
-                failOut(*p, "the peer restarted while connecting", true, now);
-                return;
-            }
-            c.queueFrame(FrameType::kAuth, 0, auth);
-            if (int wrc = c.flush(now); wrc != 0) {
-                failOut(*p, "cannot send AUTH: " + errnoText(wrc), true, now);
-                return;
-            }
-            // Everything after AUTH is tagged, both ways (the server's READY first).
-            authenticate(c, o, true);
-            d.sent_auth = true;
-            continue;
-        }
-        if (h.type == FrameType::kReady && d.sent_auth) {
-            c.consumeFrame(h);
-            // Authenticated: the transport owns it from here, with any bytes that came after
-            // READY (a transport's channel may speak at once).
-            std::unique_ptr<Connection> conn = std::move(d.conn);
-            const uint32_t index = conn->index;
-            d.hs.reset();
-            s.transport->adoptChannel(p->id, SessionSide::kOut, index, std::move(conn));
-            return;
-        }
-        failOut(*p,
-                "protocol error: unexpected " + frameTypeName(static_cast<uint8_t>(h.type)) +
-                    " on a data connection",
-                true, now);
+            return FrameStep::kStop;
+        });
+    if (r.end == FramesRead::End::kBad) {
+        failOut(*p, "protocol error on a data connection: " + r.error, true, now);
         return;
     }
-    if (rc == ECONNRESET) {
+    if (r.end == FramesRead::End::kClosed) {
         failOut(*p, "data connection closed by the peer", true, now);
-    } else if (rc != 0 && rc != EAGAIN) {
-        failOut(*p, "data connection: " + errnoText(rc), true, now);
+    } else if (r.end == FramesRead::End::kFailed) {
+        failOut(*p, "data connection: " + errnoText(r.rc), true, now);
     }
 }
 

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "net/frame_reader.hpp"
 #include "net/socket.hpp"
 
 namespace tensorlane::sidecar {
@@ -30,11 +31,6 @@ unsigned tagThreadsFor(const config::Config &cfg) {
         return 0;
     }
     return cfg.tcp.tag_threads ? *cfg.tcp.tag_threads : TagPool::autoThreads(TagPool::usableCpus());
-}
-
-std::string errnoText(int rc) {
-    return rc == ECONNRESET ? std::string("connection closed by the peer")
-                            : std::string(std::strerror(rc));
 }
 
 /// The tcp transport's bootstrap blob (SELECT / SELECTED): version, connections, chunk bytes.
@@ -327,37 +323,32 @@ void TcpTransport::onEvent(Connection &c, uint32_t events, int64_t now) {
 void TcpTransport::readAcks(PeerId id, Connection &c, int64_t now) {
     // The target answers on data connection 0, in sequence order: one ACK frame per write.
     // Nothing else ever comes back on a data connection.
-    const int rc = c.fill(now);
-    for (;;) {
-        FrameHeader h;
-        std::span<const uint8_t> payload;
-        std::string error;
-        const auto parsed = c.nextFrame(kAckPayloadBytes, &h, &payload, &error);
-        if (parsed == Connection::Parse::kNeedMore) {
-            break;
-        }
-        if (parsed == Connection::Parse::kBad || c.index != 0 || h.type != FrameType::kAck) {
-            fail(id, SessionSide::kOut,
-                 "protocol error on a data connection: " +
-                     (parsed == Connection::Parse::kBad
-                          ? error
-                          : "unexpected " + frameTypeName(static_cast<uint8_t>(h.type))));
-            return;
-        }
-        uint8_t ack[kAckPayloadBytes] = {};
-        const size_t len = std::min(payload.size(), sizeof ack);
-        std::memcpy(ack, payload.data(), len);
-        const uint64_t seq = h.arg;
-        c.consumeFrame(h);
-        if (!onAck(id, seq, std::span<const uint8_t>(ack, len), &error)) {
-            fail(id, SessionSide::kOut, "protocol error: " + error);
-            return;  // the session (and this connection's place in it) is gone
-        }
-    }
-    if (rc == ECONNRESET) {
+    const FramesRead r = readFrames(
+        c, now, kAckPayloadBytes, [&](const FrameHeader &h, std::span<const uint8_t> payload) {
+            if (c.index != 0 || h.type != FrameType::kAck) {
+                fail(id, SessionSide::kOut,
+                     "protocol error on a data connection: unexpected " +
+                         frameTypeName(static_cast<uint8_t>(h.type)));
+                return FrameStep::kStop;
+            }
+            uint8_t ack[kAckPayloadBytes] = {};
+            const size_t len = std::min(payload.size(), sizeof ack);
+            std::memcpy(ack, payload.data(), len);
+            const uint64_t seq = h.arg;
+            c.consumeFrame(h);
+            std::string error;
+            if (!onAck(id, seq, std::span<const uint8_t>(ack, len), &error)) {
+                fail(id, SessionSide::kOut, "protocol error: " + error);
+                return FrameStep::kStop;  // the session (and this connection's place in it) is gone
+            }
+            return FrameStep::kNext;
+        });
+    if (r.end == FramesRead::End::kBad) {
+        fail(id, SessionSide::kOut, "protocol error on a data connection: " + r.error);
+    } else if (r.end == FramesRead::End::kClosed) {
         fail(id, SessionSide::kOut, "data connection closed by the peer");
-    } else if (rc != 0 && rc != EAGAIN) {
-        fail(id, SessionSide::kOut, "data connection: " + errnoText(rc));
+    } else if (r.end == FramesRead::End::kFailed) {
+        fail(id, SessionSide::kOut, "data connection: " + errnoText(r.rc));
     }
 }
 

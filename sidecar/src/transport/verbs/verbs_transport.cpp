@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "logging.hpp"
+#include "net/frame_reader.hpp"
 #include "net/socket.hpp"
 
 namespace tensorlane::sidecar {
@@ -297,34 +298,27 @@ void VerbsTransport::onChannelEvent(Connection &c, uint32_t events, int64_t now)
     if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) == 0) {
         return;
     }
-    const int rc = c.fill(now);
-    for (;;) {
-        FrameHeader h;
-        std::span<const uint8_t> payload;
-        std::string error;
-        const auto parsed = c.nextFrame(kMaxVerbsMsgBytes, &h, &payload, &error);
-        if (parsed == Connection::Parse::kNeedMore) {
-            break;
-        }
-        if (parsed == Connection::Parse::kBad || h.type != FrameType::kTransport) {
-            fail(peer, side,
-                 "protocol error on the verbs channel: " +
-                     (parsed == Connection::Parse::kBad
-                          ? error
-                          : "unexpected " + frameTypeName(static_cast<uint8_t>(h.type))));
-            return;
-        }
-        const bool ok = onMessage(peer, side, h.arg, payload, &error);
-        if (!ok) {
-            fail(peer, side, "protocol error: " + error);
-            return;  // the session is gone; its channel with it
-        }
-        c.consumeFrame(h);
-    }
-    if (rc == ECONNRESET) {
+    const FramesRead r = readFrames(
+        c, now, kMaxVerbsMsgBytes, [&](const FrameHeader &h, std::span<const uint8_t> payload) {
+            if (h.type != FrameType::kTransport) {
+                fail(peer, side,
+                     "protocol error on the verbs channel: unexpected " +
+                         frameTypeName(static_cast<uint8_t>(h.type)));
+                return FrameStep::kStop;
+            }
+            std::string error;
+            if (!onMessage(peer, side, h.arg, payload, &error)) {
+                fail(peer, side, "protocol error: " + error);
+                return FrameStep::kStop;  // the session is gone; its channel with it
+            }
+            return FrameStep::kNext;
+        });
+    if (r.end == FramesRead::End::kBad) {
+        fail(peer, side, "protocol error on the verbs channel: " + r.error);
+    } else if (r.end == FramesRead::End::kClosed) {
         fail(peer, side, "verbs channel closed by the peer");
-    } else if (rc != 0 && rc != EAGAIN) {
-        fail(peer, side, std::string("verbs channel: ") + std::strerror(rc));
+    } else if (r.end == FramesRead::End::kFailed) {
+        fail(peer, side, std::string("verbs channel: ") + std::strerror(r.rc));
     }
 }
 
