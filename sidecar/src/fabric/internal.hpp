@@ -28,8 +28,10 @@ struct CommandOutput {
     std::string out;
     bool ok() const { return found && exit_code == 0; }
 };
-/// Runs argv[0] found on PATH with a time limit, no shell; stdin is /dev/null.
-CommandOutput runCommand(const std::vector<std::string> &argv, int timeout_ms = 3000);
+/// Runs argv[0] found on PATH with a time limit, no shell; stdin is /dev/null. 10 s: mlnx_qos
+/// is a Python program, and on a loaded host (or a 2-core CI machine running the tests in
+/// parallel) its start alone has taken over 3 s.
+CommandOutput runCommand(const std::vector<std::string> &argv, int timeout_ms = 10000);
 
 /// GPU-NIC distance classes, as `nvidia-smi topo -m` prints them.
 enum class PciDistance {
