@@ -159,8 +159,9 @@ TEST_F(RegistrarTest, AFailedImportEndsTheJobWithItsError) {
     EXPECT_EQ(e.error, EINVAL);
 }
 
-/// A CUDA region as cuda_control.cpp makes one: the client's claimed address, the sidecar's
-/// import of the allocation (no dma-buf fd; nothing is imported until a registration asks).
+/// A CUDA region as RegionLifecycle::addCuda makes one: the client's claimed address, the
+/// sidecar's import of the allocation (no dma-buf fd; nothing is imported until a registration
+/// asks).
 std::shared_ptr<Region> cudaRegion(uint64_t id, uint64_t client_address,
                                    const std::shared_ptr<CudaImport> &imp) {
     auto r = std::make_shared<Region>();

@@ -1,21 +1,24 @@
-// The client socket protocol: accepting workers (credentials, segment, doorbells) and the
-// infrequent calls that travel over the socket (alloc, register, expose, lookup, status).
-#include <dirent.h>
+#include "control_server.hpp"
+
 #include <poll.h>
 #include <sys/epoll.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <vector>
 
-#include "engine_impl.hpp"
+#include "epoll_tags.hpp"
+#include "logging.hpp"
+#include "region_lifecycle.hpp"
+#include "request_pipeline.hpp"
 #include "tensorlane/ipc/doorbell.hpp"
 #include "tensorlane/ipc/socket.hpp"
 #include "tensorlane/sidecar/engine.hpp"
+#include "tensorlane/sidecar/peers.hpp"
 
 namespace tensorlane::sidecar {
 namespace {
@@ -46,143 +49,88 @@ bool validName(const char *s) {
     return true;
 }
 
-/// File descriptors this process has open now (/proc/self/fd); 0 when it cannot be read.
-uint64_t openFds() {
-    DIR *d = ::opendir("/proc/self/fd");
-    if (d == nullptr) {
-        return 0;
-    }
-    uint64_t n = 0;
-    while (const dirent *e = ::readdir(d)) {
-        n += e->d_name[0] != '.';
-    }
-    ::closedir(d);
-    return n > 0 ? n - 1 : 0;  // less the directory's own fd
-}
-
-/// The fds one more session needs at most: its socket (already accepted), two eventfds and
-/// the segment's memfd until the greeting has left.
-constexpr uint64_t kSessionFds = 4;
-
 }  // namespace
 
-bool EngineImpl::admitSession(const ipc::PeerCred &cred, std::string *why) const {
-    const auto &l = cfg_.limits;
-    const auto u = sessions_of_uid_.find(cred.uid);
-    const uint32_t of_uid = u == sessions_of_uid_.end() ? 0 : u->second;
-    if (of_uid >= l.sessions_per_uid) {
-        *why = "quota: uid " + std::to_string(cred.uid) + " holds " + std::to_string(of_uid) +
-               " sessions, the most [limits] sessions_per_uid allows";
-        return false;
+ControlServer::ControlServer(const config::Config &cfg, int epoll_fd, SessionTable &sessions,
+                             RegionTable &regions, RegionLifecycle &lifecycle,
+                             RequestPipeline &pipeline, PeerManager *peers,
+                             EngineCounters &counters, StatusText status)
+    : cfg_(cfg),
+      epoll_fd_(epoll_fd),
+      sessions_(sessions),
+      regions_(regions),
+      lifecycle_(lifecycle),
+      pipeline_(pipeline),
+      peers_(peers),
+      counters_(counters),
+      status_(std::move(status)),
+      log_(sidecarLogger()),
+      admission_(cfg.security, cfg.limits),
+      cuda_(epoll_fd, sessions, lifecycle,
+            [this](Session &s, uint64_t seq, Code code, uint64_t v0, uint64_t v1,
+                   const std::string &error) { reply(s, seq, code, v0, v1, error); }) {}
+
+ControlServer::~ControlServer() {
+    if (listen_) {
+        ::unlink(cfg_.node.socket.c_str());
     }
-    // pid 0: a client in a pid namespace we cannot see into; its pid says nothing.
-    if (cred.pid != 0) {
-        const auto p = sessions_of_pid_.find(cred.pid);
-        const uint32_t of_pid = p == sessions_of_pid_.end() ? 0 : p->second;
-        if (of_pid >= l.sessions_per_pid) {
-            *why = "quota: pid " + std::to_string(cred.pid) + " holds " + std::to_string(of_pid) +
-                   " sessions, the most [limits] sessions_per_pid allows";
-            return false;
-        }
-    }
-    // A uid that holds a session already may not use the last fd_reserve fds: they are kept
-    // so that another uid always gets in (and `tensorlane status` with it). Counted only for
-    // such a uid, and only here, once per accept near the limit (/proc/self/fd).
-    if (of_uid > 0 && l.fd_reserve > 0) {
-        rlimit lim{};
-        // Counted only when it could matter: what the sessions, the fds open at start and a
-        // generous allowance for the transports may hold together comes near the limit.
-        constexpr uint64_t kTransportAllowance = 4096;
-        const uint64_t could_hold = (sessions_.size() + 1) * kSessionFds + fd_baseline_ +
-                                    kTransportAllowance + l.fd_reserve;
-        if (::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY &&
-            could_hold >= lim.rlim_cur) {
-            const uint64_t open = openFds();
-            const uint64_t left = lim.rlim_cur > open ? lim.rlim_cur - open : 0;
-            if (left < kSessionFds + l.fd_reserve) {
-                *why = "the sidecar has " + std::to_string(left) +
-                       " file descriptors left, and [limits] fd_reserve = " +
-                       std::to_string(l.fd_reserve) +
-                       " of them are held back for uids with no "
-                       "session yet (uid " +
-                       std::to_string(cred.uid) + " holds " + std::to_string(of_uid) + ")";
-                return false;
-            }
-        }
-    }
-    return true;
 }
 
-bool EngineImpl::allowed(const ipc::PeerCred &cred, int fd, std::string *why) const {
-    if (cred.uid == 0 || cred.uid == ::geteuid()) {
-        return true;
+Status ControlServer::listen() {
+    const std::string &path = cfg_.node.socket;
+    std::error_code ec;
+    std::filesystem::path dir = std::filesystem::path(path).parent_path();
+    if (!dir.empty() && !std::filesystem::exists(dir, ec)) {
+        std::filesystem::create_directories(dir, ec);
+        if (ec) {
+            return {Code::kInternal, "cannot create " + dir.string() + ": " + ec.message()};
+        }
     }
+    // The socket's mode lets exactly the clients in through the file system that the
+    // credential check (SO_PEERCRED, SO_PEERGROUPS) would allow, and no fewer: connecting to a
+    // Unix socket needs write permission on it (unix(7)). Only root and our uid: 0600. One
+    // allowed group: 0660 with that group. Other uids or several groups cannot be expressed in
+    // one file mode: 0666, and the credential check alone decides (docs/security.md).
     const auto &sec = cfg_.security;
-    if (std::find(sec.allowed_uids.begin(), sec.allowed_uids.end(), cred.uid) !=
-        sec.allowed_uids.end()) {
-        return true;
+    mode_ = 0600;
+    if (!sec.allowed_uids.empty() || sec.allowed_gids.size() > 1) {
+        mode_ = 0666;
+    } else if (sec.allowed_gids.size() == 1) {
+        mode_ = 0660;
     }
-    if (!sec.allowed_gids.empty()) {
-        // The primary gid and every supplementary group, as the kernel recorded them at
-        // connect() (SO_PEERGROUPS), else as /proc/<pid>/status says now.
-        std::vector<gid_t> groups;
-        if (int rc = ipc::peerGroups(fd, cred.pid, &groups)) {
-            *why = "cannot read the groups of pid " + std::to_string(cred.pid) + ": " +
-                   std::strerror(rc);
-            return false;
-        }
-        groups.push_back(cred.gid);
-        for (gid_t g : groups) {
-            if (std::find(sec.allowed_gids.begin(), sec.allowed_gids.end(), g) !=
-                sec.allowed_gids.end()) {
-                return true;
-            }
-        }
+    if (int rc = ipc::listenSeqpacket(path, mode_, &listen_)) {
+        return {Code::kInternal, "cannot listen on " + path + ": " + std::strerror(rc)};
     }
-    *why = "uid " + std::to_string(cred.uid) + " (gid " + std::to_string(cred.gid) +
-           ", and its supplementary groups) is not allowed by the sidecar's [security] "
-           "allowed_uids/allowed_gids";
-    return false;
-}
-
-std::string EngineImpl::remotesQuotaText() const {
-    return "tl_lookup: quota: this client holds " + std::to_string(cfg_.limits.regions) +
-           " remote handles, the most [limits] regions allows";
-}
-
-Status EngineImpl::checkQuota(const Session &s, uint64_t new_bytes, bool new_mapping) const {
-    const auto &l = cfg_.limits;
-    if (regions_.countOfSession(s.id) >= l.regions) {
-        return {Code::kNoMemory, "quota: this client holds " +
-                                     std::to_string(regions_.countOfSession(s.id)) +
-                                     " regions, the most [limits] regions allows"};
+    if (mode_ == 0660 &&
+        ::chown(path.c_str(), static_cast<uid_t>(-1), sec.allowed_gids.front()) != 0) {
+        return {Code::kPermission, "cannot give " + path + " to group " +
+                                       std::to_string(sec.allowed_gids.front()) +
+                                       " ([security] allowed_gids): " + std::strerror(errno)};
     }
-    if (new_bytes > l.registered_bytes || s.host_bytes > l.registered_bytes - new_bytes) {
-        return {Code::kNoMemory, "quota: " + std::to_string(new_bytes) +
-                                     " more bytes would take "
-                                     "this client past [limits] registered_bytes = " +
-                                     config::formatBytes(l.registered_bytes) + " (it holds " +
-                                     std::to_string(s.host_bytes) + ")"};
-    }
-    if (new_bytes > 0 &&
-        (new_bytes > node_registered_cap_ || node_host_bytes_ > node_registered_cap_ - new_bytes)) {
-        return {Code::kNoMemory, "quota: " + std::to_string(new_bytes) +
-                                     " more bytes would take all clients together past [limits] "
-                                     "node_registered_bytes = " +
-                                     config::formatBytes(node_registered_cap_) + " (" +
-                                     node_cap_source_ + "; they hold " +
-                                     std::to_string(node_host_bytes_) + ")"};
-    }
-    if (new_mapping && mappings_ >= max_mappings_) {
-        return {Code::kNoMemory,
-                "the sidecar maps " + std::to_string(mappings_) +
-                    " segments, the most vm.max_map_count leaves it room for; free some "
-                    "buffers or raise vm.max_map_count"};
+    if (int rc = addToEpoll(epoll_fd_, listen_.get(), EPOLLIN, kTagListen)) {
+        return {Code::kInternal, std::string("epoll_ctl: ") + std::strerror(rc)};
     }
     return Status::ok();
 }
 
-void EngineImpl::refuse(int fd, Code code, const std::string &why) {
+void ControlServer::resumeListener() {
+    if (std::chrono::steady_clock::now() < listen_paused_until_) {
+        return;
+    }
+    listen_paused_ = false;
+    if (int rc = addToEpoll(epoll_fd_, listen_.get(), EPOLLIN, kTagListen)) {
+        log_->error("cannot watch {} again: {}", cfg_.node.socket, std::strerror(rc));
+        return;
+    }
+    acceptClients();
+}
+
+std::string ControlServer::remotesQuotaText() const {
+    return "tl_lookup: quota: this client holds " + std::to_string(cfg_.limits.regions) +
+           " remote handles, the most [limits] regions allows";
+}
+
+void ControlServer::refuse(int fd, Code code, const std::string &why) {
     ipc::HelloMsg hello{};
     hello.h = header(ipc::MsgType::kHello, 0);
     hello.status = static_cast<int32_t>(code);
@@ -192,7 +140,7 @@ void EngineImpl::refuse(int fd, Code code, const std::string &why) {
     ++counters_.sessions_refused;
 }
 
-size_t EngineImpl::reapHungUp(const ipc::PeerCred &cred) {
+size_t ControlServer::reapHungUp(const ipc::PeerCred &cred) {
     std::vector<SessionId> gone;
     for (const auto &[id, s] : sessions_) {
         if (s->cred.uid != cred.uid && (cred.pid == 0 || s->cred.pid != cred.pid)) {
@@ -204,15 +152,15 @@ size_t EngineImpl::reapHungUp(const ipc::PeerCred &cred) {
         }
     }
     for (SessionId id : gone) {
-        if (Session *s = findSession(id)) {
-            closeSession(*s, "client hung up");
+        if (Session *s = sessions_.find(id)) {
+            sessions_.close(*s, "client hung up");
         }
-        destroySession(id);  // reapSessions() finds it gone
+        destroySession(id);  // reapClosed() finds it gone
     }
     return gone.size();
 }
 
-void EngineImpl::acceptClients() {
+void ControlServer::acceptClients() {
     // A batch at a time: a client that connects in a tight loop must not keep the engine here,
     // away from its hang-ups (and every other client's requests).
     for (int batch = 0; batch < 64; ++batch) {
@@ -230,7 +178,7 @@ void EngineImpl::acceptClients() {
             // clients wait in the backlog (or time out in tl_connect).
             log_->error("accept on {}: {}; not accepting workers for 100 ms", cfg_.node.socket,
                         std::strerror(rc));
-            ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, listen_.get(), nullptr);
+            ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listen_.get(), nullptr);
             listen_paused_ = true;
             listen_paused_until_ =
                 std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
@@ -243,17 +191,17 @@ void EngineImpl::acceptClients() {
             continue;
         }
         std::string why;
-        if (!allowed(cred, fd.get(), &why)) {
+        if (!admission_.allowed(cred, fd.get(), &why)) {
             log_->warn("refused pid {} uid {} gid {}: {}", cred.pid, cred.uid, cred.gid, why);
             refuse(fd.get(), Code::kPermission, why);
             continue;
         }
         // A client that disconnected a moment ago may still be counted (its hang-up not yet
         // seen): at a cap, its hung-up sessions are reaped first, then it is asked again.
-        bool admit = admitSession(cred, &why);
+        bool admit = admission_.admit(cred, sessions_.size(), &why);
         if (!admit && reapHungUp(cred) != 0) {
             why.clear();
-            admit = admitSession(cred, &why);
+            admit = admission_.admit(cred, sessions_.size(), &why);
         }
         if (!admit) {
             log_->warn("refused pid {} uid {}: {}", cred.pid, cred.uid, why);
@@ -261,15 +209,16 @@ void EngineImpl::acceptClients() {
             refuse(fd.get(), Code::kNoMemory, why);
             continue;
         }
-        if (mappings_ >= max_mappings_) {
-            log_->warn("refused pid {}: the sidecar maps {} segments already", cred.pid, mappings_);
+        if (!lifecycle_.mappingRoom()) {
+            log_->warn("refused pid {}: the sidecar maps {} segments already", cred.pid,
+                       lifecycle_.mappings());
             refuse(fd.get(), Code::kNoMemory,
                    "the sidecar has no room for another session (vm.max_map_count)");
             continue;
         }
 
         auto s = std::make_unique<Session>();
-        s->id = next_session_++;
+        s->id = sessions_.nextId();
         s->cred = cred;
         {
             // For access lists with gids and reserved names. Unreadable: the primary gid only
@@ -332,10 +281,10 @@ void EngineImpl::acceptClients() {
             epoll_event ev{};
             ev.events = EPOLLIN | EPOLLRDHUP;
             ev.data.u64 = kTagSock | s->id;
-            e1 = ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, s->sock.get(), &ev);
+            e1 = ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, s->sock.get(), &ev);
             ev.events = EPOLLIN;
             ev.data.u64 = kTagBell | s->id;
-            e2 = ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, s->to_sidecar.get(), &ev);
+            e2 = ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, s->to_sidecar.get(), &ev);
         }
         if (e1 || e2) {
             log_->error("epoll_ctl for session {}: {}", s->id, std::strerror(errno));
@@ -343,17 +292,54 @@ void EngineImpl::acceptClients() {
         }
         log_->info("session {} for pid {} uid {} ({} KiB segment, depth {})", s->id, cred.pid,
                    cred.uid, geometry.total_bytes / 1024, geometry.request_depth);
-        ++mappings_;
+        lifecycle_.mapped();
         s->mappings = 1;
         ++counters_.sessions_accepted;
-        ++sessions_of_uid_[cred.uid];
-        ++sessions_of_pid_[cred.pid];
-        active_.push_back(s.get());
-        sessions_.emplace(s->id, std::move(s));
+        admission_.opened(cred);
+        sessions_.add(std::move(s));
     }
 }
 
-void EngineImpl::readControl(Session &s) {
+void ControlServer::reapClosed() {
+    for (SessionId id : sessions_.takeClosed()) {
+        destroySession(id);
+    }
+}
+
+void ControlServer::destroySession(SessionId id) {
+    Session *found = sessions_.find(id);
+    if (found == nullptr) {
+        return;
+    }
+    Session &s = *found;
+    // Its writes still waiting for a transport or a stream's gate are not sent for a client
+    // that is gone: they end now and let go of the memory at once.
+    const size_t dropped = pipeline_.dropSession(s);
+    if (s.streams) {
+        lifecycle_.unmapped();  // the stream segment
+    }
+    const size_t released = lifecycle_.releaseSession(id);
+    lifecycle_.unmapped();  // the session segment
+    admission_.closed(s.cred);
+    log_->info(
+        "session {} (pid {}, uid {}) closed: {}; released {} region(s), {} request(s) in "
+        "flight, {} queued write(s) dropped",
+        id, s.cred.pid, s.cred.uid, s.close_reason, released, s.in_flight, dropped);
+    // Closing the fds removes them from epoll; the segment mapping goes with the session.
+    // Writes still in flight keep their regions alive; their completions find no session.
+    sessions_.erase(id);
+}
+
+void ControlServer::socketEvent(Session &s, uint32_t events) {
+    if (events & EPOLLIN) {
+        readControl(s);
+    }
+    if (!s.closing && (events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR))) {
+        sessions_.close(s, "client hung up");
+    }
+}
+
+void ControlServer::readControl(Session &s) {
     alignas(8) unsigned char buf[1024];
     for (int i = 0; i < 64 && !s.closing; ++i) {
         size_t bytes = 0, nfds = 0;
@@ -364,7 +350,7 @@ void EngineImpl::readControl(Session &s) {
             return;
         }
         if (rc == ECONNRESET) {
-            closeSession(s, "client hung up");
+            sessions_.close(s, "client hung up");
             return;
         }
         if (rc == EMSGSIZE) {
@@ -382,15 +368,15 @@ void EngineImpl::readControl(Session &s) {
             continue;
         }
         if (rc) {
-            closeSession(s, std::string("socket error: ") + std::strerror(rc));
+            sessions_.close(s, std::string("socket error: ") + std::strerror(rc));
             return;
         }
         handleControl(s, buf, bytes, fds, nfds);
     }
 }
 
-void EngineImpl::reply(Session &s, uint64_t seq, Code status, uint64_t v0, uint64_t v1,
-                       const std::string &error, int fd) {
+void ControlServer::reply(Session &s, uint64_t seq, Code status, uint64_t v0, uint64_t v1,
+                          const std::string &error, int fd) {
     ipc::ReplyMsg r{};
     r.h = header(ipc::MsgType::kReply, seq);
     r.status = static_cast<int32_t>(status);
@@ -402,12 +388,12 @@ void EngineImpl::reply(Session &s, uint64_t seq, Code status, uint64_t v0, uint6
                               fd >= 0 ? std::span<const int>(fds, 1) : std::span<const int>());
     if (rc) {
         // A full socket buffer means the client stopped reading; it cannot be served.
-        closeSession(s, std::string("cannot reply: ") + std::strerror(rc));
+        sessions_.close(s, std::string("cannot reply: ") + std::strerror(rc));
     }
 }
 
-void EngineImpl::handleControl(Session &s, const unsigned char *msg, size_t bytes,
-                               ipc::UniqueFd *fds, size_t nfds) {
+void ControlServer::handleControl(Session &s, const unsigned char *msg, size_t bytes,
+                                  ipc::UniqueFd *fds, size_t nfds) {
     ipc::MsgHeader h{};
     if (bytes < sizeof(h)) {
         reply(s, 0, Code::kInvalid, 0, 0, "control message shorter than its header");
@@ -429,7 +415,7 @@ void EngineImpl::handleControl(Session &s, const unsigned char *msg, size_t byte
     }
     switch (static_cast<ipc::MsgType>(h.type)) {
         case ipc::MsgType::kAllocHost:
-            return dispatch(s, h, msg, bytes, &EngineImpl::onAllocHost);
+            return dispatch(s, h, msg, bytes, &ControlServer::onAllocHost);
         case ipc::MsgType::kRegister: {
             ipc::RegisterMsg m;
             if (!readAs(msg, bytes, &m)) {
@@ -437,7 +423,7 @@ void EngineImpl::handleControl(Session &s, const unsigned char *msg, size_t byte
                 return;
             }
             if (m.kind == static_cast<uint32_t>(ipc::RegionKind::kCuda)) {
-                return onRegisterCuda(s, m, nfds != 0 ? std::move(fds[0]) : ipc::UniqueFd());
+                return cuda_.registerCuda(s, m, nfds != 0 ? std::move(fds[0]) : ipc::UniqueFd());
             }
             if (nfds != 0) {
                 reply(s, h.seq, Code::kInvalid, 0, 0, "unexpected file descriptors");
@@ -452,19 +438,19 @@ void EngineImpl::handleControl(Session &s, const unsigned char *msg, size_t byte
             }
             return onStreamSetup(s, h);
         case ipc::MsgType::kStreamSubscribe:
-            return dispatch(s, h, msg, bytes, &EngineImpl::onStreamSubscribe);
+            return dispatch(s, h, msg, bytes, &ControlServer::onStreamSubscribe);
         case ipc::MsgType::kStreamCredit:
-            return dispatch(s, h, msg, bytes, &EngineImpl::onStreamCredit);
+            return dispatch(s, h, msg, bytes, &ControlServer::onStreamCredit);
         case ipc::MsgType::kDeregister:
-            return dispatch(s, h, msg, bytes, &EngineImpl::onDeregister);
+            return dispatch(s, h, msg, bytes, &ControlServer::onDeregister);
         case ipc::MsgType::kExpose:
-            return dispatch(s, h, msg, bytes, &EngineImpl::onExpose);
+            return dispatch(s, h, msg, bytes, &ControlServer::onExpose);
         case ipc::MsgType::kExposeAccess:
-            return dispatch(s, h, msg, bytes, &EngineImpl::onExposeAccess);
+            return dispatch(s, h, msg, bytes, &ControlServer::onExposeAccess);
         case ipc::MsgType::kLookup:
-            return dispatch(s, h, msg, bytes, &EngineImpl::onLookup);
+            return dispatch(s, h, msg, bytes, &ControlServer::onLookup);
         case ipc::MsgType::kStatus:
-            return dispatch(s, h, msg, bytes, &EngineImpl::onStatus);
+            return dispatch(s, h, msg, bytes, &ControlServer::onStatus);
         default:
             reply(s, h.seq, Code::kInvalid, 0, 0,
                   "unknown control message type " + std::to_string(h.type));
@@ -473,8 +459,8 @@ void EngineImpl::handleControl(Session &s, const unsigned char *msg, size_t byte
 }
 
 template <class Msg>
-void EngineImpl::dispatch(Session &s, const ipc::MsgHeader &h, const unsigned char *msg,
-                          size_t bytes, void (EngineImpl::*handler)(Session &, const Msg &)) {
+void ControlServer::dispatch(Session &s, const ipc::MsgHeader &h, const unsigned char *msg,
+                             size_t bytes, void (ControlServer::*handler)(Session &, const Msg &)) {
     // Each message has one fixed size; copy it out of the datagram before looking at it.
     Msg m;
     if (!readAs(msg, bytes, &m)) {
@@ -485,7 +471,7 @@ void EngineImpl::dispatch(Session &s, const ipc::MsgHeader &h, const unsigned ch
     (this->*handler)(s, m);
 }
 
-void EngineImpl::onAllocHost(Session &s, const ipc::AllocHostMsg &m) {
+void ControlServer::onAllocHost(Session &s, const ipc::AllocHostMsg &m) {
     // Bound what one call may ask for; the kernel's shm limits bound the rest.
     constexpr uint64_t kMaxAlloc = uint64_t{1} << 40;
     if (m.bytes == 0 || m.bytes > kMaxAlloc) {
@@ -493,79 +479,34 @@ void EngineImpl::onAllocHost(Session &s, const ipc::AllocHostMsg &m) {
               "tl_alloc_host: size " + std::to_string(m.bytes) + " is out of range");
         return;
     }
-    if (Status q = checkQuota(s, m.bytes, true); !q.isOk()) {
-        ++counters_.quota_refusals;
-        reply(s, m.h.seq, q.code(), 0, 0, "tl_alloc_host: " + q.message());
-        return;
-    }
-    ipc::SharedSegment seg;
-    std::string error;
-    if (ipc::createSegment(m.bytes, s.cred.uid, s.cred.gid, &seg, &error)) {
-        log_->warn("session {}: tl_alloc_host({}) failed: {}", s.id, m.bytes, error);
-        reply(s, m.h.seq, Code::kNoMemory, 0, 0, "tl_alloc_host: " + error);
-        return;
-    }
-    auto r = std::make_shared<Region>();
-    r->owner = s.id;
-    r->kind = MemoryKind::kHost;
-    // What was asked for, not the page-rounded mapping: the client, the peers and every bounds
-    // check agree on one size.
-    r->bytes = m.bytes;
-    r->base = static_cast<unsigned char *>(seg.mapping.data());
-    r->mapping = std::make_shared<ipc::Mapping>(std::move(seg.mapping));
-    if (Status st = registerWithTransports(*r); !st.isOk()) {
+    RegionId id = 0;
+    ipc::UniqueFd fd;
+    if (Status st = lifecycle_.allocHost(s, m.bytes, &id, &fd); !st.isOk()) {
         reply(s, m.h.seq, st.code(), 0, 0, "tl_alloc_host: " + st.message());
         return;
     }
-    RegionId id = regions_.add(r);
-    s.host_bytes += r->bytes;
-    node_host_bytes_ += r->bytes;
-    ++s.mappings;
-    ++mappings_;
-    reply(s, m.h.seq, Code::kOk, id, r->bytes, "", seg.fd.get());
+    // The client gets its copy of the segment's fd with the reply; ours closes here.
+    reply(s, m.h.seq, Code::kOk, id, m.bytes, "", fd.get());
 }
 
-void EngineImpl::onRegister(Session &s, const ipc::RegisterMsg &m) {
+void ControlServer::onRegister(Session &s, const ipc::RegisterMsg &m) {
     if (m.kind != static_cast<uint32_t>(ipc::RegionKind::kHost)) {
         reply(s, m.h.seq, Code::kInvalid, 0, 0, "unknown region kind " + std::to_string(m.kind));
         return;
     }
-    auto parent = regions_.find(m.parent);
-    if (!parent || parent->owner != s.id || parent->parent != 0) {
-        reply(s, m.h.seq, Code::kInvalid, 0, 0,
-              "tl_register: host memory must lie in a buffer from tl_alloc_host");
-        return;
-    }
-    if (!parent->contains(m.offset, m.bytes)) {
-        reply(s, m.h.seq, Code::kInvalid, 0, 0, "tl_register: range outside its buffer");
-        return;
-    }
-    // A range of a buffer already counted: one more region, no more bytes or mappings.
-    if (Status q = checkQuota(s, 0, false); !q.isOk()) {
-        ++counters_.quota_refusals;
-        reply(s, m.h.seq, q.code(), 0, 0, "tl_register: " + q.message());
-        return;
-    }
-    auto r = std::make_shared<Region>();
-    r->owner = s.id;
-    r->parent = parent->id;
-    r->kind = MemoryKind::kHost;
-    r->base = parent->base + m.offset;
-    r->bytes = m.bytes;
-    r->mapping = parent->mapping;
-    if (Status st = registerWithTransports(*r); !st.isOk()) {
+    RegionId id = 0;
+    if (Status st = lifecycle_.addRange(s, m.parent, m.offset, m.bytes, &id); !st.isOk()) {
         reply(s, m.h.seq, st.code(), 0, 0, "tl_register: " + st.message());
         return;
     }
-    RegionId id = regions_.add(r);
-    reply(s, m.h.seq, Code::kOk, id, r->bytes, "");
+    reply(s, m.h.seq, Code::kOk, id, m.bytes, "");
 }
 
-void EngineImpl::onDeregister(Session &s, const ipc::DeregisterMsg &m) {
+void ControlServer::onDeregister(Session &s, const ipc::DeregisterMsg &m) {
     // The client published its earlier writes in the ring before it sent this message: take
     // them first (past the in-flight cap if need be: at most one ring's worth), so they hold
     // the region and end normally instead of failing because a later call overtook them.
-    while (!s.closing && drainSession(s, UINT64_MAX) != 0) {
+    while (!s.closing && pipeline_.drainSession(s, UINT64_MAX) != 0) {
     }
     if (s.closing) {
         return;
@@ -576,7 +517,7 @@ void EngineImpl::onDeregister(Session &s, const ipc::DeregisterMsg &m) {
               "tl_deregister: no region " + std::to_string(m.region) + " of this client");
         return;
     }
-    releaseRegion(r);
+    lifecycle_.release(r);
     reply(s, m.h.seq, Code::kOk, 0, 0, "");
 }
 
@@ -590,7 +531,7 @@ bool meets(const std::vector<uint32_t> &groups, const std::vector<uint32_t> &gid
 
 }  // namespace
 
-Status EngineImpl::checkReservedName(const Session &s, std::string_view name) const {
+Status ControlServer::checkReservedName(const Session &s, std::string_view name) const {
     // The longest reserved prefix of the name decides ("kv." for uid 1000 and "kv.team2." for
     // uid 1001: uid 1001 may expose "kv.team2.x", uid 1000 may not).
     const config::ReservedName *match = nullptr;
@@ -611,8 +552,8 @@ Status EngineImpl::checkReservedName(const Session &s, std::string_view name) co
                 std::to_string(s.cred.uid)};
 }
 
-void EngineImpl::exposeRegion(Session &s, uint64_t seq, uint64_t region, const char *field,
-                              RegionAccess access, const char *call) {
+void ControlServer::exposeRegion(Session &s, uint64_t seq, uint64_t region, const char *field,
+                                 RegionAccess access, const char *call) {
     const std::string what = std::string(call) + ": ";
     const char *name = nullptr;
     if (!ipc::readName(field, ipc::kRegionNameBytes, &name) || !validName(name)) {
@@ -651,12 +592,12 @@ void EngineImpl::exposeRegion(Session &s, uint64_t seq, uint64_t region, const c
     reply(s, seq, Code::kOk, r->id, r->bytes, "");
 }
 
-void EngineImpl::onExpose(Session &s, const ipc::ExposeMsg &m) {
+void ControlServer::onExpose(Session &s, const ipc::ExposeMsg &m) {
     // tl_expose: the default access, peers and the owner's uid (and root).
     exposeRegion(s, m.h.seq, m.region, m.name, RegionAccess{}, "tl_expose");
 }
 
-void EngineImpl::onExposeAccess(Session &s, const ipc::ExposeAccessMsg &m) {
+void ControlServer::onExposeAccess(Session &s, const ipc::ExposeAccessMsg &m) {
     if ((m.flags & ~ipc::kAccessFlagMask) != 0) {
         reply(s, m.h.seq, Code::kInvalid, 0, 0,
               "tl_expose_access: unknown access flags " + std::to_string(m.flags) +
@@ -679,7 +620,7 @@ void EngineImpl::onExposeAccess(Session &s, const ipc::ExposeAccessMsg &m) {
     exposeRegion(s, m.h.seq, m.region, m.name, std::move(access), "tl_expose_access");
 }
 
-void EngineImpl::onLookup(Session &s, const ipc::LookupMsg &m) {
+void ControlServer::onLookup(Session &s, const ipc::LookupMsg &m) {
     const char *peer = nullptr;
     const char *name = nullptr;
     if (!ipc::readName(m.peer, sizeof(m.peer), &peer) ||
@@ -722,7 +663,7 @@ void EngineImpl::onLookup(Session &s, const ipc::LookupMsg &m) {
     std::string region_name = name;
     peers_->lookup(*pid, region_name,
                    [this, sid, seq, id = *pid, region_name](Status st, RemoteRegion rr) {
-                       Session *cs = findSession(sid);
+                       Session *cs = sessions_.find(sid);
                        if (!cs || cs->closing) {
                            return;
                        }
@@ -740,11 +681,11 @@ void EngineImpl::onLookup(Session &s, const ipc::LookupMsg &m) {
                    });
 }
 
-void EngineImpl::onStatus(Session &s, const ipc::StatusMsg &m) {
+void ControlServer::onStatus(Session &s, const ipc::StatusMsg &m) {
     // Root and the sidecar's own uid (the operators) see every client; anyone else only the
     // sessions of its own uid.
     const bool all = s.cred.uid == 0 || s.cred.uid == ::geteuid();
-    std::string text = statusJson(all ? std::nullopt : std::optional<uid_t>(s.cred.uid));
+    std::string text = status_(all ? std::nullopt : std::optional<uid_t>(s.cred.uid));
     if (text.size() > ipc::kMaxStatusText) {
         text.resize(ipc::kMaxStatusText);
     }
@@ -756,8 +697,79 @@ void EngineImpl::onStatus(Session &s, const ipc::StatusMsg &m) {
     std::memcpy(buf.data(), &r, sizeof(r));
     std::memcpy(buf.data() + sizeof(r), text.data(), text.size());
     if (int rc = ipc::sendMessage(s.sock.get(), buf.data(), buf.size())) {
-        closeSession(s, std::string("cannot reply: ") + std::strerror(rc));
+        sessions_.close(s, std::string("cannot reply: ") + std::strerror(rc));
     }
+}
+
+// ---- the stream-ordered calls (docs/gpu.md, "Stream-ordered writes")
+
+void ControlServer::onStreamSetup(Session &s, const ipc::MsgHeader &h) {
+    if (s.streams) {
+        reply(s, h.seq, Code::kInvalid, 0, 0, "the stream segment exists already");
+        return;
+    }
+    if (!lifecycle_.mappingRoom()) {
+        reply(s, h.seq, Code::kNoMemory, 0, 0,
+              "the sidecar has no room for another segment (vm.max_map_count)");
+        return;
+    }
+    ipc::UniqueFd fd;
+    std::string error;
+    auto streams = SessionStreams::create(cfg_.ipc.ring_depth, s.cred.uid, s.cred.gid, &fd, &error);
+    if (!streams) {
+        log_->warn("session {}: no stream segment: {}", s.id, error);
+        reply(s, h.seq, Code::kNoMemory, 0, 0, "stream segment: " + error);
+        return;
+    }
+    const uint32_t slots = streams->ticketSlots();
+    s.streams = std::move(streams);
+    lifecycle_.mapped();
+    pipeline_.addStreamSession(s.id);
+    reply(s, h.seq, Code::kOk, slots, ipc::kStreamSubscriptions, "", fd.get());
+}
+
+void ControlServer::onStreamSubscribe(Session &s, const ipc::StreamSubscribeMsg &m) {
+    auto r = regions_.find(m.region);
+    if (!r || r->owner != s.id) {
+        reply(s, m.h.seq, Code::kNotFound, 0, 0,
+              "tl_stream_wait_notification: no region " + std::to_string(m.region) +
+                  " of this client");
+        return;
+    }
+    if (!s.streams) {
+        reply(s, m.h.seq, Code::kInvalid, 0, 0, "no stream segment (kStreamSetup first)");
+        return;
+    }
+    uint32_t slot = 0;
+    if (Status st = s.streams->subscribe(m.region, m.imm, &slot); !st.isOk()) {
+        reply(s, m.h.seq, st.code(), 0, 0, "tl_stream_wait_notification: " + st.message());
+        return;
+    }
+    // From now on notifications for the pair are counted here. Those still in our backlog
+    // move to the count; those already in the ring are published before we answer, so the
+    // client finds every earlier one when it drains the ring after our reply (and credits
+    // them back with kStreamCredit).
+    uint32_t backlog = 0;
+    for (auto it = s.notification_backlog.begin(); it != s.notification_backlog.end();) {
+        if (it->region == m.region && it->imm == m.imm) {
+            it = s.notification_backlog.erase(it);
+            ++backlog;
+        } else {
+            ++it;
+        }
+    }
+    s.streams->credit(slot, backlog);
+    s.publish();
+    reply(s, m.h.seq, Code::kOk, slot, 0, "");
+}
+
+void ControlServer::onStreamCredit(Session &s, const ipc::StreamCreditMsg &m) {
+    if (!s.streams) {
+        reply(s, m.h.seq, Code::kInvalid, 0, 0, "no stream segment");
+        return;
+    }
+    s.streams->credit(m.slot, m.count);
+    reply(s, m.h.seq, Code::kOk, 0, 0, "");
 }
 
 }  // namespace tensorlane::sidecar

@@ -1,6 +1,5 @@
-// The registration of CUDA memory (docs/gpu.md): a range of a client's cuMemAlloc/cudaMalloc
-// allocation, with the allocation's IPC handle and dma-buf fd the first time, and only the
-// allocation's key for every later range in it (no export; the import is shared).
+#include "cuda_registrar.hpp"
+
 #include <sys/epoll.h>
 #include <unistd.h>
 
@@ -9,7 +8,9 @@
 #include "cuda/import.hpp"
 #include "cuda/import_checker.hpp"
 #include "cuda/runtime.hpp"
-#include "engine_impl.hpp"
+#include "epoll_tags.hpp"
+#include "logging.hpp"
+#include "region_lifecycle.hpp"
 
 namespace tensorlane::sidecar {
 namespace {
@@ -29,9 +30,19 @@ std::string uuidText(const unsigned char *u) {
 
 }  // namespace
 
-void EngineImpl::onRegisterCuda(Session &s, const ipc::RegisterMsg &m, ipc::UniqueFd dmabuf) {
+CudaRegistrar::CudaRegistrar(int epoll_fd, SessionTable &sessions, RegionLifecycle &lifecycle,
+                             Reply reply)
+    : epoll_fd_(epoll_fd),
+      sessions_(sessions),
+      lifecycle_(lifecycle),
+      reply_(std::move(reply)),
+      log_(sidecarLogger()) {}
+
+CudaRegistrar::~CudaRegistrar() = default;
+
+void CudaRegistrar::registerCuda(Session &s, const ipc::RegisterMsg &m, ipc::UniqueFd dmabuf) {
     const auto refuse = [&](Code code, const std::string &why) {
-        reply(s, m.h.seq, code, 0, 0, "tl_register: " + why);
+        reply_(s, m.h.seq, code, 0, 0, "tl_register: " + why);
     };
     CudaRuntime &rt = CudaRuntime::get();
     if (!rt.available()) {
@@ -47,8 +58,7 @@ void EngineImpl::onRegisterCuda(Session &s, const ipc::RegisterMsg &m, ipc::Uniq
         m.bytes > m.alloc_bytes - m.offset) {
         return refuse(Code::kInvalid, "range outside its CUDA allocation");
     }
-    if (Status q = checkQuota(s, 0, false); !q.isOk()) {
-        ++counters_.quota_refusals;
+    if (Status q = lifecycle_.checkQuota(s, 0, false); !q.isOk()) {
         return refuse(q.code(), q.message());
     }
     std::shared_ptr<CudaImport> imp;
@@ -66,7 +76,7 @@ void EngineImpl::onRegisterCuda(Session &s, const ipc::RegisterMsg &m, ipc::Uniq
         // Verified when it was first registered (only verified imports are kept in
         // cuda_allocs). A full export of an allocation we still hold (the client's record of
         // it was gone): ours stays, and the new fd closes with `dmabuf` here.
-        return addCudaRegion(s, m, imp);
+        return addRegion(s, m, imp);
     }
     CudaUuid uuid;
     std::memcpy(uuid.data(), m.device_uuid, uuid.size());
@@ -106,26 +116,26 @@ void EngineImpl::onRegisterCuda(Session &s, const ipc::RegisterMsg &m, ipc::Uniq
     imp = std::make_shared<CudaImport>(handle, ordinal, m.alloc_bytes, std::move(fd), s.cred.uid);
     // The client's numbers are checked against the sidecar's own import of the allocation, on
     // the checker's thread (the import may take milliseconds); the reply waits for it.
-    if (!cuda_checker_) {
+    if (!checker_) {
         Status st;
-        cuda_checker_ = CudaImportChecker::create(&st);
-        if (!cuda_checker_) {
+        checker_ = CudaImportChecker::create(&st);
+        if (!checker_) {
             return refuse(st.code(), st.message());
         }
-        if (int rc = addToEpoll(epoll_.get(), cuda_checker_->fd(), EPOLLIN, kTagCudaCheck)) {
-            cuda_checker_.reset();
+        if (int rc = addToEpoll(epoll_fd_, checker_->fd(), EPOLLIN, kTagCudaCheck)) {
+            checker_.reset();
             return refuse(Code::kInternal, std::string("epoll_ctl: ") + std::strerror(rc));
         }
     }
-    cuda_checker_->submit({s.id, m, std::move(imp)});
+    checker_->submit({s.id, m, std::move(imp)});
 }
 
-void EngineImpl::finishCudaChecks() {
-    if (!cuda_checker_) {
+void CudaRegistrar::finishChecks() {
+    if (!checker_) {
         return;
     }
-    for (CudaImportChecker::Result &res : cuda_checker_->take()) {
-        Session *s = findSession(res.job.session);
+    for (CudaImportChecker::Result &res : checker_->take()) {
+        Session *s = sessions_.find(res.job.session);
         if (s == nullptr || s->closing) {
             continue;  // the client went away meanwhile: the import goes with the job
         }
@@ -133,36 +143,25 @@ void EngineImpl::finishCudaChecks() {
         if (!res.status.isOk()) {
             log_->warn("session {} (pid {}, uid {}): CUDA registration refused: {}", s->id,
                        s->cred.pid, s->cred.uid, res.status.message());
-            reply(*s, m.h.seq, res.status.code(), 0, 0, "tl_register: " + res.status.message());
+            reply_(*s, m.h.seq, res.status.code(), 0, 0, "tl_register: " + res.status.message());
             continue;
         }
         if (s->cuda_allocs.size() >= 64 && (s->cuda_allocs.size() & 63) == 0) {
             std::erase_if(s->cuda_allocs, [](const auto &kv) { return kv.second.expired(); });
         }
         s->cuda_allocs[m.parent] = res.job.import;
-        addCudaRegion(*s, m, res.job.import);
+        addRegion(*s, m, res.job.import);
     }
 }
 
-void EngineImpl::addCudaRegion(Session &s, const ipc::RegisterMsg &m,
-                               const std::shared_ptr<CudaImport> &imp) {
-    auto r = std::make_shared<Region>();
-    r->owner = s.id;
-    r->kind = MemoryKind::kCuda;
-    r->bytes = m.bytes;
-    r->cuda.device = m.device_ordinal;
-    r->cuda.ipc_handle = imp->handle();
-    r->cuda.dmabuf = imp->dmabuf();
-    r->cuda.alloc_bytes = imp->allocBytes();
-    r->cuda.alloc_offset = m.offset;
-    r->cuda.client_address = m.address;
-    r->cuda.import = imp;
-    if (Status st = registerWithTransports(*r); !st.isOk()) {
-        reply(s, m.h.seq, st.code(), 0, 0, "tl_register: " + st.message());
+void CudaRegistrar::addRegion(Session &s, const ipc::RegisterMsg &m,
+                              const std::shared_ptr<CudaImport> &imp) {
+    RegionId id = 0;
+    if (Status st = lifecycle_.addCuda(s, m, imp, &id); !st.isOk()) {
+        reply_(s, m.h.seq, st.code(), 0, 0, "tl_register: " + st.message());
         return;
     }
-    const RegionId id = regions_.add(r);
-    reply(s, m.h.seq, Code::kOk, id, r->bytes, "");
+    reply_(s, m.h.seq, Code::kOk, id, m.bytes, "");
 }
 
 }  // namespace tensorlane::sidecar
