@@ -14,7 +14,8 @@ usage: scripts/device-run.sh fetch
        scripts/device-run.sh run [--out DIR] [--jobs N] [--budget SECONDS] [--bench-min-time S]
                                  [--bench-filter REGEX] [--verbs-bench] [--simhca-bench] [--tcp-compare]
                                  [--latency-rounds N] [--host-latency] [--gpu-repeat N] [--no-rest]
-                                 [--no-gpu] [--verbs-args "ARGS"] [--dry-run]
+                                 [--no-gpu] [--verbs-args "ARGS"] [--targets "T1 T2 ..."]
+                                 [--gpu-filter REGEX] [--dry-run]
 
   fetch                download the .debs the GPU machine lacks (toml++, CLI11, nlohmann-json,
                        libsodium, Google Benchmark, prometheus-cpp and civetweb, perftest: -dev
@@ -43,6 +44,10 @@ usage: scripts/device-run.sh fetch
   --no-gpu             skip `ctest -L gpu` and gpu_bench (host-only measurements)
   --verbs-args "ARGS"  bench-verbs.sh's arguments instead of the default
                        "--rounds 2 --iters 3000 --poll-mode 'event adaptive busy'"
+  --targets LIST       build only these targets (space-separated), e.g. "tensorlane-sidecar
+                       gpu_bench gpu_tests simhca_gpu_tests" with --no-rest: what `ctest -L gpu`
+                       and gpu_bench need, about 60% of the build
+  --gpu-filter RE      only the gpu tests matching RE (ctest -R)
   --dry-run            print the steps, change nothing
 USAGE
 }
@@ -68,6 +73,8 @@ jobs=$(nproc)
 budget=540
 min_time=0.2
 filter=""
+targets=""
+gpu_filter=""
 rest=1
 gpu=1
 verbs_args=(--rounds 2 --iters 3000 --poll-mode "event adaptive busy")
@@ -88,6 +95,8 @@ while [ $# -gt 0 ]; do
         --no-rest) rest=0 ;;
         --no-gpu) gpu=0 ;;
         --verbs-args) eval "verbs_args=($2)"; shift ;;  # shell words, quotes allowed
+        --targets) targets=$2; shift ;;
+        --gpu-filter) gpu_filter=$2; shift ;;
         --verbs-bench) verbs_bench=1 ;;
         --simhca-bench) simhca_bench=1 ;;
         --tcp-compare) tcp_compare=1 ;;
@@ -188,12 +197,16 @@ set +e
 run cmake --preset release ${python:+-DTENSORLANE_PYTHON=$python} >"$out/build.log" 2>&1
 rc=$?
 if [ "$rc" -eq 0 ]; then
-    run cmake --build build/release -j "$jobs" >>"$out/build.log" 2>&1
+    target_args=()
+    for t in $targets; do
+        target_args+=(--target "$t")
+    done
+    run cmake --build build/release -j "$jobs" "${target_args[@]}" >>"$out/build.log" 2>&1
     rc=$?
 fi
 set -e
 warnings=$(grep -c 'warning:' "$out/build.log" || true)
-note "build: exit $rc, $warnings warning line(s) (build.log)"
+note "build: exit $rc, $warnings warning line(s) (build.log), $(( $(date +%s) - start )) s since start"
 if [ "$warnings" -gt 0 ]; then
     grep -m 20 'warning:' "$out/build.log" | tee -a "$summary"
 fi
@@ -205,7 +218,11 @@ fi
 if [ "$gpu" -eq 1 ]; then
     note "== ctest -L gpu ($(left) s left)"
     set +e
-    run timeout "$(left)" ctest --test-dir build/release -L gpu -j 1 --timeout 180 \
+    gpu_select=(-L gpu)
+    if [ -n "$gpu_filter" ]; then
+        gpu_select+=(-R "$gpu_filter")
+    fi
+    run timeout "$(left)" ctest --test-dir build/release "${gpu_select[@]}" -j 1 --timeout 180 \
         --repeat until-fail:"$gpu_repeat" --output-on-failure >"$out/ctest-gpu.log" 2>&1
     grep -E '^(100%|[0-9]+%) tests passed|tests failed|Failed|\*\*\*|Skipped|Timeout' \
         "$out/ctest-gpu.log" | tee -a "$summary"
