@@ -1,5 +1,9 @@
 #include "cuda/copier.hpp"
 
+#include <atomic>
+#include <cstdlib>
+#include <string>
+
 #include "cuda/runtime.hpp"
 
 #ifdef TENSORLANE_HAVE_CUDA
@@ -10,11 +14,17 @@ namespace tensorlane::sidecar {
 
 #ifdef TENSORLANE_HAVE_CUDA
 
+namespace {
+constexpr size_t kFlagBytes = 4096;  // one page: every lane's word, a cache line each
+}
+
 CudaCopier::~CudaCopier() {
     const cuda::Driver &d = cuda::driver();
-    for (Event &e : events_) {
-        cuda::ContextGuard g(d, static_cast<CUcontext>(e.ctx));
-        d.cuEventDestroy(static_cast<CUevent>(e.event));
+    for (Copy &c : copies_) {
+        if (c.event != nullptr) {
+            cuda::ContextGuard g(d, static_cast<CUcontext>(c.ctx));
+            d.cuEventDestroy(static_cast<CUevent>(c.event));
+        }
     }
     for (Device &dev : devices_) {
         cuda::ContextGuard g(d, static_cast<CUcontext>(dev.ctx));
@@ -22,6 +32,10 @@ CudaCopier::~CudaCopier() {
             if (s != nullptr) {
                 d.cuStreamDestroy(static_cast<CUstream>(s));
             }
+        }
+        if (dev.flags != nullptr) {
+            d.cuMemHostUnregister(dev.flags);
+            std::free(dev.flags);
         }
     }
 }
@@ -31,6 +45,59 @@ void CudaCopier::bind(void *ctx) {
         cuda::driver().cuCtxSetCurrent(static_cast<CUcontext>(ctx));
         current_ = ctx;
     }
+}
+
+Status CudaCopier::makeFlags(Device &dev) {
+    static_assert(kLanes * kFlagStride * sizeof(uint32_t) <= kFlagBytes);
+    const cuda::Driver &d = cuda::driver();
+    void *p = std::aligned_alloc(kFlagBytes, kFlagBytes);
+    if (p == nullptr) {
+        return {Code::kNoMemory, "no memory for the copy flags"};
+    }
+    auto *flags = static_cast<uint32_t *>(p);
+    for (uint32_t i = 0; i < kFlagBytes / sizeof(uint32_t); ++i) {
+        flags[i] = 0;
+    }
+    // Mapped for the GPU: cuStreamWriteValue32 stores into it over the bus.
+    CUresult rc = d.cuMemHostRegister(p, kFlagBytes, CU_MEMHOSTREGISTER_DEVICEMAP);
+    CUdeviceptr dev_ptr = 0;
+    if (rc == CUDA_SUCCESS) {
+        rc = d.cuMemHostGetDevicePointer(&dev_ptr, p, 0);
+        if (rc != CUDA_SUCCESS) {
+            d.cuMemHostUnregister(p);
+        }
+    }
+    if (rc != CUDA_SUCCESS) {
+        std::free(p);
+        return {Code::kCuda, "cuMemHostRegister of the copy flags: " + d.errorText(rc)};
+    }
+    dev.flags = flags;
+    dev.flags_device = static_cast<uint64_t>(dev_ptr);
+    dev.issued.assign(kLanes, 0);
+    return Status::ok();
+}
+
+Status CudaCopier::takeCopy(Device &dev, uint32_t *idx) {
+    for (size_t k = free_.size(); k-- > 0;) {
+        if (copies_[free_[k]].ctx == dev.ctx) {
+            *idx = free_[k];
+            free_.erase(free_.begin() + static_cast<ptrdiff_t>(k));
+            return Status::ok();
+        }
+    }
+    Copy c;
+    c.ctx = dev.ctx;
+    if (mark_ == Mark::kEvent) {
+        const cuda::Driver &d = cuda::driver();
+        CUevent ev = nullptr;
+        if (CUresult rc = d.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING); rc != CUDA_SUCCESS) {
+            return {Code::kCuda, "cuEventCreate: " + d.errorText(rc)};
+        }
+        c.event = ev;
+    }
+    *idx = static_cast<uint32_t>(copies_.size());
+    copies_.push_back(c);
+    return Status::ok();
 }
 
 Status CudaCopier::start(int ordinal, uint32_t lane, uint64_t dst, uint64_t src, uint64_t bytes,
@@ -51,7 +118,13 @@ Status CudaCopier::start(int ordinal, uint32_t lane, uint64_t dst, uint64_t src,
         dev.streams.assign(kLanes, nullptr);
     }
     bind(dev.ctx);
-    void *&stream = dev.streams[lane % kLanes];
+    if (mark_ == Mark::kFlag && dev.flags == nullptr) {
+        if (Status st = makeFlags(dev); !st.isOk()) {
+            return st;
+        }
+    }
+    lane %= kLanes;
+    void *&stream = dev.streams[lane];
     if (stream == nullptr) {
         CUstream s = nullptr;
         // Non-blocking: never implicitly ordered behind the legacy default stream.
@@ -60,51 +133,74 @@ Status CudaCopier::start(int ordinal, uint32_t lane, uint64_t dst, uint64_t src,
         }
         stream = s;
     }
-    // An event of this device's context from the pool.
-    uint32_t idx = UINT32_MAX;
-    for (size_t k = free_.size(); k-- > 0;) {
-        if (events_[free_[k]].ctx == dev.ctx) {
-            idx = free_[k];
-            free_.erase(free_.begin() + static_cast<ptrdiff_t>(k));
-            break;
-        }
+    uint32_t idx = 0;
+    if (Status st = takeCopy(dev, &idx); !st.isOk()) {
+        return st;
     }
-    if (idx == UINT32_MAX) {
-        CUevent ev = nullptr;
-        if (CUresult rc = d.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING); rc != CUDA_SUCCESS) {
-            return {Code::kCuda, "cuEventCreate: " + d.errorText(rc)};
-        }
-        idx = static_cast<uint32_t>(events_.size());
-        events_.push_back(Event{ev, dev.ctx, false});
-    }
-    Event &e = events_[idx];
+    Copy &c = copies_[idx];
     CUresult rc = d.cuMemcpyAsync(static_cast<CUdeviceptr>(dst), static_cast<CUdeviceptr>(src),
                                   bytes, static_cast<CUstream>(stream));
-    if (rc == CUDA_SUCCESS) {
-        rc = d.cuEventRecord(static_cast<CUevent>(e.event), static_cast<CUstream>(stream));
+    if (rc == CUDA_SUCCESS && mark_ == Mark::kEvent) {
+        rc = d.cuEventRecord(static_cast<CUevent>(c.event), static_cast<CUstream>(stream));
+    } else if (rc == CUDA_SUCCESS) {
+        // The default flags: the stream fences the copy's writes (system scope) before this
+        // store, so whoever sees the number sees the bytes in place.
+        const uint32_t seq = dev.issued[lane] + 1;
+        rc = d.cuStreamWriteValue32(static_cast<CUstream>(stream),
+                                    dev.flags_device + sizeof(uint32_t) * kFlagStride * lane, seq,
+                                    CU_STREAM_WRITE_VALUE_DEFAULT);
+        if (rc == CUDA_SUCCESS) {
+            dev.issued[lane] = seq;
+            c.device = static_cast<uint32_t>(ordinal);
+            c.lane = lane;
+            c.seq = seq;
+            c.lagging = 0;
+        }
     }
     if (rc != CUDA_SUCCESS) {
         free_.push_back(idx);
         return {Code::kCuda,
                 "cuMemcpyAsync of " + std::to_string(bytes) + " bytes: " + d.errorText(rc)};
     }
-    e.busy = true;
+    c.busy = true;
     *handle = idx;
     return Status::ok();
 }
 
 Status CudaCopier::poll(uint32_t handle) {
-    if (handle >= events_.size() || !events_[handle].busy) {
+    if (handle >= copies_.size() || !copies_[handle].busy) {
         return {Code::kInternal, "poll of a copy that is not running"};
     }
     const cuda::Driver &d = cuda::driver();
-    Event &e = events_[handle];
-    bind(e.ctx);
-    const CUresult rc = d.cuEventQuery(static_cast<CUevent>(e.event));
-    if (rc == CUDA_ERROR_NOT_READY) {
-        return {Code::kAgain, ""};
+    Copy &c = copies_[handle];
+    CUresult rc = CUDA_SUCCESS;
+    if (mark_ == Mark::kEvent) {
+        bind(c.ctx);
+        rc = d.cuEventQuery(static_cast<CUevent>(c.event));
+        if (rc == CUDA_ERROR_NOT_READY) {
+            return {Code::kAgain, ""};
+        }
+    } else {
+        Device &dev = devices_[c.device];
+        // SYNC POINT: acquire pairs with the stream's cuStreamWriteValue32, which fences the
+        // copy's writes before it stores (__threadfence_system semantics). Cyclic comparison:
+        // the word only grows, by one per copy on the lane.
+        const uint32_t seen = std::atomic_ref<uint32_t>(dev.flags[kFlagStride * c.lane])
+                                  .load(std::memory_order_acquire);
+        if (static_cast<int32_t>(seen - c.seq) < 0) {
+            if (++c.lagging % kQueryEvery != 0) {
+                return {Code::kAgain, ""};
+            }
+            // Not there yet: is the stream still running, or did it fail? A stream that has
+            // finished ran our store too; read the word once more behind the query.
+            bind(c.ctx);
+            rc = d.cuStreamQuery(static_cast<CUstream>(dev.streams[c.lane]));
+            if (rc == CUDA_ERROR_NOT_READY) {
+                return {Code::kAgain, ""};
+            }
+        }
     }
-    e.busy = false;
+    c.busy = false;
     free_.push_back(handle);
     if (rc != CUDA_SUCCESS) {
         return {Code::kCuda, "the copy failed on the GPU: " + d.errorText(rc)};

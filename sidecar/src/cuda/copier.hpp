@@ -1,7 +1,17 @@
 // Asynchronous copies on the sidecar's own CUDA streams, for one thread (the local copy thread,
-// the tcp stager; the thread is the copier's, so it leaves the context it used current): start()
-// queues cuMemcpyAsync on a stream of the device and records an event behind it; poll() asks the
-// event. Nothing here blocks on the GPU.
+// the local transport's engine-thread copies, the tcp stager; the thread is the copier's, so it
+// leaves the context it used current): start() queues cuMemcpyAsync on a stream of the device
+// and a completion mark behind it; poll() looks at the mark. Nothing here blocks on the GPU.
+//
+// Two kinds of mark:
+// - kEvent: an event recorded behind each copy, asked with cuEventQuery (a driver call each
+//   poll);
+// - kFlag: cuStreamWriteValue32 of the copy's sequence number into a word of page-locked host
+//   memory per stream, behind each copy (the stream runs it once the copy is done, after a
+//   system-scope fence), so a poll is one load; copies on a stream finish in order, so one
+//   word says which of them have. Where a word lags (every kQueryEvery-th poll of one that
+//   has not finished), cuStreamQuery says whether the stream failed, so a broken context ends
+//   the copies with its error instead of leaving them pending for ever.
 //
 // Addresses are unified (UVA): device pointers of IPC imports, or host memory this process has
 // page-locked (CudaRuntime::pinHost); the driver picks the copy's direction from them. Copies
@@ -19,9 +29,14 @@ class CudaCopier {
 public:
     /// Streams per device this copier may use (lane % kLanes).
     static constexpr uint32_t kLanes = 8;
+    /// How a copy says it has finished (above).
+    enum class Mark { kEvent, kFlag };
+    /// kFlag: polls of an unfinished copy between two cuStreamQuery calls.
+    static constexpr uint32_t kQueryEvery = 256;
 
-    CudaCopier() = default;
-    /// Destroys the streams and events (waits for nothing: call it once polls said done).
+    explicit CudaCopier(Mark mark = Mark::kEvent) : mark_(mark) {}
+    /// Destroys the streams, events and flag words (waits for nothing: call it once polls said
+    /// done).
     ~CudaCopier();
     CudaCopier(const CudaCopier &) = delete;
     CudaCopier &operator=(const CudaCopier &) = delete;
@@ -35,24 +50,38 @@ public:
     Status poll(uint32_t handle);
 
 private:
-    struct Event {
-        void *event = nullptr;  ///< CUevent
-        void *ctx = nullptr;    ///< its context
+    struct Copy {
+        void *event = nullptr;  ///< kEvent: its CUevent
+        void *ctx = nullptr;    ///< the context of its device
+        uint32_t device = 0;    ///< kFlag: the ordinal and lane it runs on, and its number there
+        uint32_t lane = 0;
+        uint32_t seq = 0;
+        uint32_t lagging = 0;  ///< kFlag: polls that found it unfinished
         bool busy = false;
     };
     struct Device {
         void *ctx = nullptr;
-        std::vector<void *> streams;  ///< CUstream per lane, created on first use
+        std::vector<void *> streams;   ///< CUstream per lane, created on first use
+        std::vector<uint32_t> issued;  ///< kFlag: per lane, the number of the last copy started
+        uint32_t *flags = nullptr;     ///< kFlag: per lane, kFlagStride words apart (host)
+        uint64_t flags_device = 0;     ///< kFlag: their device address
     };
+    /// Words between two lanes' flags: one cache line each.
+    static constexpr uint32_t kFlagStride = 16;
 
     /// Makes `ctx` current on the (one) thread that uses this copier; it keeps it current
     /// between calls, which saves a push and a pop per copy and per poll on the latency path.
     void bind(void *ctx);
+    /// kFlag: the device's flag words, page-locked and mapped for the GPU on first use.
+    Status makeFlags(Device &dev);
+    /// A free Copy of `dev`'s context (kEvent: with an event of it).
+    Status takeCopy(Device &dev, uint32_t *idx);
 
+    const Mark mark_;
     std::vector<Device> devices_;
-    std::vector<Event> events_;
+    std::vector<Copy> copies_;
     void *current_ = nullptr;
-    std::vector<uint32_t> free_;  ///< indices into events_ not in use
+    std::vector<uint32_t> free_;  ///< indices into copies_ not in use
 };
 
 }  // namespace tensorlane::sidecar

@@ -78,6 +78,7 @@ bool bind(void *lib, const char *name, Fn **out, std::string *why) {
     X(cuEventDestroy)                \
     X(cuEventRecord)                 \
     X(cuEventQuery)                  \
+    X(cuStreamQuery)                 \
     X(cuMemcpyAsync)                 \
     X(cuDevicePrimaryCtxGetState)    \
     X(cuCtxGetCurrent)               \
