@@ -77,27 +77,31 @@ Status CudaCopier::makeFlags(Device &dev) {
     return Status::ok();
 }
 
-Status CudaCopier::takeCopy(Device &dev, uint32_t *idx) {
+uint32_t CudaCopier::takeCopy(Device &dev) {
     for (size_t k = free_.size(); k-- > 0;) {
         if (copies_[free_[k]].ctx == dev.ctx) {
-            *idx = free_[k];
+            const uint32_t idx = free_[k];
             free_.erase(free_.begin() + static_cast<ptrdiff_t>(k));
-            return Status::ok();
+            return idx;
         }
     }
     Copy c;
     c.ctx = dev.ctx;
-    if (mark_ == Mark::kEvent) {
-        const cuda::Driver &d = cuda::driver();
+    copies_.push_back(c);
+    return static_cast<uint32_t>(copies_.size() - 1);
+}
+
+int CudaCopier::recordEvent(Copy &c, void *stream) {
+    const cuda::Driver &d = cuda::driver();
+    if (c.event == nullptr) {
         CUevent ev = nullptr;
         if (CUresult rc = d.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING); rc != CUDA_SUCCESS) {
-            return {Code::kCuda, "cuEventCreate: " + d.errorText(rc)};
+            return rc;
         }
         c.event = ev;
     }
-    *idx = static_cast<uint32_t>(copies_.size());
-    copies_.push_back(c);
-    return Status::ok();
+    c.flag = false;
+    return d.cuEventRecord(static_cast<CUevent>(c.event), static_cast<CUstream>(stream));
 }
 
 Status CudaCopier::start(int ordinal, uint32_t lane, uint64_t dst, uint64_t src, uint64_t bytes,
@@ -118,10 +122,8 @@ Status CudaCopier::start(int ordinal, uint32_t lane, uint64_t dst, uint64_t src,
         dev.streams.assign(kLanes, nullptr);
     }
     bind(dev.ctx);
-    if (mark_ == Mark::kFlag && dev.flags == nullptr) {
-        if (Status st = makeFlags(dev); !st.isOk()) {
-            return st;
-        }
+    if (mark_ == Mark::kFlag && dev.flags == nullptr && !dev.no_flags) {
+        dev.no_flags = !makeFlags(dev).isOk();  // events then: slower to poll, as correct
     }
     lane %= kLanes;
     void *&stream = dev.streams[lane];
@@ -133,16 +135,11 @@ Status CudaCopier::start(int ordinal, uint32_t lane, uint64_t dst, uint64_t src,
         }
         stream = s;
     }
-    uint32_t idx = 0;
-    if (Status st = takeCopy(dev, &idx); !st.isOk()) {
-        return st;
-    }
+    const uint32_t idx = takeCopy(dev);
     Copy &c = copies_[idx];
     CUresult rc = d.cuMemcpyAsync(static_cast<CUdeviceptr>(dst), static_cast<CUdeviceptr>(src),
                                   bytes, static_cast<CUstream>(stream));
-    if (rc == CUDA_SUCCESS && mark_ == Mark::kEvent) {
-        rc = d.cuEventRecord(static_cast<CUevent>(c.event), static_cast<CUstream>(stream));
-    } else if (rc == CUDA_SUCCESS) {
+    if (rc == CUDA_SUCCESS && mark_ == Mark::kFlag && !dev.no_flags) {
         // The default flags: the stream fences the copy's writes (system scope) before this
         // store, so whoever sees the number sees the bytes in place.
         const uint32_t seq = dev.issued[lane] + 1;
@@ -151,11 +148,17 @@ Status CudaCopier::start(int ordinal, uint32_t lane, uint64_t dst, uint64_t src,
                                     CU_STREAM_WRITE_VALUE_DEFAULT);
         if (rc == CUDA_SUCCESS) {
             dev.issued[lane] = seq;
+            c.flag = true;
             c.device = static_cast<uint32_t>(ordinal);
             c.lane = lane;
             c.seq = seq;
             c.lagging = 0;
+        } else {
+            dev.no_flags = true;  // this stream refuses the store: events from now on
+            rc = static_cast<CUresult>(recordEvent(c, stream));
         }
+    } else if (rc == CUDA_SUCCESS) {
+        rc = static_cast<CUresult>(recordEvent(c, stream));
     }
     if (rc != CUDA_SUCCESS) {
         free_.push_back(idx);
@@ -174,7 +177,7 @@ Status CudaCopier::poll(uint32_t handle) {
     const cuda::Driver &d = cuda::driver();
     Copy &c = copies_[handle];
     CUresult rc = CUDA_SUCCESS;
-    if (mark_ == Mark::kEvent) {
+    if (!c.flag) {
         bind(c.ctx);
         rc = d.cuEventQuery(static_cast<CUevent>(c.event));
         if (rc == CUDA_ERROR_NOT_READY) {
@@ -191,8 +194,8 @@ Status CudaCopier::poll(uint32_t handle) {
             if (++c.lagging % kQueryEvery != 0) {
                 return {Code::kAgain, ""};
             }
-            // Not there yet: is the stream still running, or did it fail? A stream that has
-            // finished ran our store too; read the word once more behind the query.
+            // Not there yet: is the stream still running, or did it fail? One that has finished
+            // has run our store too, so the copy is done.
             bind(c.ctx);
             rc = d.cuStreamQuery(static_cast<CUstream>(dev.streams[c.lane]));
             if (rc == CUDA_ERROR_NOT_READY) {

@@ -11,7 +11,8 @@
 //   system-scope fence), so a poll is one load; copies on a stream finish in order, so one
 //   word says which of them have. Where a word lags (every kQueryEvery-th poll of one that
 //   has not finished), cuStreamQuery says whether the stream failed, so a broken context ends
-//   the copies with its error instead of leaving them pending for ever.
+//   the copies with its error instead of leaving them pending for ever. A device whose flag
+//   words cannot be made, or whose stream refuses the store, falls back to events.
 //
 // Addresses are unified (UVA): device pointers of IPC imports, or host memory this process has
 // page-locked (CudaRuntime::pinHost); the driver picks the copy's direction from them. Copies
@@ -51,12 +52,13 @@ public:
 
 private:
     struct Copy {
-        void *event = nullptr;  ///< kEvent: its CUevent
+        void *event = nullptr;  ///< its CUevent, made when it is first marked by one
         void *ctx = nullptr;    ///< the context of its device
-        uint32_t device = 0;    ///< kFlag: the ordinal and lane it runs on, and its number there
+        bool flag = false;      ///< marked by a flag (else by its event)
+        uint32_t device = 0;    ///< flag: the ordinal and lane it runs on, and its number there
         uint32_t lane = 0;
         uint32_t seq = 0;
-        uint32_t lagging = 0;  ///< kFlag: polls that found it unfinished
+        uint32_t lagging = 0;  ///< flag: polls that found it unfinished
         bool busy = false;
     };
     struct Device {
@@ -65,6 +67,7 @@ private:
         std::vector<uint32_t> issued;  ///< kFlag: per lane, the number of the last copy started
         uint32_t *flags = nullptr;     ///< kFlag: per lane, kFlagStride words apart (host)
         uint64_t flags_device = 0;     ///< kFlag: their device address
+        bool no_flags = false;         ///< kFlag: they failed here; events instead
     };
     /// Words between two lanes' flags: one cache line each.
     static constexpr uint32_t kFlagStride = 16;
@@ -74,8 +77,10 @@ private:
     void bind(void *ctx);
     /// kFlag: the device's flag words, page-locked and mapped for the GPU on first use.
     Status makeFlags(Device &dev);
-    /// A free Copy of `dev`'s context (kEvent: with an event of it).
-    Status takeCopy(Device &dev, uint32_t *idx);
+    /// A free Copy of `dev`'s context.
+    uint32_t takeCopy(Device &dev);
+    /// Records `c`'s event on `stream` (making the event first).
+    int recordEvent(Copy &c, void *stream);
 
     const Mark mark_;
     std::vector<Device> devices_;
