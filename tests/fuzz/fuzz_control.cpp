@@ -1,7 +1,8 @@
 // libFuzzer target for what a client sends the sidecar: control messages on its socket (the
 // decoding of ipc/control.hpp's messages in control_server.cpp) and entries in its request ring
-// (the validation in request_pipeline.cpp). A real engine runs in this process, on its own thread, as the
-// daemon runs it; each input is one client that connects, sends what the input says, and goes.
+// (the validation in request_pipeline.cpp). A real engine runs in this process, on its own thread,
+// as the daemon runs it; each input is one client that connects, sends what the input says, and
+// goes.
 //
 // The input is a list of records, each [tag][length: 2 bytes, big-endian][payload]:
 //   tag % 4 == 0: the payload is one control datagram, as it is;
