@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "net/connection.hpp"
@@ -95,11 +96,21 @@ std::vector<uint8_t> frames(int n, size_t payload) {
 
 }  // namespace
 
-TEST(ReadFrames, AFrameSplitAcrossFillsIsHandledOnceWhole) {
+/// A control connection whose other end (sp.theirs) the test writes frames into.
+class ReadFrames : public ::testing::Test {
+protected:
+    void SetUp() override {
+        ASSERT_EQ(0, poller.open());
+        conn = std::make_unique<Connection>(poller, ipc::UniqueFd(sp.ours), "test",
+                                            ConnRole::kOutControl, 0, false);
+    }
     Poller poller;
-    ASSERT_EQ(0, poller.open());
     SocketPair sp;
-    Connection c(poller, ipc::UniqueFd(sp.ours), "test", ConnRole::kOutControl, 0, false);
+    std::unique_ptr<Connection> conn;
+};
+
+TEST_F(ReadFrames, AFrameSplitAcrossFillsIsHandledOnceWhole) {
+    Connection &c = *conn;
     const std::vector<uint8_t> wire = frames(3, 40);
     std::vector<uint64_t> seen;
     auto handler = [&](const FrameHeader &h, std::span<const uint8_t> payload) {
@@ -127,11 +138,8 @@ TEST(ReadFrames, AFrameSplitAcrossFillsIsHandledOnceWhole) {
     EXPECT_EQ(seen.size(), 3u);
 }
 
-TEST(ReadFrames, AFrameOverItsLimitIsBadAndTheFramesBeforeItWereHandled) {
-    Poller poller;
-    ASSERT_EQ(0, poller.open());
-    SocketPair sp;
-    Connection c(poller, ipc::UniqueFd(sp.ours), "test", ConnRole::kOutControl, 0, false);
+TEST_F(ReadFrames, AFrameOverItsLimitIsBadAndTheFramesBeforeItWereHandled) {
+    Connection &c = *conn;
     std::vector<uint8_t> wire = frames(1, 8);
     const std::vector<uint8_t> big = frames(1, 100);
     wire.insert(wire.end(), big.begin(), big.end());
@@ -151,11 +159,8 @@ TEST(ReadFrames, AFrameOverItsLimitIsBadAndTheFramesBeforeItWereHandled) {
     EXPECT_NE(r.error.find("exceeds the limit"), std::string::npos) << r.error;
 }
 
-TEST(ReadFrames, EndOfStreamInTheMiddleOfAFrameIsClosedAfterTheWholeOnes) {
-    Poller poller;
-    ASSERT_EQ(0, poller.open());
-    SocketPair sp;
-    Connection c(poller, ipc::UniqueFd(sp.ours), "test", ConnRole::kOutControl, 0, false);
+TEST_F(ReadFrames, EndOfStreamInTheMiddleOfAFrameIsClosedAfterTheWholeOnes) {
+    Connection &c = *conn;
     const std::vector<uint8_t> wire = frames(2, 16);
     const size_t part = wire.size() - 5;  // the second frame lacks its last bytes
     ASSERT_EQ(static_cast<ssize_t>(part), ::send(sp.theirs, wire.data(), part, 0));
@@ -178,11 +183,8 @@ TEST(ReadFrames, EndOfStreamInTheMiddleOfAFrameIsClosedAfterTheWholeOnes) {
     EXPECT_EQ(errnoText(r.rc), "connection closed by the peer");
 }
 
-TEST(ReadFrames, AHandlerThatStopsLeavesTheRestUnreadAndUnconsumed) {
-    Poller poller;
-    ASSERT_EQ(0, poller.open());
-    SocketPair sp;
-    Connection c(poller, ipc::UniqueFd(sp.ours), "test", ConnRole::kOutControl, 0, false);
+TEST_F(ReadFrames, AHandlerThatStopsLeavesTheRestUnreadAndUnconsumed) {
+    Connection &c = *conn;
     const std::vector<uint8_t> wire = frames(3, 4);
     ASSERT_EQ(static_cast<ssize_t>(wire.size()), ::send(sp.theirs, wire.data(), wire.size(), 0));
     std::vector<uint64_t> seen;

@@ -121,8 +121,8 @@ public:
             return;
         }
         // Every write still in flight ends, once, with the session's reason.
-        for (Held &h : it->second.held) {
-            done_.push_back(Done{h.op.op_id, code, reason});
+        for (const tls::WriteOp &op : it->second.held) {
+            done_.push_back(Done{op.op_id, code, reason});
         }
         out_.erase(it);
         ring();
@@ -154,7 +154,7 @@ public:
             return {tls::Code::kAgain, "the loop is full (test)"};
         }
         if (hold_.load() || !it->second.held.empty()) {
-            it->second.held.push_back(Held{op});  // in flight; release() sends it, in order
+            it->second.held.push_back(op);  // in flight; release() sends it, in order
             return tls::Status::ok();
         }
         const std::string to = it->second.node;
@@ -213,8 +213,8 @@ public:
             std::lock_guard lock(mutex_);
             hold_ = false;
             for (auto &[peer, o] : out_) {
-                for (Held &h : o.held) {
-                    go.emplace_back(o.node, h.op);
+                for (const tls::WriteOp &op : o.held) {
+                    go.emplace_back(o.node, op);
                 }
                 o.held.clear();
             }
@@ -242,12 +242,9 @@ public:
     }
 
 private:
-    struct Held {
-        tls::WriteOp op;
-    };
     struct Out {
-        std::string node;  ///< the receiving LoopTransport's node name
-        std::deque<Held> held;
+        std::string node;               ///< the receiving LoopTransport's node name
+        std::deque<tls::WriteOp> held;  ///< in flight, not sent yet
     };
     struct Arrival {
         tls::RegionId region;
