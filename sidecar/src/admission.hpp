@@ -29,8 +29,9 @@ public:
     /// A session of `cred` opened, or closed: counted against its uid and pid.
     void opened(const ipc::PeerCred &cred);
     void closed(const ipc::PeerCred &cred);
-    /// The fds open once the sidecar opened everything of its own (the fd_reserve estimate).
-    void setFdBaseline(uint64_t fds) { fd_baseline_ = fds; }
+    /// Counts the fds open now as the sidecar's own (the fd_reserve estimate): called once it
+    /// opened everything of its own, before the first client.
+    void takeFdBaseline();
 
 private:
     const config::SecurityConfig &security_;

@@ -56,7 +56,7 @@ public:
     /// The socket file's mode (0600, 0660 or 0666), once listen() succeeded.
     unsigned socketMode() const { return mode_; }
     /// The fds open once the sidecar opened everything of its own ([limits] fd_reserve).
-    void setFdBaseline(uint64_t fds) { admission_.setFdBaseline(fds); }
+    void takeFdBaseline() { admission_.takeFdBaseline(); }
 
     /// The socket is readable: accepts a batch of clients.
     void acceptClients();

@@ -10,8 +10,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
-#include <nlohmann/json.hpp>
 
 #include "cuda/runtime.hpp"
 #include "engine_impl.hpp"
@@ -52,17 +50,6 @@ rlim_t raiseFdLimit() {
         }
     }
     return lim.rlim_cur;
-}
-
-/// File descriptors this process has open now (/proc/self/fd); 0 when it cannot be read.
-uint64_t countOpenFds() {
-    std::error_code ec;
-    uint64_t n = 0;
-    for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ec);
-         !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
-        ++n;
-    }
-    return n;
 }
 
 /// The names of the peer ids, for the write counters: this node, then [[peers]] in order.
@@ -207,7 +194,7 @@ Status EngineImpl::start() {
     if (Status st = startMetrics(); !st.isOk()) {
         return st;
     }
-    control_->setFdBaseline(countOpenFds());
+    control_->takeFdBaseline();
     log_->info(
         "node {} serving workers on {} (mode {:04o}, poll mode {}, ring depth {}, in flight {}), "
         "{} peer(s)",
@@ -240,7 +227,7 @@ Status EngineImpl::startMetrics() {
 
 Snapshot EngineImpl::buildSnapshot() const {
     Snapshot snap;
-    snap.status_json = statusJson();
+    snap.report = report();
     snap.timing = stats_.timing();
     snap.rejected = stats_.rejectedByStatus();
     const auto &names = stats_.names();
@@ -451,85 +438,83 @@ void EngineImpl::peerState(PeerId peer, PeerState state, std::string_view reason
     }
 }
 
-std::string EngineImpl::statusJson(std::optional<uid_t> only_uid) const {
-    using nlohmann::json;
-    json j;
-    j["node"] = cfg_.node.name;
-    j["socket"] = cfg_.node.socket;
-    j["poll_mode"] = config::toString(cfg_.ipc.poll_mode);
-    j["uptime_s"] =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
-    json clients = json::array();
+EngineReport EngineImpl::report(std::optional<uid_t> only_uid) const {
+    EngineReport r;
+    r.node = cfg_.node.name;
+    r.socket = cfg_.node.socket;
+    r.poll_mode = config::toString(cfg_.ipc.poll_mode);
+    r.uptime_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
     for (const auto &[id, s] : sessions_) {
         if (only_uid && s->cred.uid != *only_uid) {
             continue;  // another user's: its pid, uid and counters are not ours to show
         }
-        clients.push_back({{"session", id},
-                           {"pid", s->cred.pid},
-                           {"uid", s->cred.uid},
-                           {"regions", regions_.ofSession(id).size()},
-                           {"requests", s->counters.requests},
-                           {"completions", s->counters.completions},
-                           {"notifications", s->counters.notifications},
-                           {"notifications_dropped", s->counters.notifications_dropped},
-                           {"rejected", s->counters.rejected},
-                           {"bytes_written", s->counters.bytes_written},
-                           {"host_bytes", s->host_bytes},
-                           {"in_flight", s->in_flight}});
+        ClientReport &c = r.clients.emplace_back();
+        c.session = id;
+        c.pid = s->cred.pid;
+        c.uid = s->cred.uid;
+        c.regions = regions_.ofSession(id).size();
+        c.requests = s->counters.requests;
+        c.completions = s->counters.completions;
+        c.notifications = s->counters.notifications;
+        c.notifications_dropped = s->counters.notifications_dropped;
+        c.rejected = s->counters.rejected;
+        c.bytes_written = s->counters.bytes_written;
+        c.host_bytes = s->host_bytes;
+        c.in_flight = s->in_flight;
     }
-    j["clients"] = clients;
-    j["clients_shown"] = only_uid ? "uid " + std::to_string(*only_uid) : std::string("all");
+    r.clients_shown = only_uid ? "uid " + std::to_string(*only_uid) : std::string("all");
     // The clients' regions: the sidecar's own probe region (4 KiB) is not counted.
     const bool probe = region_lifecycle_->probeRegion() != 0;
-    j["regions"] = regions_.size() - (probe ? 1 : 0);
+    r.regions = regions_.size() - (probe ? 1 : 0);
     {
         CudaRuntime &cuda = CudaRuntime::get();
-        j["cuda"] = {{"available", cuda.available()},
-                     {"devices", cuda.deviceCount()},
-                     {"imports_open", cuda.openMappings()},
-                     {"imports_opened", cuda.importsOpened()}};
-        if (!cuda.available()) {
-            j["cuda"]["why"] = cuda.why();
+        r.cuda.available = cuda.available();
+        r.cuda.devices = cuda.deviceCount();
+        r.cuda.imports_open = cuda.openMappings();
+        r.cuda.imports_opened = cuda.importsOpened();
+        if (!r.cuda.available) {
+            r.cuda.why = cuda.why();
         }
     }
-    j["registered_bytes"] = regions_.registeredBytes() - (probe ? 4096 : 0);
-    j["limits"] = {{"regions", cfg_.limits.regions},
-                   {"registered_bytes", cfg_.limits.registered_bytes},
-                   {"node_registered_bytes", region_lifecycle_->nodeRegisteredCap()},
-                   {"node_registered_bytes_source", region_lifecycle_->nodeCapSource()},
-                   {"node_host_bytes", region_lifecycle_->nodeHostBytes()},
-                   {"notification_backlog", cfg_.limits.notification_backlog},
-                   {"sessions_per_uid", cfg_.limits.sessions_per_uid},
-                   {"sessions_per_pid", cfg_.limits.sessions_per_pid},
-                   {"fd_reserve", cfg_.limits.fd_reserve},
-                   {"in_flight", cfg_.limits.in_flight},
-                   {"mappings", region_lifecycle_->mappings()},
-                   {"max_mappings", region_lifecycle_->maxMappings()}};
-    j["counters"] = {{"sessions_accepted", counters_.sessions_accepted},
-                     {"sessions_refused", counters_.sessions_refused},
-                     {"writes_local", counters_.writes_local},
-                     {"writes_local_inline", local_ ? local_->inlineWrites() : 0},
-                     {"writes_local_gpu_inline", local_ ? local_->inlineGpuWrites() : 0},
-                     {"writes_remote", counters_.writes_remote},
-                     {"requests_rejected", counters_.requests_rejected},
-                     {"notifications", counters_.notifications},
-                     {"notifications_dropped", counters_.notifications_dropped},
-                     {"probes_received", counters_.probes_received},
-                     {"quota_refusals", counters_.quota_refusals},
-                     {"session_cap_refusals", counters_.session_cap_refusals},
-                     {"accept_pauses", counters_.accept_pauses},
-                     {"late_wakeups", counters_.late_wakeups},
-                     {"writes_queued", pipeline_->queued()},
-                     {"writes_in_flight", pipeline_->inFlight()}};
-    json peers = json::array();
+    r.registered_bytes = regions_.registeredBytes() - (probe ? 4096 : 0);
+    LimitsReport &l = r.limits;
+    l.regions = cfg_.limits.regions;
+    l.registered_bytes = cfg_.limits.registered_bytes;
+    l.node_registered_bytes = region_lifecycle_->nodeRegisteredCap();
+    l.node_registered_bytes_source = region_lifecycle_->nodeCapSource();
+    l.node_host_bytes = region_lifecycle_->nodeHostBytes();
+    l.notification_backlog = cfg_.limits.notification_backlog;
+    l.sessions_per_uid = cfg_.limits.sessions_per_uid;
+    l.sessions_per_pid = cfg_.limits.sessions_per_pid;
+    l.fd_reserve = cfg_.limits.fd_reserve;
+    l.in_flight = cfg_.limits.in_flight;
+    l.mappings = region_lifecycle_->mappings();
+    l.max_mappings = region_lifecycle_->maxMappings();
+    EngineCountersReport &c = r.counters;
+    c.sessions_accepted = counters_.sessions_accepted;
+    c.sessions_refused = counters_.sessions_refused;
+    c.writes_local = counters_.writes_local;
+    c.writes_local_inline = local_ ? local_->inlineWrites() : 0;
+    c.writes_local_gpu_inline = local_ ? local_->inlineGpuWrites() : 0;
+    c.writes_remote = counters_.writes_remote;
+    c.requests_rejected = counters_.requests_rejected;
+    c.notifications = counters_.notifications;
+    c.notifications_dropped = counters_.notifications_dropped;
+    c.probes_received = counters_.probes_received;
+    c.quota_refusals = counters_.quota_refusals;
+    c.session_cap_refusals = counters_.session_cap_refusals;
+    c.accept_pauses = counters_.accept_pauses;
+    c.late_wakeups = counters_.late_wakeups;
+    c.writes_queued = pipeline_->queued();
+    c.writes_in_flight = pipeline_->inFlight();
     if (peers_) {
-        json pj = json::parse(peers_->statusJson(), nullptr, false);
-        if (pj.is_object() && pj.contains("peers")) {
-            peers = pj["peers"];
-        }
+        r.peers = peers_->report().peers;
     }
-    j["peers"] = peers;
-    return j.dump(2);
+    return r;
+}
+
+std::string EngineImpl::statusJson(std::optional<uid_t> only_uid) const {
+    return toJsonText(report(only_uid));
 }
 
 // ---- Engine (the public face) ----

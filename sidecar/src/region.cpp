@@ -40,7 +40,9 @@ const char *toString(MemoryKind k) {
 }
 
 RegionId RegionTable::add(std::shared_ptr<Region> r) {
-    r->id = next_id_++;
+    if (r->id == 0) {
+        r->id = takeId();
+    }
     RegionId id = r->id;
     by_session_[r->owner][id] = r.get();
     if (r->parent == 0) {

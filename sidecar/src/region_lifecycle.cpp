@@ -106,7 +106,12 @@ Status RegionLifecycle::checkQuota(const Session &s, uint64_t new_bytes, bool ne
 }
 
 Status RegionLifecycle::registerWithTransports(Region &r) {
-    return transports_.registerRegion(r);
+    r.id = table_.takeId();  // every transport sees the id the region will have
+    Status st = transports_.registerRegion(r);
+    if (!st.isOk()) {
+        transports_.deregisterRegion(r.id);  // those that took it let go: it is never added
+    }
+    return st;
 }
 
 Status RegionLifecycle::allocHost(Session &s, uint64_t bytes, RegionId *id, ipc::UniqueFd *fd) {

@@ -283,17 +283,23 @@ void snapshotHandOver(benchmark::State &state) {
 sc::Snapshot snapshotWith(int peers) {
     sc::Snapshot s;
     s.timing = true;
-    std::string doc =
-        R"({"node":"node-0","poll_mode":"busy","uptime_s":1,"clients":[],"regions":1,)"
-        R"("registered_bytes":1,"limits":{},"counters":{},"peers":[)";
+    s.report.node = "node-0";
+    s.report.poll_mode = "busy";
+    s.report.uptime_s = 1;
+    s.report.regions = 1;
+    s.report.registered_bytes = 1;
     std::vector<std::string> names{"node-0"};
     for (int i = 1; i <= peers; ++i) {
         names.push_back("node-" + std::to_string(i));
-        doc += std::string(i > 1 ? "," : "") + R"({"name":"node-)" + std::to_string(i) +
-               R"(","address":"10.0.0.1:18515","state":"up","transport":"verbs",)"
-               R"("send":{"qps":[{"state":"RTS"},{"state":"RTS"}]},"receive":{"qps":[]}})";
+        sc::PeerReport &p = s.report.peers.emplace_back();
+        p.name = names.back();
+        p.address = "10.0.0.1:18515";
+        p.state = "up";
+        p.transport.transport = "verbs";
+        p.transport.has_send = true;
+        p.transport.send_qps = {{1, "RTS"}, {2, "RTS"}};
+        p.transport.has_receive = true;
     }
-    s.status_json = doc + "]}";
     sc::EngineStats stats(names);
     stats.setTiming(true);
     for (size_t p = 0; p < names.size(); ++p) {

@@ -222,7 +222,7 @@ TEST(SnapshotChannel, ServeAnswersTheWaitingRequests) {
     for (int i = 0; i < 3; ++i) {
         scrapers.emplace_back([&] {
             auto snap = ch->request(std::chrono::seconds(5));
-            if (snap && snap->status_json == "{\"node\":\"x\"}") {
+            if (snap && snap->report.node == "x") {
                 ++answered;
             }
         });
@@ -236,7 +236,7 @@ TEST(SnapshotChannel, ServeAnswersTheWaitingRequests) {
             ch->serve([&] {
                 ++builds;
                 Snapshot s;
-                s.status_json = "{\"node\":\"x\"}";
+                s.report.node = "x";
                 return s;
             });
         }
@@ -321,24 +321,50 @@ TEST(NicCounters, NoDevicesNoPorts) {
 Snapshot sampleSnapshot() {
     Snapshot s;
     s.timing = true;
-    s.status_json = R"({
-      "node": "node-a", "socket": "/run/x.sock", "poll_mode": "adaptive", "uptime_s": 12.5,
-      "clients": [{"session": 1, "pid": 10, "host_bytes": 4096, "in_flight": 2},
-                  {"session": 2, "pid": 11, "host_bytes": 1024, "in_flight": 0}],
-      "regions": 3, "registered_bytes": 5120,
-      "limits": {"mappings": 4, "max_mappings": 61434},
-      "counters": {"sessions_accepted": 2, "sessions_refused": 1, "notifications": 9,
-                   "notifications_dropped": 0, "quota_refusals": 0, "accept_pauses": 0,
-                   "late_wakeups": 0, "writes_queued": 1, "writes_in_flight": 2},
-      "peers": [
-        {"name": "node-b", "address": "10.0.0.2:18515", "state": "up", "transport": "verbs",
-         "failures": 1, "control_connections": 2, "remote_regions": 1, "async_events": 3, "revocations_forced": 2,
-         "send": {"qps": [{"qpn": "0x000011", "state": "RTS"}, {"qpn": "0x000012", "state": "ERR"}],
-                  "work_requests": 77, "errors": 1},
-         "receive": {"qps": [{"qpn": "0x000021", "state": "RTR"}]}},
-        {"name": "node-c", "address": "10.0.0.3:18515", "state": "connecting",
-         "transport": "tcp", "data_connections": 2}
-      ]})";
+    EngineReport &r = s.report;
+    r.node = "node-a";
+    r.socket = "/run/x.sock";
+    r.poll_mode = "adaptive";
+    r.uptime_s = 12.5;
+    r.clients.resize(2);
+    r.clients[0].session = 1;
+    r.clients[0].pid = 10;
+    r.clients[0].host_bytes = 4096;
+    r.clients[0].in_flight = 2;
+    r.clients[1].session = 2;
+    r.clients[1].pid = 11;
+    r.clients[1].host_bytes = 1024;
+    r.regions = 3;
+    r.registered_bytes = 5120;
+    r.limits.mappings = 4;
+    r.limits.max_mappings = 61434;
+    r.counters.sessions_accepted = 2;
+    r.counters.sessions_refused = 1;
+    r.counters.notifications = 9;
+    r.counters.writes_queued = 1;
+    r.counters.writes_in_flight = 2;
+    PeerReport &b = r.peers.emplace_back();
+    b.name = "node-b";
+    b.address = "10.0.0.2:18515";
+    b.state = "up";
+    b.failures = 1;
+    b.control_connections = 2;
+    b.remote_regions = 1;
+    b.transport.transport = "verbs";
+    b.transport.device_async_events = 3;
+    b.transport.revocations_forced = 2;
+    b.transport.has_send = true;
+    b.transport.send_qps = {{0x11, "RTS"}, {0x12, "ERR"}};
+    b.transport.work_requests = 77;
+    b.transport.completion_errors = 1;
+    b.transport.has_receive = true;
+    b.transport.receive_qps = {{0x21, "RTR"}};
+    PeerReport &c = r.peers.emplace_back();
+    c.name = "node-c";
+    c.address = "10.0.0.3:18515";
+    c.state = "connecting";
+    c.transport.transport = "tcp";
+    c.transport.data_connections = 2;
     s.peers.resize(3);
     s.peers[0].name = "node-a";
     s.peers[0].local = true;
@@ -439,20 +465,21 @@ TEST(MetricFamilies, FromASnapshot) {
               5);
 }
 
-TEST(MetricFamilies, EngineSilentOrStatusGarbled) {
+TEST(MetricFamilies, EngineSilentOrEmptyReport) {
     auto v = samples(buildFamilies(nullptr, sampleNic()));
     EXPECT_EQ(v.at("tensorlane_engine_up"), 0);
     EXPECT_EQ(v.count("tensorlane_clients"), 0u);
     EXPECT_EQ(v.count("tensorlane_rdma_port_active{device=mlx5_0,port=1}"), 1u);
-    // A status document that is not JSON, or JSON of the wrong shape, gives fewer families.
-    for (const char *doc : {"", "not json", "[1,2]", R"({"clients": 5, "peers": {"a": 1},
-                             "counters": [], "limits": "x", "regions": "many"})",
-                            R"({"peers": [1, "x", {"name": 5}, {"name": "p", "send": 3}]})"}) {
-        Snapshot s;
-        s.status_json = doc;
-        v = samples(buildFamilies(&s, {}));
-        EXPECT_EQ(v.at("tensorlane_engine_up"), 1) << doc;
-    }
+    // An engine with nothing yet: its families with zeros, no peer families; a peer without a
+    // name (never configured so) is left out rather than labelled "".
+    Snapshot s;
+    s.report.peers.emplace_back().transport.transport = "verbs";
+    v = samples(buildFamilies(&s, {}));
+    EXPECT_EQ(v.at("tensorlane_engine_up"), 1);
+    EXPECT_EQ(v.at("tensorlane_clients"), 0);
+    EXPECT_EQ(v.at("tensorlane_writes_in_flight"), 0);
+    EXPECT_EQ(v.count("tensorlane_peer_info{peer=,address=,transport=verbs}"), 0u);
+    EXPECT_EQ(v.count("tensorlane_verbs_async_events_total"), 0u);
 }
 
 /// Runs promtool on `text`; its exit status and what it said.

@@ -34,6 +34,9 @@ public:
     }
     Status registerRegion(Region &r) override {
         registered.push_back(r.id);
+        if (refuse_registration) {
+            return {Code::kNoMemory, "no room for it"};
+        }
         return Status::ok();
     }
     void deregisterRegion(RegionId r) override { deregistered.push_back(r); }
@@ -48,6 +51,7 @@ public:
     size_t progress(EventSink &) override { return 0; }
 
     bool full = false;
+    bool refuse_registration = false;
     size_t attempts = 0;
     std::vector<uint64_t> posted;
     std::vector<RegionId> registered;
@@ -227,9 +231,8 @@ TEST(SessionTable, CloseKeepsTheFirstReasonAndQueuesTheSessionOnce) {
 TEST_F(Parts, AReleasedRegionIsRetiredOnlyWhenItsLastWriteEnds) {
     Client c = connect();
     const RegionId id = alloc(*c.s, 4096);
-    // Registered with the transports before the table gives it its id (as the engine always
-    // did): a transport sees the Region, not yet its id.
-    ASSERT_EQ(fake_->registered.size(), 1u);
+    // Registered with the transports under the id the table then holds it by.
+    ASSERT_EQ(fake_->registered, std::vector<RegionId>{id});
     auto r = regions_.find(id);
     ++r->users;  // a write in flight
     ++r->users;  // and another
@@ -243,6 +246,28 @@ TEST_F(Parts, AReleasedRegionIsRetiredOnlyWhenItsLastWriteEnds) {
     lifecycle_->dropUser(r);
     EXPECT_EQ(fake_->deregistered, std::vector<RegionId>{id});
     EXPECT_EQ(lifecycle_->retiring(), 0u);
+}
+
+TEST_F(Parts, ARegionATransportRefusesIsLetGoByAllAndNeverAdded) {
+    Client c = connect();
+    const RegionId first = alloc(*c.s, 4096);
+    fake_->refuse_registration = true;
+    RegionId id = 0;
+    ipc::UniqueFd fd;
+    Status st = lifecycle_->allocHost(*c.s, 4096, &id, &fd);
+    EXPECT_EQ(st.code(), Code::kNoMemory);
+    EXPECT_EQ(st.message(), "no room for it");
+    ASSERT_EQ(fake_->registered.size(), 2u);
+    const RegionId refused = fake_->registered[1];
+    EXPECT_NE(refused, 0u);
+    EXPECT_NE(refused, first);
+    EXPECT_EQ(fake_->deregistered, std::vector<RegionId>{refused});
+    EXPECT_EQ(regions_.find(refused), nullptr);
+    EXPECT_EQ(regions_.size(), 1u);
+    EXPECT_EQ(c.s->host_bytes, 4096u) << "the refused buffer is not counted";
+    fake_->refuse_registration = false;
+    const RegionId next = alloc(*c.s, 4096);
+    EXPECT_GT(next, refused) << "ids are never reused";
 }
 
 TEST_F(Parts, RangesGoWithTheirBufferAndTheQuotasAreGivenBack) {

@@ -2,7 +2,6 @@
 
 #include <limits>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <unordered_map>
 
@@ -19,7 +18,6 @@ namespace {
 using prometheus::ClientMetric;
 using prometheus::MetricFamily;
 using prometheus::MetricType;
-using Json = nlohmann::json;
 using Labels = std::vector<ClientMetric::Label>;
 
 /// Families by name in the order first seen; a family only exists once it has a sample.
@@ -58,101 +56,76 @@ private:
     std::unordered_map<std::string, size_t> index_;
 };
 
-/// A number from the status document; 0 when absent or not a number (never throws).
-double num(const Json &j, const char *key) {
-    if (!j.is_object()) {
-        return 0;
-    }
-    auto it = j.find(key);
-    return it != j.end() && it->is_number() ? it->get<double>() : 0;
-}
-
-std::string str(const Json &j, const char *key) {
-    if (!j.is_object()) {
-        return {};
-    }
-    auto it = j.find(key);
-    return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
-
-const Json &member(const Json &j, const char *key) {
-    static const Json kNull;
-    if (!j.is_object()) {
-        return kNull;
-    }
-    auto it = j.find(key);
-    return it == j.end() ? kNull : *it;
-}
-
 constexpr const char *kPeerStates[] = {"down", "connecting", "up", "failed"};
 constexpr const char *kQpStates[] = {"RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR"};
 
-void engineFamilies(const Snapshot &snap, const Json &status, Families *f) {
+double num(uint64_t v) {
+    return static_cast<double>(v);
+}
+
+void engineFamilies(const Snapshot &snap, Families *f) {
+    const EngineReport &status = snap.report;
     f->gauge("tensorlane_info", "The sidecar's node name, version and poll mode (always 1)",
-             {{"node", str(status, "node")},
-              {"poll_mode", str(status, "poll_mode")},
+             {{"node", status.node},
+              {"poll_mode", status.poll_mode},
               {"version", TENSORLANE_VERSION_STRING}},
              1);
-    f->gauge("tensorlane_uptime_seconds", "Seconds since the engine started", {},
-             num(status, "uptime_s"));
-    const Json &clients = member(status, "clients");
+    f->gauge("tensorlane_uptime_seconds", "Seconds since the engine started", {}, status.uptime_s);
     double host_bytes = 0;
     double client_in_flight = 0;
-    if (clients.is_array()) {
-        for (const Json &c : clients) {
-            host_bytes += num(c, "host_bytes");
-            client_in_flight += num(c, "in_flight");
-        }
+    for (const ClientReport &c : status.clients) {
+        host_bytes += num(c.host_bytes);
+        client_in_flight += num(c.in_flight);
     }
     f->gauge("tensorlane_clients", "Worker processes connected to the sidecar", {},
-             clients.is_array() ? static_cast<double>(clients.size()) : 0);
+             num(status.clients.size()));
     f->gauge("tensorlane_regions", "Regions registered by all clients (buffers and ranges)", {},
-             num(status, "regions"));
+             num(status.regions));
     f->gauge("tensorlane_registered_bytes", "Bytes of all registered regions", {},
-             num(status, "registered_bytes"));
+             num(status.registered_bytes));
     f->gauge("tensorlane_host_buffer_bytes",
              "Bytes of host buffers (tl_alloc_host) the clients hold, counted against [limits] "
              "registered_bytes",
              {}, host_bytes);
     f->gauge("tensorlane_client_requests_in_flight",
              "Requests accepted from the clients and not ended, all clients", {}, client_in_flight);
-    const Json &limits = member(status, "limits");
     f->gauge("tensorlane_mappings", "Shared-memory segments the sidecar maps", {},
-             num(limits, "mappings"));
+             num(status.limits.mappings));
     f->gauge("tensorlane_mappings_limit",
              "Segments the sidecar allows itself (vm.max_map_count less headroom)", {},
-             num(limits, "max_mappings"));
+             num(status.limits.max_mappings));
 
-    const Json &c = member(status, "counters");
+    const EngineCountersReport &c = status.counters;
     struct CounterDef {
-        const char *key;
+        uint64_t EngineCountersReport::*field;
         const char *name;
         const char *help;
     };
     static constexpr CounterDef kCounters[] = {
-        {"sessions_accepted", "tensorlane_sessions_accepted_total", "Clients admitted"},
-        {"sessions_refused", "tensorlane_sessions_refused_total",
+        {&EngineCountersReport::sessions_accepted, "tensorlane_sessions_accepted_total",
+         "Clients admitted"},
+        {&EngineCountersReport::sessions_refused, "tensorlane_sessions_refused_total",
          "Clients refused ([security] allowed_uids/allowed_gids)"},
-        {"notifications", "tensorlane_notifications_total",
+        {&EngineCountersReport::notifications, "tensorlane_notifications_total",
          "Notifications handed to the owners of local regions"},
-        {"notifications_dropped", "tensorlane_notifications_dropped_total",
+        {&EngineCountersReport::notifications_dropped, "tensorlane_notifications_dropped_total",
          "Notifications not delivered: the region's owner was gone, or its backlog was full "
          "([limits] notification_backlog)"},
-        {"quota_refusals", "tensorlane_quota_refusals_total",
+        {&EngineCountersReport::quota_refusals, "tensorlane_quota_refusals_total",
          "Calls refused by a [limits] quota (TL_ENOMEM)"},
-        {"accept_pauses", "tensorlane_accept_pauses_total",
+        {&EngineCountersReport::accept_pauses, "tensorlane_accept_pauses_total",
          "Times accepting clients paused for lack of file descriptors"},
-        {"late_wakeups", "tensorlane_late_wakeups_total",
+        {&EngineCountersReport::late_wakeups, "tensorlane_late_wakeups_total",
          "Engine sleeps that ended by the idle tick with work waiting (a lost wake-up; 0 "
          "expected)"},
     };
     for (const CounterDef &d : kCounters) {
-        f->counter(d.name, d.help, {}, num(c, d.key));
+        f->counter(d.name, d.help, {}, num(c.*d.field));
     }
     f->gauge("tensorlane_writes_queued", "Accepted writes waiting for their transport, all peers",
-             {}, num(c, "writes_queued"));
+             {}, num(c.writes_queued));
     f->gauge("tensorlane_writes_in_flight", "Accepted writes not yet ended, all peers", {},
-             num(c, "writes_in_flight"));
+             num(c.writes_in_flight));
     for (size_t code = 1; code < kStatusCodes; ++code) {
         f->counter("tensorlane_requests_rejected_total",
                    "Requests refused on their face (never accepted), by status",
@@ -209,17 +182,14 @@ void writeFamilies(const Snapshot &snap, Families *f) {
 }
 
 /// Counts the QPs of one direction by state; every known state gets a sample (0 included).
-void qpFamilies(const std::string &peer, const char *direction, const Json &side, Families *f) {
+void qpFamilies(const std::string &peer, const char *direction,
+                const std::vector<QueuePairReport> &qps, Families *f) {
     std::map<std::string, double> by_state;
     for (const char *s : kQpStates) {
         by_state[s] = 0;
     }
-    const Json &qps = member(side, "qps");
-    if (qps.is_array()) {
-        for (const Json &q : qps) {
-            std::string st = str(q, "state");
-            by_state[st.empty() ? "?" : st] += 1;
-        }
+    for (const QueuePairReport &q : qps) {
+        by_state[q.state.empty() ? "?" : q.state] += 1;
     }
     for (const auto &[state, n] : by_state) {
         f->gauge("tensorlane_peer_qps",
@@ -228,56 +198,50 @@ void qpFamilies(const std::string &peer, const char *direction, const Json &side
     }
 }
 
-void peerFamilies(const Json &status, Families *f) {
-    const Json &peers = member(status, "peers");
-    if (!peers.is_array()) {
-        return;
-    }
+void peerFamilies(const std::vector<PeerReport> &peers, Families *f) {
     bool verbs_seen = false;
-    for (const Json &p : peers) {
-        const std::string name = str(p, "name");
+    for (const PeerReport &p : peers) {
+        const std::string &name = p.name;
         if (name.empty()) {
             continue;
         }
         const Labels peer{{"peer", name}};
-        const std::string transport = str(p, "transport");
+        const TransportPeerReport &t = p.transport;
         f->gauge("tensorlane_peer_info", "A configured peer, its address and transport (always 1)",
-                 {{"peer", name}, {"address", str(p, "address")}, {"transport", transport}}, 1);
-        const std::string state = str(p, "state");
+                 {{"peer", name}, {"address", p.address}, {"transport", t.transport}}, 1);
         for (const char *s : kPeerStates) {
             f->gauge("tensorlane_peer_state", "1 for the peer's current state, 0 for the others",
-                     {{"peer", name}, {"state", s}}, state == s ? 1 : 0);
+                     {{"peer", name}, {"state", s}}, p.state == s ? 1 : 0);
         }
         f->counter("tensorlane_peer_failures_total", "Times the peer's session failed", peer,
-                   num(p, "failures"));
+                   num(p.failures));
         f->gauge("tensorlane_peer_control_connections",
                  "Authenticated control connections with the peer (0-2: one per direction)", peer,
-                 num(p, "control_connections"));
+                 num(p.control_connections));
         f->gauge("tensorlane_peer_remote_regions", "Regions the peer exposes to this node", peer,
-                 num(p, "remote_regions"));
-        if (transport == "tcp") {
+                 num(p.remote_regions));
+        if (t.transport == "tcp") {
             f->gauge("tensorlane_peer_tcp_data_connections",
                      "TCP data connections with the peer (both directions)", peer,
-                     num(p, "data_connections"));
-        } else if (transport == "verbs") {
-            qpFamilies(name, "send", member(p, "send"), f);
-            qpFamilies(name, "receive", member(p, "receive"), f);
-            const Json &send = member(p, "send");
+                     num(t.data_connections));
+        } else if (t.transport == "verbs") {
+            qpFamilies(name, "send", t.send_qps, f);
+            qpFamilies(name, "receive", t.receive_qps, f);
             f->counter("tensorlane_peer_verbs_work_requests_total",
                        "RDMA work requests posted to the peer (current session)", peer,
-                       num(send, "work_requests"));
+                       num(t.work_requests));
             f->counter("tensorlane_peer_verbs_completion_errors_total",
                        "Error completions on the send QPs to the peer (current session)", peer,
-                       num(send, "errors"));
+                       num(t.completion_errors));
             f->counter("tensorlane_peer_verbs_revocations_forced_total",
                        "Revocations the peer did not confirm within [security] "
                        "revoke_timeout_ms (its key was revoked anyway)",
-                       peer, num(p, "revocations_forced"));
+                       peer, num(t.revocations_forced));
             if (!verbs_seen) {
                 verbs_seen = true;
                 f->counter("tensorlane_verbs_async_events_total",
                            "Asynchronous events from the RDMA device (port, GID, QP fatal)", {},
-                           num(p, "async_events"));
+                           num(t.device_async_events));
             }
         }
     }
@@ -308,14 +272,9 @@ std::vector<MetricFamily> buildFamilies(const Snapshot *snap,
             "1 when the engine answered this scrape in time (its metrics are below), else 0", {},
             snap != nullptr ? 1 : 0);
     if (snap != nullptr) {
-        const Json status = Json::parse(snap->status_json, nullptr, false);
-        if (status.is_object()) {
-            engineFamilies(*snap, status, &f);
-        }
+        engineFamilies(*snap, &f);
         writeFamilies(*snap, &f);
-        if (status.is_object()) {
-            peerFamilies(status, &f);
-        }
+        peerFamilies(snap->report.peers, &f);
     }
     nicFamilies(nic, &f);
     return f.take();

@@ -4,7 +4,7 @@
 // The engine's tables (sessions, regions, the peer layer, the transports) belong to the engine
 // thread and take no locks. A scrape therefore never reads them: the exposer thread asks
 // (SnapshotChannel::request rings an eventfd in the engine's epoll set), and the engine, between
-// two loop turns, builds a Snapshot by value (its `tensorlane status` JSON plus its write
+// two loop turns, builds a Snapshot by value (its `tensorlane status` report plus its write
 // counters) and hands it back. The engine pays for this only when scraped (every 15 s or so),
 // and never waits: the one mutex guards the hand-over, never the data path.
 #pragma once
@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "tensorlane/ipc/fd.hpp"
+#include "tensorlane/sidecar/report.hpp"
 #include "tensorlane/sidecar/status.hpp"
 #include "write_stats.hpp"
 
@@ -38,8 +39,8 @@ struct PeerSample {
 
 /// The engine's state for one scrape.
 struct Snapshot {
-    /// What `tensorlane status --json` prints (engine, clients, counters, peers, transports).
-    std::string status_json;
+    /// What `tensorlane status` shows (engine, clients, counters, peers, transports).
+    EngineReport report;
     /// Index = peer id (0: this node).
     std::vector<PeerSample> peers;
     /// Requests refused on their face, by status.

@@ -11,7 +11,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <nlohmann/json.hpp>
 #include <set>
 
 namespace tensorlane::sidecar {
@@ -705,8 +704,8 @@ void PeerManagerImpl::disconnect(PeerId peer) {
     setState(*p, PeerState::kDown, "disconnected by the engine");
 }
 
-std::string PeerManagerImpl::statusJson() const {
-    nlohmann::json peers = nlohmann::json::array();
+PeersReport PeerManagerImpl::report() const {
+    PeersReport out;
     for (const Peer &p : peers_) {
         size_t conns = 0;
         if (p.out) {
@@ -718,39 +717,33 @@ std::string PeerManagerImpl::statusJson() const {
         const Transport *t = p.out && p.out->transport ? p.out->transport
                              : p.in && p.in->transport ? p.in->transport
                                                        : transports_.remote().front();
-        nlohmann::json j = nlohmann::json::parse(t->peerStatusJson(p.id), nullptr, false);
-        if (!j.is_object()) {
-            j = nlohmann::json::object();
-        }
-        j["name"] = p.name;
-        j["address"] = p.address;
-        j["state"] = toString(p.state);
-        j["control_connections"] = conns;
-        j["failures"] = p.failures;
-        j["last_error"] = p.last_error;
-        j["remote_regions"] = directory_.regionCount(p.id);
-        j["remote_regions_ignored"] = directory_.dropped(p.id);
-        j["incarnation"] = p.remote_incarnation != 0 ? hex64(p.remote_incarnation) : "";
-        j["inbound"] = p.in != nullptr;
-        j["hosts"] = hostListText(p.hosts);
-        peers.push_back(std::move(j));
+        PeerReport &r = out.peers.emplace_back();
+        r.transport = t->peerReport(p.id);
+        r.name = p.name;
+        r.address = p.address;
+        r.state = toString(p.state);
+        r.control_connections = conns;
+        r.failures = p.failures;
+        r.last_error = p.last_error;
+        r.remote_regions = directory_.regionCount(p.id);
+        r.remote_regions_ignored = directory_.dropped(p.id);
+        r.incarnation = p.remote_incarnation != 0 ? hex64(p.remote_incarnation) : "";
+        r.inbound = p.in != nullptr;
+        r.hosts = hostListText(p.hosts);
     }
-    nlohmann::json out;
-    out["peers"] = std::move(peers);
-    nlohmann::json listener;
-    listener["node"] = cfg_.node.name;
-    listener["address"] = listen_address_;
-    listener["incarnation"] = hex64(incarnation_);
-    listener["pending_handshakes"] = pending_.size();
-    listener["rejected"] = rejected_;
-    listener["last_rejection"] = last_rejection_;
-    listener["pending_unlisted"] = pending_unlisted_;
-    listener["unlisted_dropped"] = unlisted_dropped_;
-    listener["claims_refused"] = claims_refused_;
-    listener["handles"] = directory_.handleCount();
-    listener["handle_tombstones"] = directory_.tombstoneCount();
-    out["listener"] = std::move(listener);
-    return out.dump();
+    ListenerReport &l = out.listener;
+    l.node = cfg_.node.name;
+    l.address = listen_address_;
+    l.incarnation = hex64(incarnation_);
+    l.pending_handshakes = pending_.size();
+    l.rejected = rejected_;
+    l.last_rejection = last_rejection_;
+    l.pending_unlisted = pending_unlisted_;
+    l.unlisted_dropped = unlisted_dropped_;
+    l.claims_refused = claims_refused_;
+    l.handles = directory_.handleCount();
+    l.handle_tombstones = directory_.tombstoneCount();
+    return out;
 }
 
 std::unique_ptr<PeerManager> makePeerManager(const config::Config &cfg, RegionTable &regions,

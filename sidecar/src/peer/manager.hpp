@@ -92,7 +92,7 @@ public:
     int wakeFd() const override { return poller_.fd(); }
     void readable() override { poll_due_ = true; }
     size_t progress(EventSink &sink) override;
-    std::string statusJson() const override;
+    PeersReport report() const override;
 
     /// The port the listener is bound to (0 before start()); tests bind port 0.
     uint16_t listenPort() const { return listen_port_; }

@@ -23,8 +23,10 @@ void Transport::adoptChannel(PeerId, SessionSide, uint32_t, std::unique_ptr<Conn
     conn->close();
 }
 
-std::string Transport::peerStatusJson(PeerId) const {
-    return std::string("{\"transport\":\"") + name() + "\"}";
+TransportPeerReport Transport::peerReport(PeerId) const {
+    TransportPeerReport r;
+    r.transport = name();
+    return r;
 }
 
 // ----- TransportSet

@@ -64,8 +64,8 @@ public:
         return notBound(op.peer);
     }
 
-    /// registerRegion on every transport; the first error is returned (nothing is undone:
-    /// deregisterRegion is called on all of them when the region goes).
+    /// registerRegion on every transport, stopping at the first error, which is returned (the
+    /// caller then calls deregisterRegion: every transport lets go of what it took).
     Status registerRegion(Region &r) const;
     void deregisterRegion(RegionId r) const;
 

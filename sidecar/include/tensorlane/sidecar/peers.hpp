@@ -11,6 +11,7 @@
 
 #include "tensorlane/config/config.hpp"
 #include "tensorlane/sidecar/region.hpp"
+#include "tensorlane/sidecar/report.hpp"
 #include "tensorlane/sidecar/status.hpp"
 #include "tensorlane/sidecar/transport.hpp"
 
@@ -71,8 +72,10 @@ public:
     /// Runs lookup callbacks, peer state changes, and the sockets of bootstrap and liveness.
     virtual size_t progress(EventSink &sink) = 0;
 
-    /// Peers, their state, transport and counters, as a JSON object's text.
-    virtual std::string statusJson() const = 0;
+    /// Peers, their state, transport and counters; the listener.
+    virtual PeersReport report() const = 0;
+    /// report() as the JSON object's text (report_json.cpp).
+    std::string statusJson() const;
 };
 
 class TransportSet;

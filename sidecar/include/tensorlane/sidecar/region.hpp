@@ -103,7 +103,10 @@ struct Region {
 /// request path is one hash lookup.
 class RegionTable {
 public:
-    /// Adds a region and gives it a fresh id (never reused).
+    /// A fresh id (never reused), for a region about to be added: the transports see it in
+    /// registerRegion before the region is in the table.
+    RegionId takeId() { return next_id_++; }
+    /// Adds a region; one without an id (0) gets a fresh one.
     RegionId add(std::shared_ptr<Region> r);
     /// Removes it, marks it revoked and returns it (nullptr if unknown).
     std::shared_ptr<Region> remove(RegionId id);

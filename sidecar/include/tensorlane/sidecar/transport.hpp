@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "tensorlane/sidecar/region.hpp"
+#include "tensorlane/sidecar/report.hpp"
 #include "tensorlane/sidecar/status.hpp"
 
 namespace tensorlane::sidecar {
@@ -131,8 +132,10 @@ public:
     virtual bool available() const { return true; }
 
     // ----- memory
-    /// Called when a region is allocated or registered, on the engine thread; must not block
-    /// for long (verbs registers MRs lazily on its own threads and only notes the region here).
+    /// Called when a region is allocated or registered, on the engine thread, with its id
+    /// already given (it enters the region table once every transport took it); must not
+    /// block for long (verbs registers MRs lazily on its own threads). When one transport
+    /// refuses, every transport gets deregisterRegion(r.id) and the region is never added.
     virtual Status registerRegion(Region &r) = 0;
     /// Called once no write of any transport uses the region any more.
     virtual void deregisterRegion(RegionId r) = 0;
@@ -191,8 +194,9 @@ public:
     virtual bool arm() { return true; }
 
     // ----- status
-    /// Per-peer figures as a JSON object's text (`tensorlane status`).
-    virtual std::string peerStatusJson(PeerId peer) const;
+    /// Per-peer figures (`tensorlane status`, metrics): the typed ones, and the transport's own
+    /// as `detail` (report.hpp). The default: the name alone.
+    virtual TransportPeerReport peerReport(PeerId peer) const;
 };
 
 }  // namespace tensorlane::sidecar

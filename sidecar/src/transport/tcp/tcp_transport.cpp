@@ -597,12 +597,15 @@ size_t TcpTransport::progress(EventSink &sink) {
     return events;
 }
 
-std::string TcpTransport::peerStatusJson(PeerId id) const {
-    nlohmann::json j = nlohmann::json::object();
+TransportPeerReport TcpTransport::peerReport(PeerId id) const {
+    TransportPeerReport r;
+    r.transport = "tcp";
+    auto j = std::make_shared<nlohmann::json>(nlohmann::json::object());
+    (*j)["transport"] = "tcp";
+    r.detail = j;
     auto it = peers_.find(id);
     if (it == peers_.end()) {
-        j["transport"] = "tcp";
-        return j.dump();
+        return r;
     }
     const PeerData &p = it->second;
     nlohmann::json out_bytes = nlohmann::json::array();
@@ -620,21 +623,22 @@ std::string TcpTransport::peerStatusJson(PeerId id) const {
             conns += c && c->isOpen() ? 1 : 0;
         }
     }
-    j["transport"] = "tcp";
-    j["data_connections"] = conns;
-    j["in_flight"] = p.out && p.out->link ? p.out->link->inFlight() : 0;
-    j["writes_sent"] = p.writes_sent;
-    j["bytes_sent"] = p.bytes_sent;
-    j["writes_received"] = p.writes_received;
-    j["bytes_received"] = p.bytes_received;
-    j["data_bytes_sent"] = std::move(out_bytes);
-    j["queued_bytes"] = queued;  // cut into chunks, not yet taken by the sockets
-    j["uncut_bytes"] = p.out && p.out->link ? p.out->link->uncutBytes() : 0;
-    j["integrity"] = p.out ? p.out->info.integrity : (p.in ? p.in->info.integrity : false);
+    r.data_connections = conns;
+    r.in_flight = p.out && p.out->link ? p.out->link->inFlight() : 0;
+    (*j)["data_connections"] = r.data_connections;
+    (*j)["in_flight"] = r.in_flight;
+    (*j)["writes_sent"] = p.writes_sent;
+    (*j)["bytes_sent"] = p.bytes_sent;
+    (*j)["writes_received"] = p.writes_received;
+    (*j)["bytes_received"] = p.bytes_received;
+    (*j)["data_bytes_sent"] = std::move(out_bytes);
+    (*j)["queued_bytes"] = queued;  // cut into chunks, not yet taken by the sockets
+    (*j)["uncut_bytes"] = p.out && p.out->link ? p.out->link->uncutBytes() : 0;
+    (*j)["integrity"] = p.out ? p.out->info.integrity : (p.in ? p.in->info.integrity : false);
     // Shared by every peer of this transport.
-    j["tag_threads"] = tags_->threads();
-    j["tags_offloaded"] = tags_->jobsDone();
-    return j.dump();
+    (*j)["tag_threads"] = tags_->threads();
+    (*j)["tags_offloaded"] = tags_->jobsDone();
+    return r;
 }
 
 }  // namespace tensorlane::sidecar

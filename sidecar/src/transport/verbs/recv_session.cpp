@@ -405,11 +405,13 @@ bool RecvSession::arm() {
     return armCq(cq_.get(), stash_);
 }
 
-std::string RecvSession::statusJson() const {
-    nlohmann::json j;
+void RecvSession::report(TransportPeerReport *r, nlohmann::json *out) const {
+    nlohmann::json &j = *out;
     nlohmann::json qps = nlohmann::json::array();
+    r->has_receive = true;
     for (size_t i = 0; i < qps_.size(); ++i) {
         const char *state = qpStateNow(qps_[i].get());
+        r->receive_qps.push_back({local_[i].qpn, state});
         char qpn[16];
         std::snprintf(qpn, sizeof qpn, "0x%06x", local_[i].qpn);
         qps.push_back({{"qpn", qpn}, {"state", state}});
@@ -425,7 +427,6 @@ std::string RecvSession::statusJson() const {
     j["revoking"] = revoking_;
     j["mrs"] = mrs_.size();
     j["dmabuf_mrs"] = mrs_.dmabufCount();
-    return j.dump();
 }
 
 }  // namespace tensorlane::sidecar

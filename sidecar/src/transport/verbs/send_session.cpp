@@ -464,28 +464,32 @@ bool SendSession::arm() {
     return armCq(cq_.get(), stash_);
 }
 
-std::string SendSession::statusJson() const {
-    nlohmann::json j;
+void SendSession::report(TransportPeerReport *r, nlohmann::json *out) const {
+    nlohmann::json &j = *out;
     nlohmann::json qps = nlohmann::json::array();
+    r->has_send = true;
     for (const QpState &q : qps_) {
         const char *state = qpStateNow(q.qp.get());
+        r->send_qps.push_back({q.local.qpn, state});
         char qpn[16];
         std::snprintf(qpn, sizeof qpn, "0x%06x", q.local.qpn);
         qps.push_back({{"qpn", qpn}, {"state", state}, {"outstanding", q.outstanding}});
     }
+    r->in_flight = writes_.size();
+    r->work_requests = posted_wrs_;
+    r->completion_errors = errors_;
     j["qps"] = std::move(qps);
     j["path_mtu"] = mtuBytes(params_.path_mtu);
     j["traffic_class"] = params_.traffic_class;
     j["sl"] = params_.sl;
-    j["in_flight"] = writes_.size();
+    j["in_flight"] = r->in_flight;
     j["writes_completed"] = completed_writes_;
-    j["work_requests"] = posted_wrs_;
-    j["errors"] = errors_;
+    j["work_requests"] = r->work_requests;
+    j["errors"] = r->completion_errors;
     j["keys"] = keys_.size();
     j["mrs"] = mrs_.size();
     j["dmabuf_mrs"] = mrs_.dmabufCount();
     j["credits_free"] = connected_ ? remote_.ring_slots - (next_seq_ - 1 - credited_) : 0;
-    return j.dump();
 }
 
 }  // namespace tensorlane::sidecar

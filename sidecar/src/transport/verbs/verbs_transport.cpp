@@ -630,14 +630,20 @@ bool VerbsTransport::arm() {
     return true;
 }
 
-std::string VerbsTransport::peerStatusJson(PeerId peer) const {
-    nlohmann::json j;
+TransportPeerReport VerbsTransport::peerReport(PeerId peer) const {
+    TransportPeerReport r;
+    r.transport = "verbs";
+    r.device_async_events = async_events_;
+    r.revocations_forced = forcedRevocations(peer);
+    auto detail = std::make_shared<nlohmann::json>(nlohmann::json::object());
+    nlohmann::json &j = *detail;
+    r.detail = detail;
     j["transport"] = "verbs";
     j["device"] = sel_.device;
     j["port"] = sel_.port;
     j["gid_index"] = sel_.gid_index;
     j["gid"] = sel_.gid_text;
-    j["async_events"] = async_events_;
+    j["async_events"] = r.device_async_events;
     j["last_event"] = last_event_;
     // The port's retransmission and error counters (device-wide: the HCA does not count per
     // QP), as hw_counters has them; those this device lacks are left out.
@@ -668,18 +674,18 @@ std::string VerbsTransport::peerStatusJson(PeerId peer) const {
                                                                       : "untried";
     // Revocations this peer did not confirm within [security] revoke_timeout_ms (its MRs were
     // deregistered anyway), over all its sessions.
-    j["revocations_forced"] = forcedRevocations(peer);
+    j["revocations_forced"] = r.revocations_forced;
     auto it = peers_.find(peer);
     if (it != peers_.end()) {
         if (it->second.out) {
-            j["send"] = nlohmann::json::parse(it->second.out->statusJson(), nullptr, false);
-            j["in_flight"] = it->second.out->inFlight();
+            it->second.out->report(&r, &j["send"]);
+            j["in_flight"] = r.in_flight;
         }
         if (it->second.in) {
-            j["receive"] = nlohmann::json::parse(it->second.in->statusJson(), nullptr, false);
+            it->second.in->report(&r, &j["receive"]);
         }
     }
-    return j.dump();
+    return r;
 }
 
 }  // namespace tensorlane::sidecar

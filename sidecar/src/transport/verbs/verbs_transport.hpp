@@ -14,6 +14,8 @@
 
 #include <infiniband/verbs.h>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -64,7 +66,9 @@ public:
     bool arm();
     size_t inFlight() const { return writes_.size(); }
     MrCache &mrs() { return mrs_; }
-    std::string statusJson() const;
+    /// Its figures into `r` (send_qps, work_requests, completion_errors) and `*j` (the
+    /// status document's "send" object).
+    void report(TransportPeerReport *r, nlohmann::json *j) const;
 
 private:
     struct Stripe {
@@ -163,7 +167,8 @@ public:
     void sendReadyKeys();
     bool arm();
     MrCache &mrs() { return mrs_; }
-    std::string statusJson() const;
+    /// Its figures into `r` (receive_qps) and `*j` (the status document's "receive" object).
+    void report(TransportPeerReport *r, nlohmann::json *j) const;
 
 private:
     struct Exposed {
@@ -246,7 +251,7 @@ public:
     void adoptChannel(PeerId peer, SessionSide side, uint32_t index,
                       std::unique_ptr<Connection> conn) override;
     void readable(int fd) override;
-    std::string peerStatusJson(PeerId peer) const override;
+    TransportPeerReport peerReport(PeerId peer) const override;
     void attach(TransportHost &host) override { link_ = &host; }
     void regionExposed(PeerId peer, const std::shared_ptr<Region> &r) override;
     void regionRevoked(PeerId peer, RegionId r) override;
