@@ -14,7 +14,7 @@ using testing::allErrors;
 using testing::onlyError;
 using testing::parse;
 
-const TransportChoice kNoDevice{TransportKind::kTcp, "no RDMA device"};
+const TransportChoice kTcpNoDevice{TransportKind::kTcp, "no RDMA device"};
 
 TEST(ConfigReservedNames, DefaultIsNone) {
     const ParseResult r = parse("");
@@ -37,12 +37,12 @@ reserved_names = [{ prefix = "kv.", uids = [1000], gids = [] },
     EXPECT_TRUE(v[1].uids.empty());
     EXPECT_EQ(v[1].gids, (std::vector<uint32_t>{4242, 17}));
     // --check-config shows them, text and JSON.
-    const std::string text = describeText(*r.config, kNoDevice);
+    const std::string text = describeText(*r.config, kTcpNoDevice);
     EXPECT_NE(text.find("reserved_names = [{ prefix = \"kv.\", uids = [1000], gids = [] }, "
                         "{ prefix = \"prefill/\", uids = [], gids = [4242, 17] }]\n"),
               std::string::npos)
         << text;
-    const auto j = nlohmann::json::parse(describeJson(*r.config, kNoDevice));
+    const auto j = nlohmann::json::parse(describeJson(*r.config, kTcpNoDevice));
     ASSERT_EQ(j["security"]["reserved_names"].size(), 2u);
     EXPECT_EQ(j["security"]["reserved_names"][0]["prefix"], "kv.");
     EXPECT_EQ(j["security"]["reserved_names"][1]["gids"][1], 17);
@@ -51,11 +51,11 @@ reserved_names = [{ prefix = "kv.", uids = [1000], gids = [] },
 TEST(ConfigReservedNames, NoneIsSaidInTheDescription) {
     const ParseResult r = parse("");
     ASSERT_TRUE(r.ok());
-    const std::string text = describeText(*r.config, kNoDevice);
+    const std::string text = describeText(*r.config, kTcpNoDevice);
     EXPECT_NE(text.find("reserved_names = [] (any local client may expose any name)\n"),
               std::string::npos)
         << text;
-    const auto j = nlohmann::json::parse(describeJson(*r.config, kNoDevice));
+    const auto j = nlohmann::json::parse(describeJson(*r.config, kTcpNoDevice));
     EXPECT_EQ(j["security"]["reserved_names"], nlohmann::json::array());
 }
 

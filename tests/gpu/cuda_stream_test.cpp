@@ -18,7 +18,7 @@ namespace {
 
 using tlgpu::Cuda;
 
-constexpr int kWaitMs = 30000;
+constexpr int kStreamWaitMs = 30000;
 constexpr uint64_t kBytes = 4 << 20;
 constexpr uint64_t kWords = kBytes / 4;
 
@@ -100,10 +100,10 @@ TEST_F(CudaStreams, WriteOnStreamStartsAfterTheKernelBeforeIt) {
     CUevent after = nullptr;
     ASSERT_EQ(cuda.cuEventCreate(&after, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
     ASSERT_EQ(cuda.cuEventRecord(after, ws), CUDA_SUCCESS);
-    ASSERT_EQ(tl_wait(w, t, kWaitMs), TL_OK) << tl_last_error() << sc->log().substr(0, 4000);
+    ASSERT_EQ(tl_wait(w, t, kStreamWaitMs), TL_OK) << tl_last_error() << sc->log().substr(0, 4000);
     EXPECT_TRUE(eventDone(after, std::chrono::seconds(10)));
     tl_notification n{};
-    ASSERT_EQ(tl_wait_notification(r, &n, kWaitMs), TL_OK);
+    ASSERT_EQ(tl_wait_notification(r, &n, kStreamWaitMs), TL_OK);
     EXPECT_EQ(n.imm, 9u);
     EXPECT_EQ(cuda.mismatches(dst, kWords, 3), 0u) << "the write did not see the kernel's words";
     cuda.cuEventDestroy(after);
@@ -123,7 +123,7 @@ TEST_F(CudaStreams, WaitNotificationHoldsTheKernelUntilTheDataIsThere) {
     ASSERT_EQ(cuda.cuStreamSynchronize(ws), CUDA_SUCCESS);
     tl_ticket t = 0;
     ASSERT_EQ(tl_write(w, rs, 0, remote, 0, kBytes, 42, &t), TL_OK) << tl_last_error();
-    ASSERT_EQ(tl_wait(w, t, kWaitMs), TL_OK) << tl_last_error();
+    ASSERT_EQ(tl_wait(w, t, kStreamWaitMs), TL_OK) << tl_last_error();
     ASSERT_TRUE(eventDone(done, std::chrono::seconds(10))) << sc->log().substr(0, 4000);
     EXPECT_EQ(badCount(), 0u);
     // The notification went to the stream, not to the host queue.
@@ -137,7 +137,7 @@ TEST_F(CudaStreams, AWaitAfterTheDataArrivedPassesAtOnce) {
     ASSERT_EQ(cuda.cuCtxSynchronize(), CUDA_SUCCESS);
     tl_ticket t = 0;
     ASSERT_EQ(tl_write(w, rs, 0, remote, 0, kBytes, 43, &t), TL_OK);
-    ASSERT_EQ(tl_wait(w, t, kWaitMs), TL_OK);
+    ASSERT_EQ(tl_wait(w, t, kStreamWaitMs), TL_OK);
     // Arrived (and not taken by tl_wait_notification) before the stream asked: it counts.
     ASSERT_EQ(tl_stream_wait_notification(r, rd, 43, rstream), TL_OK) << tl_last_error();
     ASSERT_EQ(cuda.check(dst, kWords, 5, bad, rstream), CUDA_SUCCESS);
@@ -169,12 +169,12 @@ TEST_F(CudaStreams, ACapturedGraphWaitsForOneNotificationPerReplay) {
     EXPECT_EQ(cuda.cuEventQuery(first), CUDA_ERROR_NOT_READY);
     tl_ticket t = 0;
     ASSERT_EQ(tl_write(w, rs, 0, remote, 0, 4096, 7, &t), TL_OK);
-    ASSERT_EQ(tl_wait(w, t, kWaitMs), TL_OK);
+    ASSERT_EQ(tl_wait(w, t, kStreamWaitMs), TL_OK);
     EXPECT_TRUE(eventDone(first, std::chrono::seconds(10)));
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     EXPECT_EQ(cuda.cuEventQuery(second), CUDA_ERROR_NOT_READY) << "one notification, two replays";
     ASSERT_EQ(tl_write(w, rs, 0, remote, 0, 4096, 7, &t), TL_OK);
-    ASSERT_EQ(tl_wait(w, t, kWaitMs), TL_OK);
+    ASSERT_EQ(tl_wait(w, t, kStreamWaitMs), TL_OK);
     EXPECT_TRUE(eventDone(second, std::chrono::seconds(10)));
     uint32_t count = 0;
     cuda.cuMemcpyDtoH(&count, counter, 4);
@@ -196,7 +196,7 @@ TEST_F(CudaStreams, AFailedWriteStillReleasesTheStreamWaitingForIt) {
     // The target goes away while the write waits for its kernel.
     ASSERT_EQ(tl_deregister(r, rd), TL_OK);
     EXPECT_TRUE(eventDone(after, std::chrono::seconds(10))) << "a failed write held its stream";
-    EXPECT_EQ(tl_wait(w, t, kWaitMs), TL_ENOENT) << tl_last_error();
+    EXPECT_EQ(tl_wait(w, t, kStreamWaitMs), TL_ENOENT) << tl_last_error();
     cuda.cuEventDestroy(after);
 }
 

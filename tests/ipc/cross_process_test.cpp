@@ -32,7 +32,7 @@
 namespace tensorlane::ipc {
 namespace {
 
-constexpr uint32_t kDepth = 16;
+constexpr uint32_t kCrossDepth = 16;
 constexpr int kPollTimeoutMs = 10000;  // far longer than any honest wait in this test
 constexpr unsigned kWatchdogSeconds = 120;
 
@@ -118,7 +118,7 @@ int clientMain(int seg_fd, int to_sidecar, int to_client, uint64_t count, int sp
         return kChildMapFailed;
     }
     SegmentGeometry g;
-    if (!validateSegment(m.data(), bytes, &g) || g.request_depth != kDepth) {
+    if (!validateSegment(m.data(), bytes, &g) || g.request_depth != kCrossDepth) {
         return kChildInvalidSegment;
     }
     SegmentView v = SegmentView::at(m.data(), g);
@@ -198,8 +198,8 @@ int clientMain(int seg_fd, int to_sidecar, int to_client, uint64_t count, int sp
 /// The sidecar, in this process: answers every request in order. Returns "" or what went wrong.
 std::string sidecarLoop(const SegmentView &v, int to_sidecar, int to_client, uint64_t count,
                         int spin, SharedStats *stats) {
-    RingConsumer<Request> requests(v.request_ctl, v.requests, kDepth);
-    RingProducer<Completion> completions(v.completion_ctl, v.completions, kDepth);
+    RingConsumer<Request> requests(v.request_ctl, v.requests, kCrossDepth);
+    RingProducer<Completion> completions(v.completion_ctl, v.completions, kCrossDepth);
     uint64_t expected = 1;
     int idle = 0;
     while (expected <= count) {
@@ -266,7 +266,7 @@ std::string sidecarLoop(const SegmentView &v, int to_sidecar, int to_client, uin
 }
 
 void runSession(uint64_t count, int spin) {
-    const SegmentGeometry g = SegmentGeometry::forDepth(kDepth);
+    const SegmentGeometry g = SegmentGeometry::forDepth(kCrossDepth);
     SharedSegment seg;
     std::string error;
     ASSERT_EQ(createSegment(g.total_bytes, ::getuid(), ::getgid(), &seg, &error), 0) << error;

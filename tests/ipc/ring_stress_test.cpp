@@ -26,7 +26,7 @@ using test::peekSeq;
 using test::stressIterations;
 using test::touchPushed;
 
-constexpr uint32_t kDepth = 16;
+constexpr uint32_t kStressDepth = 16;
 constexpr auto kDeadline = std::chrono::seconds(60);  // a hang fails instead of stalling CI
 
 /// Spins a little, then yields: two spinning threads on two cores (or fewer) still progress.
@@ -75,7 +75,7 @@ std::string consumeAll(RingConsumer<Entry> &cons, const Entry *slots, uint64_t c
         }
         backoff.reset();
         if (!batch_reads || (rng() & 1)) {
-            const uint64_t peeked = peekSeq(slots, kDepth, cons.head());
+            const uint64_t peeked = peekSeq(slots, kStressDepth, cons.head());
             Entry e;
             if (!cons.pop(e)) {
                 return "pop failed with entries available";
@@ -90,7 +90,7 @@ std::string consumeAll(RingConsumer<Entry> &cons, const Entry *slots, uint64_t c
         const uint32_t take = 1 + static_cast<uint32_t>(rng() % n);
         for (uint32_t i = 0; i < take; ++i) {
             const Entry e = cons.read(i);
-            if (e.seq != expected + i || peekSeq(slots, kDepth, cons.head() + i) != e.seq ||
+            if (e.seq != expected + i || peekSeq(slots, kStressDepth, cons.head() + i) != e.seq ||
                 !entryIsIntact(e)) {
                 return "entry " + std::to_string(expected + i) + " arrived as seq " +
                        std::to_string(e.seq) + (entryIsIntact(e) ? "" : " (torn)");
@@ -103,7 +103,7 @@ std::string consumeAll(RingConsumer<Entry> &cons, const Entry *slots, uint64_t c
 }
 
 void runProducerConsumer(bool batch_push) {
-    GuardedRing<Entry> ring(kDepth);
+    GuardedRing<Entry> ring(kStressDepth);
     const uint64_t count = stressIterations(2'000'000);
     std::atomic<bool> stop{false};
     std::string producer_error;
@@ -116,10 +116,10 @@ void runProducerConsumer(bool batch_push) {
         uint64_t next = 0;
         while (next < count && !stop.load(std::memory_order_relaxed)) {
             // Batch mode: push up to k, then publish them all at once.
-            const uint64_t want = batch_push ? 1 + rng() % kDepth : 1;
+            const uint64_t want = batch_push ? 1 + rng() % kStressDepth : 1;
             uint64_t pushed = 0;
             while (pushed < want && next < count && prod.push(makeEntry(next))) {
-                touchPushed(ring.slots(), kDepth, prod.tail(), next);
+                touchPushed(ring.slots(), kStressDepth, prod.tail(), next);
                 ++next;
                 ++pushed;
             }
@@ -183,7 +183,7 @@ TEST(SpscRingStress, ConsumerIgnoresBogusTails) {
     const uint64_t rounds = std::max<uint64_t>(20, stressIterations(2'000'000) / 2000);
     std::mt19937_64 seeds(1234);
     for (uint64_t round = 0; round < rounds; ++round) {
-        GuardedRing<Entry> ring(kDepth);
+        GuardedRing<Entry> ring(kStressDepth);
         const uint64_t seed = seeds();
         const uint64_t honest = 1 + seed % 3000;
         std::atomic<bool> stop{false};
@@ -201,7 +201,7 @@ TEST(SpscRingStress, ConsumerIgnoresBogusTails) {
                     return;
                 }
                 if (prod.push(makeEntry(next))) {
-                    touchPushed(ring.slots(), kDepth, prod.tail(), next);
+                    touchPushed(ring.slots(), kStressDepth, prod.tail(), next);
                     ++next;
                     if (rng() % 4 == 0 || next == honest) {
                         prod.publish();
@@ -220,7 +220,8 @@ TEST(SpscRingStress, ConsumerIgnoresBogusTails) {
         std::thread scribbler([&] {
             std::mt19937_64 rng(seed ^ 0x5555);
             while (!stop.load(std::memory_order_relaxed)) {
-                ring.setTail(bogusCursor(rng, ring.sharedHead(), ring.sharedHead() + 2 * kDepth));
+                ring.setTail(
+                    bogusCursor(rng, ring.sharedHead(), ring.sharedHead() + 2 * kStressDepth));
                 std::this_thread::yield();
             }
         });
@@ -244,7 +245,7 @@ TEST(SpscRingStress, ProducerFlagsBogusHeads) {
     const uint64_t rounds = std::max<uint64_t>(20, stressIterations(2'000'000) / 2000);
     std::mt19937_64 seeds(4321);
     for (uint64_t round = 0; round < rounds; ++round) {
-        GuardedRing<Entry> ring(kDepth);
+        GuardedRing<Entry> ring(kStressDepth);
         const uint64_t seed = seeds();
         const uint64_t honest = seed % 3000;
         std::string producer_error;
@@ -256,14 +257,14 @@ TEST(SpscRingStress, ProducerFlagsBogusHeads) {
             const auto start = std::chrono::steady_clock::now();
             uint64_t next = 0;
             for (;;) {
-                if (next > honest + kDepth) {
+                if (next > honest + kStressDepth) {
                     // The consumer releases `honest` entries and no more: a tail beyond
                     // honest + depth means a slot it never released was overwritten.
                     producer_error = "pushed past the consumer's head + depth";
                     break;
                 }
                 if (prod.push(makeEntry(next))) {
-                    touchPushed(ring.slots(), kDepth, prod.tail(), next);
+                    touchPushed(ring.slots(), kStressDepth, prod.tail(), next);
                     ++next;
                     prod.publish();
                     backoff.reset();
@@ -293,7 +294,7 @@ TEST(SpscRingStress, ProducerFlagsBogusHeads) {
         while (expected < honest) {
             Entry e;
             const uint64_t peeked =
-                cons.available() > 0 ? peekSeq(ring.slots(), kDepth, cons.head()) : expected;
+                cons.available() > 0 ? peekSeq(ring.slots(), kStressDepth, cons.head()) : expected;
             if (!cons.pop(e)) {
                 if (pastDeadline(start)) {
                     consumer_error = "consumer timed out";
@@ -310,8 +311,8 @@ TEST(SpscRingStress, ProducerFlagsBogusHeads) {
             ++expected;
         }
         // Our head is `expected`; the producer's tail is at most expected + depth.
-        const uint64_t bogus =
-            bogusCursor(rng, expected > kDepth ? expected - kDepth : 0, expected + kDepth);
+        const uint64_t bogus = bogusCursor(
+            rng, expected > kStressDepth ? expected - kStressDepth : 0, expected + kStressDepth);
         ring.setHead(bogus);
         // The producer fills the free slots, looks at the head, and must give up (its deadline
         // bounds the wait if it never does).
@@ -320,9 +321,9 @@ TEST(SpscRingStress, ProducerFlagsBogusHeads) {
         ASSERT_EQ(producer_error, "") << "round " << round << " bogus head " << bogus;
         // The producer wrote at most the slots the consumer had released: the entries from our
         // head to its tail are all still there, in order, unharmed.
-        ASSERT_LE(produced, expected + kDepth);
+        ASSERT_LE(produced, expected + kStressDepth);
         for (uint64_t s = expected; s < produced; ++s) {
-            const Entry slot = ring.slots()[s & (kDepth - 1)];
+            const Entry slot = ring.slots()[s & (kStressDepth - 1)];
             ASSERT_EQ(slot.seq, s) << "round " << round;
             ASSERT_TRUE(entryIsIntact(slot));
         }

@@ -20,6 +20,7 @@
 #include <deque>
 #include <filesystem>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <stdexcept>
 
@@ -550,6 +551,16 @@ PeerState Node::state(const std::string &peer) {
 
 std::string Node::statusJson() {
     return call([&] { return pm_->statusJson(); });
+}
+
+nlohmann::json peerStatus(Node &n, const std::string &peer) {
+    auto j = nlohmann::json::parse(n.statusJson());
+    for (auto &p : j["peers"]) {
+        if (p["name"] == peer) {
+            return p;
+        }
+    }
+    return nullptr;
 }
 
 }  // namespace tensorlane::peertest

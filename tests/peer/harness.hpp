@@ -16,6 +16,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "tensorlane/config/config.hpp"
 #include "tensorlane/sidecar/peers.hpp"
 #include "tensorlane/sidecar/region.hpp"
@@ -55,6 +57,15 @@ private:
 /// digit), so each digit names a different key.
 inline std::string keyText(char digit) {
     return "tensorlane-key-v1:" + std::string(64, digit) + "\n";
+}
+/// The key the tests' nodes share unless a test needs another.
+inline const std::string kSecret = keyText('7');
+
+/// Milliseconds since `t0` on the steady clock.
+inline int64_t msSince(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                 t0)
+        .count();
 }
 
 /// One event seen by a sink; `order` is global across all sinks of the process.
@@ -219,5 +230,8 @@ uint64_t nextOpId();
 std::vector<std::string> peerLogLines();
 /// True when a peer log line contains every one of `parts`.
 bool peerLogHas(const std::vector<std::string> &parts);
+
+/// `peer`'s entry in `n`'s status document (`peers[]`); null when it has none.
+nlohmann::json peerStatus(Node &n, const std::string &peer);
 
 }  // namespace tensorlane::peertest

@@ -17,11 +17,6 @@ namespace tensorlane::peertest {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-const std::string kSecret = keyText('7');
-
-int64_t msSince(Clock::time_point t0) {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
-}
 
 /// Posts until the peer is back and a write completes kOk (the reconnect runs by itself).
 bool writeSucceedsWithin(Node &a, const std::string &peer, const std::string &region,

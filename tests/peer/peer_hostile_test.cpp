@@ -30,8 +30,6 @@ using sidecar::ChunkHeader;
 using sidecar::FrameHeader;
 using sidecar::FrameType;
 
-const std::string kSecret = keyText('7');
-
 /// A node that lists a raw peer "node-evil" (at `evil_port`, which it dials only on use).
 std::unique_ptr<Node> victim(const std::string &key, uint16_t evil_port,
                              std::function<void(config::Config &)> tweak = {}) {
@@ -42,16 +40,6 @@ std::unique_ptr<Node> victim(const std::string &key, uint16_t evil_port,
     o.peers = {{"node-evil", evil_port}};
     o.tweak = std::move(tweak);
     return std::make_unique<Node>(o);
-}
-
-nlohmann::json peerStatus(Node &n, const std::string &peer) {
-    auto j = nlohmann::json::parse(n.statusJson());
-    for (auto &p : j["peers"]) {
-        if (p["name"] == peer) {
-            return p;
-        }
-    }
-    return nlohmann::json();
 }
 
 TEST(HostilePeer, TwoChunksClaimingTheSameBytesAreAProtocolError) {

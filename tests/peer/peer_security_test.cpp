@@ -25,7 +25,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-const std::string kSecret = keyText('7');
 const std::string kOtherSecret = keyText('8');
 
 /// A blocking client socket to `host`:port, from `source` when given (any 127/8 address is a
@@ -125,10 +124,6 @@ bool readFrame(int fd, sidecar::FrameHeader *h, std::vector<uint8_t> *payload,
 
 nlohmann::json listenerStatus(Node &n) {
     return nlohmann::json::parse(n.statusJson())["listener"];
-}
-
-int64_t msSince(Clock::time_point t0) {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
 }
 
 bool waitUntil(const std::function<bool()> &pred, std::chrono::milliseconds timeout) {

@@ -14,8 +14,6 @@
 namespace tensorlane::peertest {
 namespace {
 
-const std::string kSecret = keyText('7');
-
 /// Nodes over the transport under test: tcp, or verbs on the simulated HCA.
 class PeerFixture {
 protected:
@@ -98,16 +96,6 @@ std::pair<Status, RemoteRegion> lookupEventually(Node &n, const std::string &pee
         r = n.lookup(peer, name);
     } while (!r.first.isOk() && std::chrono::steady_clock::now() < deadline);
     return r;
-}
-
-nlohmann::json peerStatus(Node &n, const std::string &peer) {
-    auto j = nlohmann::json::parse(n.statusJson());
-    for (auto &p : j["peers"]) {
-        if (p["name"] == peer) {
-            return p;
-        }
-    }
-    return {};
 }
 
 TEST_P(Peers, LookupAndWriteDeliverRandomData) {

@@ -26,7 +26,7 @@ using sidecar::VerbsMsg;
 using sidecar::WireImm;
 using sidecar::WriteDescriptor;
 
-const std::string kSecret = keyText('8');
+const std::string kVerbsKey = keyText('8');
 
 size_t arrivalsFrom(Node &n, const std::string &peer, uint32_t imm) {
     const auto ev = n.sink.arrivals();
@@ -53,7 +53,7 @@ protected:
             GTEST_SKIP() << "needs the simulated HCA (LD_LIBRARY_PATH at tests/simhca; CTest "
                             "sets it)";
         }
-        key_ = dir_.writeFile("peer.key", kSecret);
+        key_ = dir_.writeFile("peer.key", kVerbsKey);
         const uint16_t port_a = freePort(), port_b = freePort();
         NodeOptions ob;
         ob.name = "node-b";
@@ -145,7 +145,7 @@ protected:
         ASSERT_TRUE(end->open(nextSimDevice(), 2, &why)) << why;
         RawCaps caps;
         caps.transports = sidecar::kTransportTcp | sidecar::kTransportVerbs;
-        *evil = std::make_unique<RawClientPeer>(kSecret, "node-evil", "node-b", b_->port(), caps);
+        *evil = std::make_unique<RawClientPeer>(kVerbsKey, "node-evil", "node-b", b_->port(), caps);
         std::vector<uint8_t> selected;
         const auto blob = sidecar::encodeVerbsBlob(end->blob());
         ASSERT_TRUE((*evil)->openSession(sidecar::kTransportVerbs, blob, &selected, &why)) << why;

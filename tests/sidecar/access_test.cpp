@@ -30,12 +30,6 @@ constexpr gid_t kGroup = 4242;
 constexpr size_t kSlot = 4096;
 const std::string kAllowAll = "allowed_uids = [65534, 65533, 65532]";
 
-/// Drops to `uid`/`gid` with exactly `groups` as supplementary groups (in a forked child).
-bool becomeUser(uid_t uid, gid_t gid, const std::vector<gid_t> &groups) {
-    return ::setgroups(groups.size(), groups.data()) == 0 && ::setgid(gid) == 0 &&
-           ::setuid(uid) == 0;
-}
-
 /// A pipe for a forked child to report to the parent (or the parent to release a child).
 struct Pipe {
     int fd[2] = {-1, -1};

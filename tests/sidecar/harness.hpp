@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -54,6 +55,19 @@ private:
 
 /// A peer key file's content (tensorlane-key-v1, what `tensorlane keygen` writes): the prefix
 /// and 64 copies of `digit` (a hex digit), so each digit names a different key.
+/// Fast failure detection for tests of peers that fail ([fabric.tcp] keys): the bound under
+/// test is peer_timeout_ms, kPeerTimeoutMs.
+constexpr int kPeerTimeoutMs = 1500;
+inline const std::string kFastFailureTcp =
+    "keepalive_ms = 200\npeer_timeout_ms = 1500\nconnect_timeout_ms = 1000\n"
+    "reconnect_min_ms = 50\nreconnect_max_ms = 400\n";
+
+/// Drops to `uid`/`gid` with exactly `groups` as supplementary groups (in a forked child).
+inline bool becomeUser(uid_t uid, gid_t gid, const std::vector<gid_t> &groups = {}) {
+    return ::setgroups(groups.size(), groups.data()) == 0 && ::setgid(gid) == 0 &&
+           ::setuid(uid) == 0;
+}
+
 inline std::string keyText(char digit) {
     return "tensorlane-key-v1:" + std::string(64, digit) + "\n";
 }

@@ -24,11 +24,6 @@ using nlohmann::json;
 
 namespace {
 
-/// Drops to `uid`/`gid` with no supplementary groups (in a forked child).
-bool becomeUser(uid_t uid, gid_t gid) {
-    return ::setgroups(0, nullptr) == 0 && ::setgid(gid) == 0 && ::setuid(uid) == 0;
-}
-
 /// The status entry of the one session with `key` > 0; empty when none or several have it.
 json onlySessionWith(const json &status, const char *key) {
     json found;

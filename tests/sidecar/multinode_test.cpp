@@ -17,12 +17,6 @@ using namespace tltest;
 
 namespace {
 
-/// Fast failure detection so the tests stay short; the bound under test is peer_timeout_ms.
-constexpr int kPeerTimeoutMs = 1500;
-const std::string kTcp =
-    "keepalive_ms = 200\npeer_timeout_ms = 1500\nconnect_timeout_ms = 1000\n"
-    "reconnect_min_ms = 50\nreconnect_max_ms = 400\n";
-
 /// N sidecars that all list each other as peers, sharing one key; over tcp, or over the verbs
 /// transport on the simulated HCA (each node its own simulated device and loopback address).
 class Cluster {
@@ -46,7 +40,7 @@ public:
         o.name = names_[i];
         o.listen = "127.0.0.1:" + std::to_string(ports_[i]);
         o.key_file = key_;
-        o.tcp = kTcp;
+        o.tcp = kFastFailureTcp;
         o.transport = transport_;
         o.poll_mode = poll_mode_;
         o.rdma_ip = uniqueLoopback(10 + i);
@@ -328,12 +322,12 @@ TEST(MultiNodeTcp, WrongKeyIsRefused) {
                      .listen = "127.0.0.1:" + std::to_string(pa),
                      .peers = {{"node-b", "127.0.0.1:" + std::to_string(pb)}},
                      .key_file = key_a,
-                     .tcp = kTcp};
+                     .tcp = kFastFailureTcp};
     SidecarOptions b{.name = "node-b",
                      .listen = "127.0.0.1:" + std::to_string(pb),
                      .peers = {{"node-a", "127.0.0.1:" + std::to_string(pa)}},
                      .key_file = key_b,
-                     .tcp = kTcp};
+                     .tcp = kFastFailureTcp};
     Sidecar sa(a), sb(b);
     ASSERT_TRUE(sa.ready() && sb.ready());
     auto cb = tensorlane::Client::connect(sb.socket());

@@ -13,8 +13,6 @@ using namespace tltest;
 
 namespace {
 
-constexpr int kPeerTimeoutMs = 1500;
-
 /// Over tcp, and over the verbs transport on the simulated HCA (RoCEv2 packets on the veth).
 class LinkCut : public ::testing::TestWithParam<std::string> {};
 

@@ -106,12 +106,6 @@ TEST(DeadClient, KilledClientReleasesEverything) {
     EXPECT_TRUE(healthyRoundTrip(sc.socket(), 11));
 }
 
-/// Drops to `uid`/`gid` with exactly `groups` as supplementary groups (in a forked child).
-bool becomeUser(uid_t uid, gid_t gid, std::vector<gid_t> groups) {
-    return ::setgroups(groups.size(), groups.data()) == 0 && ::setgid(gid) == 0 &&
-           ::setuid(uid) == 0;
-}
-
 /// The socket file's mode bits and group.
 std::pair<unsigned, gid_t> socketMode(const std::string &path) {
     struct stat st {};

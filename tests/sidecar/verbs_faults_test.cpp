@@ -22,10 +22,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-const std::string kTcp =
-    "keepalive_ms = 200\npeer_timeout_ms = 1500\nconnect_timeout_ms = 1000\n"
-    "reconnect_min_ms = 50\nreconnect_max_ms = 400\n";
-
 /// A client on each sidecar: node-b exposes "inbox", node-a has a source buffer and a handle.
 class Exchange {
 public:
@@ -151,7 +147,7 @@ struct LoopbackPair {
                                 .listen = "127.0.0.1:" + std::to_string(pa),
                                 .peers = {{"node-b", "127.0.0.1:" + std::to_string(pb)}},
                                 .key_file = key,
-                                .tcp = kTcp,
+                                .tcp = kFastFailureTcp,
                                 .transport = transport_a,
                                 .rdma_ip = uniqueLoopback(11),
                                 .fabric = "timeout = 14\nretry_cnt = 3\n" + fabric_a};
@@ -159,7 +155,7 @@ struct LoopbackPair {
                           .listen = "127.0.0.1:" + std::to_string(pb),
                           .peers = {{"node-a", "127.0.0.1:" + std::to_string(pa)}},
                           .key_file = key,
-                          .tcp = kTcp,
+                          .tcp = kFastFailureTcp,
                           .transport = transport_b,
                           .rdma_ip = b_has_device ? uniqueLoopback(12) : "",
                           .fabric = "timeout = 14\nretry_cnt = 3\n" + fabric_b};
@@ -206,7 +202,7 @@ TEST_P(VerbsLoss, EveryWriteArrivesOnceIntact) {
                       .peers = {{"node-b", net.addressB() + ":18515"}},
                       .key_file = key,
                       .netns = net.nsA(),
-                      .tcp = kTcp,
+                      .tcp = kFastFailureTcp,
                       .transport = "verbs",
                       .rdma_ip = net.addressA(),
                       .rdma_netdev = net.vethA(),

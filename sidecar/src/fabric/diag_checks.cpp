@@ -15,14 +15,6 @@ Finding make(std::string check, S status, std::string detail, std::string fix = 
     return {std::move(check), status, std::move(detail), std::move(fix)};
 }
 
-std::string join(const std::vector<std::string> &items, const char *sep = ", ") {
-    std::string out;
-    for (const std::string &s : items) {
-        out += out.empty() ? s : sep + s;
-    }
-    return out;
-}
-
 /// "0,0,0,1,0,0,0,0": PFC on `prio` alone, as mlnx_qos --pfc takes it.
 std::string pfcList(unsigned prio) {
     std::string out;

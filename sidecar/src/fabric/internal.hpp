@@ -18,6 +18,9 @@ namespace tensorlane::sidecar {
 /// The "tensorlane.sidecar.fabric" logger (stderr), created on first use.
 spdlog::logger &fabricLog();
 
+/// "a, b, c": the items with `sep` between them (messages that list candidates).
+std::string join(const std::vector<std::string> &items, const char *sep = ", ");
+
 /// What a helper program (mlnx_qos, dcb, ethtool) printed.
 struct CommandOutput {
     /// False when the program is not on PATH.

@@ -8,15 +8,15 @@
 
 namespace tensorlane::sidecar {
 
-namespace {
-
-std::string join(const std::vector<std::string> &items, const char *sep = ", ") {
+std::string join(const std::vector<std::string> &items, const char *sep) {
     std::string out;
     for (const std::string &s : items) {
         out += out.empty() ? s : sep + s;
     }
     return out;
 }
+
+namespace {
 
 std::string portName(const std::string &device, uint32_t port) {
     return device + " port " + std::to_string(port);

@@ -18,7 +18,7 @@ constexpr uint32_t kReadResp = kIsResponse | kIsRead | kHasPayload;
 
 // Indexed by the opcode value; RC occupies 0x00-0x1f (IB spec Table 38). Rows left empty are
 // opcodes not modelled (atomics 0x12-0x14, invalidate 0x16-0x17, UC/RD/UD/XRC ranges).
-constexpr std::array<OpcodeInfo, 0x20> kTable = [] {
+constexpr std::array<OpcodeInfo, 0x20> kOpcodes = [] {
     std::array<OpcodeInfo, 0x20> t{};
     auto set = [&t](Opcode op, const char *name, uint32_t flags, uint8_t bytes) {
         t[static_cast<uint8_t>(op)] = OpcodeInfo{name, flags, bytes};
@@ -56,10 +56,10 @@ constexpr std::array<OpcodeInfo, 0x20> kTable = [] {
 }  // namespace
 
 const OpcodeInfo *opcodeInfo(uint8_t opcode) {
-    if (opcode >= kTable.size() || kTable[opcode].name == nullptr) {
+    if (opcode >= kOpcodes.size() || kOpcodes[opcode].name == nullptr) {
         return nullptr;
     }
-    return &kTable[opcode];
+    return &kOpcodes[opcode];
 }
 
 }  // namespace tensorlane::simhca

@@ -17,7 +17,7 @@ struct TransitionTable {
     Transition t[kNumStates][kNumStates];
 };
 
-constexpr TransitionTable kTable = [] {
+constexpr TransitionTable kTransitions = [] {
     TransitionTable table{};
     auto set = [&table](ibv_qp_state from, ibv_qp_state to, int req, int opt) {
         table.t[from][to] = Transition{true, req, opt};
@@ -65,7 +65,7 @@ bool modifyQpIsOk(ibv_qp_state cur, ibv_qp_state next, int mask) {
         cur != IBV_QPS_SQD && cur != IBV_QPS_SQE) {
         return false;
     }
-    const Transition &t = kTable.t[cur][next];
+    const Transition &t = kTransitions.t[cur][next];
     if (!t.valid) {
         return false;
     }
