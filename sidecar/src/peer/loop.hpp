@@ -1,6 +1,7 @@
 // What the parts of the peer layer (listener, dialer, liveness) need from the loop that owns
 // them, PeerManagerImpl: deadlines, wake-ups, events for the engine, and objects kept alive to
-// the end of a progress() pass. Nothing here reaches the peer table or another part.
+// the end of a progress() pass. It hands out neither the peer table nor another part: the one
+// request that reaches another part is peerRestarted (the listener's news, the dialer's work).
 #pragma once
 
 #include <cstdint>
