@@ -4,7 +4,6 @@
 
 #include <sodium.h>
 #include <sys/eventfd.h>
-#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -79,7 +78,10 @@ PeerManagerImpl::PeerManagerImpl(const config::Config &cfg, RegionTable &regions
       key_(std::move(key)),
       limits_(limits),
       transports_(transports),
-      directory_(cfg.limits.peer_regions) {
+      directory_(cfg.limits.peer_regions),
+      listener_(cfg_, limits_, key_, regions_, transports_, poller_, kTokenListen, peers_, *this),
+      dialer_(cfg_, transports_, directory_, poller_, peers_, *this),
+      liveness_(cfg_, peers_, *this, listener_, dialer_) {
     for (Transport *t : transports_.remote()) {
         t->attach(*this);
     }
@@ -99,16 +101,16 @@ PeerManagerImpl::PeerManagerImpl(const config::Config &cfg, RegionTable &regions
         }
         p.backoff_ms = cfg_.tcp.reconnect_min_ms;
         transports_.unbind(p.id, "peer '" + p.name + "' is down: not connected");
-        peers_.push_back(std::move(p));
+        peers_.add(std::move(p));
     }
 }
 
 PeerManagerImpl::~PeerManagerImpl() {
     stop();
-    // Connections deregister from the poller when destroyed; make sure that happens while the
-    // poller is still alive (members are destroyed in reverse order, the poller before these).
+    // Connections deregister from the poller when destroyed. The poller is declared before
+    // every member that holds one, so it outlives them; they go here, in this order.
     peers_.clear();
-    pending_.clear();
+    listener_.dropAllPending();
     dead_out_.clear();
     dead_in_.clear();
     dead_conns_.clear();
@@ -124,11 +126,9 @@ Status PeerManagerImpl::init() {
     if (int rc = poller_.open(); rc != 0) {
         return {Code::kInternal, std::string("epoll_create1: ") + std::strerror(rc)};
     }
-    int tfd = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
-    if (tfd < 0) {
-        return {Code::kInternal, std::string("timerfd_create: ") + std::strerror(errno)};
+    if (Status s = liveness_.open(); !s.isOk()) {
+        return s;
     }
-    timer_.reset(tfd);
     int efd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (efd < 0) {
         return {Code::kInternal, std::string("eventfd: ") + std::strerror(errno)};
@@ -141,13 +141,14 @@ Status PeerManagerImpl::init() {
     // The keys of pairs that have their own ([[peers]] key_file); the others keep the shared one.
     for (size_t i = 0; i < peers_.size(); ++i) {
         const std::string &file = cfg_.peers[i].key_file;
+        Peer &p = *peers_.byId(static_cast<PeerId>(i + 1));
         if (!file.empty()) {
-            if (Status s = PeerKey::fromFile(file, &peers_[i].key); !s.isOk()) {
-                return {s.code(), "[[peers]] '" + peers_[i].name + "' key_file: " + s.message()};
+            if (Status s = PeerKey::fromFile(file, &p.key); !s.isOk()) {
+                return {s.code(), "[[peers]] '" + p.name + "' key_file: " + s.message()};
             }
         }
     }
-    poller_.add(timer_.get(), EPOLLIN, kTokenTimer);
+    poller_.add(liveness_.timerFd(), EPOLLIN, kTokenTimer);
     poller_.add(wake_.get(), EPOLLIN, kTokenWake);
     poller_.add(resolver_->fd(), EPOLLIN, kTokenResolver);
     return Status::ok();
@@ -163,39 +164,18 @@ Status PeerManagerImpl::start() {
         return Status::ok();
     }
     SockAddr addr;
-    std::string error;
-    int rc = resolveAddress(cfg_.node.listen.host, cfg_.node.listen.port, true, &addr, &error);
-    if (rc != 0) {
-        return {Code::kInvalid, "[node] listen: " + error};
+    if (Status s = listener_.start(&addr); !s.isOk()) {
+        return s;
     }
-    rc = listenTcp(addr, 128, &listener_);
-    if (rc != 0) {
-        return {Code::kPermission,
-                "cannot listen for peers on " + addr.text() + ": " + std::strerror(rc)};
-    }
-    SockAddr bound;
-    if (localAddress(listener_.get(), &bound) == 0) {
-        listen_port_ = bound.port();
-        listen_address_ = bound.text();
-    }
-    poller_.add(listener_.get(), EPOLLIN, kTokenListen);
     // Outgoing connections leave from a specific listen address (a wildcard one leaves the
     // choice to routing), so that peers see us come from the address they dial.
-    if (const HostAddress h = hostOf(addr); !h.empty() && h.bytes != std::array<uint8_t, 16>{}) {
-        SockAddr src = addr;
-        if (src.storage.ss_family == AF_INET) {
-            reinterpret_cast<sockaddr_in *>(&src.storage)->sin_port = 0;
-        } else {
-            reinterpret_cast<sockaddr_in6 *>(&src.storage)->sin6_port = 0;
-        }
-        bind_source_ = src;
-    }
+    dialer_.leaveFrom(addr);
     started_ = true;
     // Where the peers given by name may connect from (the accept-side checks); resolved again
     // when a connection comes from an address no peer is known at.
-    refreshPeerHosts(monotonicMs());
+    listener_.refreshPeerHosts(monotonicMs());
     peerLog().info("node '{}' listening for peers on {} (incarnation {}, {} peers configured)",
-                   cfg_.node.name, listen_address_, hex64(incarnation_), peers_.size());
+                   cfg_.node.name, listener_.address(), hex64(incarnation_), peers_.size());
     if (cfg_.node.connect_eagerly) {
         for (Peer &p : peers_) {
             (void)ensureConnected(p.id);
@@ -210,15 +190,12 @@ void PeerManagerImpl::stop() {
     }
     stopped_ = true;
     const int64_t now = monotonicMs();
-    if (listener_) {
-        poller_.remove(listener_.get());
-        listener_.reset();
-    }
+    listener_.stopListening();
     for (Peer &p : peers_) {
         p.wanted = false;
         p.attempt_scheduled = false;
-        failOut(p, "the sidecar is stopping", false, now);
-        closeIn(p, "the sidecar is stopping", false);
+        dialer_.failOut(p, "the sidecar is stopping", false, now);
+        listener_.closeIn(p, "the sidecar is stopping", false);
         for (PendingLookup &l : p.lookups) {
             callbacks_.push_back([done = std::move(l.done)] {
                 done(Status{Code::kPeer, "the sidecar is stopping"}, RemoteRegion{});
@@ -229,9 +206,7 @@ void PeerManagerImpl::stop() {
             setState(p, PeerState::kDown, "the sidecar is stopping");
         }
     }
-    pending_.clear();
-    pending_by_source_.clear();
-    pending_unlisted_ = 0;
+    listener_.dropAllPending();
     // Joins the resolver thread.
     if (resolver_) {
         poller_.remove(resolver_->fd());
@@ -243,44 +218,23 @@ void PeerManagerImpl::stop() {
 // ----- lookups and descriptors
 
 std::optional<PeerId> PeerManagerImpl::peerByName(std::string_view name) const {
-    for (const Peer &p : peers_) {
-        if (p.name == name) {
-            return p.id;
-        }
-    }
-    return std::nullopt;
+    const Peer *p = peers_.byName(name);
+    return p != nullptr ? std::optional<PeerId>(p->id) : std::nullopt;
 }
 
 std::string PeerManagerImpl::peerName(PeerId id) const {
-    const Peer *p = peerOf(id);
+    const Peer *p = peers_.byId(id);
     return p != nullptr ? p->name : std::string();
 }
 
 PeerState PeerManagerImpl::peerState(PeerId id) const {
-    const Peer *p = peerOf(id);
+    const Peer *p = peers_.byId(id);
     return p != nullptr ? p->state : PeerState::kDown;
-}
-
-PeerManagerImpl::Peer *PeerManagerImpl::peerOf(PeerId id) {
-    return id >= 1 && id <= peers_.size() ? &peers_[id - 1] : nullptr;
-}
-
-const PeerManagerImpl::Peer *PeerManagerImpl::peerOf(PeerId id) const {
-    return id >= 1 && id <= peers_.size() ? &peers_[id - 1] : nullptr;
-}
-
-PeerManagerImpl::Peer *PeerManagerImpl::peerNamed(std::string_view name) {
-    for (Peer &p : peers_) {
-        if (p.name == name) {
-            return &p;
-        }
-    }
-    return nullptr;
 }
 
 void PeerManagerImpl::lookup(PeerId peer, const std::string &name,
                              std::function<void(Status, RemoteRegion)> done) {
-    Peer *p = peerOf(peer);
+    Peer *p = peers_.byId(peer);
     auto answer = [this, &done](Status s) {
         callbacks_.push_back([done = std::move(done), s = std::move(s)] { done(s, {}); });
         signalWake();
@@ -329,6 +283,13 @@ void PeerManagerImpl::resolveLookup(Peer &p, const std::string &name,
     callbacks_.push_back([done = std::move(done), r = *rr] { done(Status::ok(), r); });
 }
 
+void PeerManagerImpl::answerLookups(Peer &p) {
+    for (PendingLookup &l : p.lookups) {
+        resolveLookup(p, l.name, std::move(l.done));
+    }
+    p.lookups.clear();
+}
+
 bool PeerManagerImpl::resolveRemote(PeerId peer, RegionId handle, uint64_t *remote_id,
                                     std::string *why) const {
     std::optional<RegionDirectory::Target> t = directory_.resolve(peer, handle, why);
@@ -343,41 +304,17 @@ void PeerManagerImpl::regionExposed(const Region &r) {
     if (r.exposed_name.empty() || r.revoked.load(std::memory_order_acquire)) {
         return;
     }
-    const auto payload = encodeRegionAdd(r.bytes, r.exposed_name);
-    const int64_t now = monotonicMs();
-    std::shared_ptr<Region> shared = regions_.find(r.id);
-    for (Peer &p : peers_) {
-        if (p.in && p.in->control && p.in->control->isOpen()) {
-            p.in->control->queueFrame(FrameType::kRegionAdd, r.id, payload);
-            if (p.in->transport_open && shared) {
-                p.in->transport->regionExposed(p.id, shared);
-            }
-            if (p.in && p.in->control->flush(now) != 0) {
-                closeIn(p, "cannot send a region descriptor", true);
-            }
-        }
-    }
+    listener_.regionExposed(r, monotonicMs());
     signalWake();
 }
 
 void PeerManagerImpl::regionRevoked(RegionId id) {
-    const int64_t now = monotonicMs();
-    for (Peer &p : peers_) {
-        if (p.in && p.in->control && p.in->control->isOpen()) {
-            p.in->control->queueFrame(FrameType::kRegionDel, id);
-            if (p.in->transport_open) {
-                p.in->transport->regionRevoked(p.id, id);
-            }
-            if (p.in && p.in->control->flush(now) != 0) {
-                closeIn(p, "cannot send a region revocation", true);
-            }
-        }
-    }
+    listener_.regionRevoked(id, monotonicMs());
     signalWake();
 }
 
 Status PeerManagerImpl::ensureConnected(PeerId peer) {
-    Peer *p = peerOf(peer);
+    Peer *p = peers_.byId(peer);
     if (p == nullptr) {
         return {Code::kNotFound, "no peer with id " + std::to_string(peer)};
     }
@@ -386,7 +323,7 @@ Status PeerManagerImpl::ensureConnected(PeerId peer) {
     }
     p->wanted = true;
     if (!p->out && !p->attempt_scheduled) {
-        startAttempt(*p, monotonicMs());
+        dialer_.startAttempt(*p, monotonicMs());
     }
     return Status::ok();
 }
@@ -394,56 +331,26 @@ Status PeerManagerImpl::ensureConnected(PeerId peer) {
 // ----- what the transport asks of us (TransportHost)
 
 void PeerManagerImpl::openChannels(PeerId peer, uint32_t count) {
-    Peer *p = peerOf(peer);
-    if (p == nullptr || !p->out) {
-        return;
-    }
-    OutSession &s = *p->out;
-    const int64_t now = monotonicMs();
-    s.extras.resize(count);
-    for (uint32_t i = 0; i < count; ++i) {
-        s.extras[i].hs = std::make_unique<ClientHandshake>(p->key, identity(), p->name,
-                                                           LinkRole::kData, s.session_id, i);
-        std::unique_ptr<Connection> c;
-        if (!openConnection(*p, ConnRole::kOutData, i, now, &c)) {
-            return;  // failOut ran
-        }
-        s.extras[i].conn = std::move(c);
+    if (Peer *p = peers_.byId(peer); p != nullptr) {
+        dialer_.openChannels(*p, count);
     }
 }
 
 void PeerManagerImpl::sessionReady(PeerId peer) {
-    Peer *p = peerOf(peer);
-    if (p != nullptr && p->out && p->out->phase == OutSession::Phase::kOpening) {
-        onUp(*p, monotonicMs());
+    if (Peer *p = peers_.byId(peer); p != nullptr) {
+        dialer_.sessionReady(*p, monotonicMs());
     }
 }
 
 void PeerManagerImpl::failSession(PeerId peer, SessionSide side, const std::string &reason) {
-    Peer *p = peerOf(peer);
+    Peer *p = peers_.byId(peer);
     if (p == nullptr) {
         return;
     }
     if (side == SessionSide::kOut) {
-        failOut(*p, reason, true, monotonicMs());
+        dialer_.failOut(*p, reason, true, monotonicMs());
     } else {
-        closeIn(*p, reason, true);
-    }
-}
-
-SessionInfo PeerManagerImpl::sessionInfo(const Peer &p, uint64_t session_id, uint64_t incarnation,
-                                         bool integrity) const {
-    SessionInfo info;
-    info.peer_name = p.name;
-    info.session_id = session_id;
-    info.incarnation = incarnation;
-    info.integrity = integrity;
-    return info;
-}
-
-void PeerManagerImpl::authenticate(Connection &c, const HandshakeOutcome &o, bool client) {
-    if (o.integrity) {
-        c.enableAuth(client ? o.c2s_key : o.s2c_key, client ? o.s2c_key : o.c2s_key);
+        listener_.closeIn(*p, reason, true);
     }
 }
 
@@ -458,31 +365,10 @@ void PeerManagerImpl::signalWake() {
 }
 
 void PeerManagerImpl::noteDeadline(int64_t at) {
-    if (at < next_deadline_) {
-        next_deadline_ = at;
-    }
+    liveness_.note(at);
     if (!in_progress_) {
-        rearmTimer();
+        liveness_.rearm();
     }
-}
-
-void PeerManagerImpl::rearmTimer() {
-    if (next_deadline_ == armed_deadline_ || !timer_) {
-        return;
-    }
-    itimerspec its{};
-    if (next_deadline_ != INT64_MAX) {
-        // An absolute CLOCK_MONOTONIC time: the same clock monotonicMs() reads. A zero value
-        // would disarm, so a deadline already passed becomes 1 ns.
-        const int64_t ms = std::max<int64_t>(next_deadline_, 0);
-        its.it_value.tv_sec = ms / 1000;
-        its.it_value.tv_nsec = (ms % 1000) * 1000000;
-        if (its.it_value.tv_sec == 0 && its.it_value.tv_nsec == 0) {
-            its.it_value.tv_nsec = 1;
-        }
-    }
-    ::timerfd_settime(timer_.get(), TFD_TIMER_ABSTIME, &its, nullptr);
-    armed_deadline_ = next_deadline_;
 }
 
 size_t PeerManagerImpl::progress(EventSink &sink) {
@@ -503,20 +389,21 @@ size_t PeerManagerImpl::progress(EventSink &sink) {
         }
         poll_due_ = n == 64;  // more may wait
     }
-    if (now >= next_deadline_) {
-        runTimers(now);
+    if (liveness_.due(now)) {
+        liveness_.run(now);
     }
     size_t events = 0;
     // What was queued on control connections goes out in one send each.
     for (Peer &p : peers_) {
         if (p.in && p.in->control && p.in->control->hasOutput()) {
             if (int rc = p.in->control->flush(now); rc != 0) {
-                closeIn(p, std::string("control connection: ") + std::strerror(rc), true);
+                listener_.closeIn(p, std::string("control connection: ") + std::strerror(rc), true);
             }
         }
         if (p.out && p.out->control && p.out->control->hasOutput()) {
             if (int rc = p.out->control->flush(now); rc != 0) {
-                failOut(p, std::string("control connection: ") + std::strerror(rc), true, now);
+                dialer_.failOut(p, std::string("control connection: ") + std::strerror(rc), true,
+                                now);
             }
         }
     }
@@ -524,7 +411,7 @@ size_t PeerManagerImpl::progress(EventSink &sink) {
     dead_out_.clear();
     dead_in_.clear();
     dead_conns_.clear();
-    rearmTimer();
+    liveness_.rearm();
     in_progress_ = false;
     if (!state_events_.empty() || !callbacks_.empty()) {
         signalWake();
@@ -535,17 +422,11 @@ size_t PeerManagerImpl::progress(EventSink &sink) {
 void PeerManagerImpl::dispatch(const epoll_event &ev, int64_t now) {
     switch (ev.data.u64) {
         case kTokenListen:
-            acceptAll(now);
+            listener_.acceptAll(now);
             return;
-        case kTokenTimer: {
-            uint64_t expirations = 0;
-            [[maybe_unused]] ssize_t n = ::read(timer_.get(), &expirations, sizeof expirations);
-            // The armed deadline fired; force a timer pass even if the clock read above is a hair
-            // early.
-            next_deadline_ = std::min(next_deadline_, now);
-            armed_deadline_ = INT64_MAX;
+        case kTokenTimer:
+            liveness_.fired(now);
             return;
-        }
         case kTokenWake: {
             ipc::drain(wake_.get());
             wake_signalled_ = false;
@@ -554,10 +435,10 @@ void PeerManagerImpl::dispatch(const epoll_event &ev, int64_t now) {
         case kTokenResolver:
             if (resolver_) {
                 for (const auto &r : resolver_->take()) {
-                    if ((r.tag & kHostsTag) != 0) {
-                        onHostsResolved(r);
+                    if ((r.tag & PeerListener::kHostsTag) != 0) {
+                        listener_.onHostsResolved(r);
                     } else {
-                        onResolved(r, now);
+                        dialer_.onResolved(r, now);
                     }
                 }
             }
@@ -571,18 +452,18 @@ void PeerManagerImpl::dispatch(const epoll_event &ev, int64_t now) {
     }
     switch (c->role) {
         case ConnRole::kPendingIn:
-            onPendingEvent(*c, ev.events, now);
+            listener_.onPendingEvent(*c, ev.events, now);
             break;
         case ConnRole::kInControl:
-            onInControlEvent(*c, ev.events, now);
+            listener_.onControlEvent(*c, ev.events, now);
             break;
         case ConnRole::kInData:
             break;  // data connections belong to the transport once authenticated
         case ConnRole::kOutControl:
-            onOutControlEvent(*c, ev.events, now);
+            dialer_.onControlEvent(*c, ev.events, now);
             break;
         case ConnRole::kOutData:
-            onOutExtraEvent(*c, ev.events, now);
+            dialer_.onExtraEvent(*c, ev.events, now);
             break;
     }
 }
@@ -634,73 +515,14 @@ HandshakeIdentity PeerManagerImpl::identity() const {
     return id;
 }
 
-int64_t PeerManagerImpl::heartbeatInterval(const PeerCaps &remote) const {
-    // Idle connections carry a heartbeat every keepalive_ms, and always often enough that the
-    // other end hears several within its own peer_timeout_ms.
-    int64_t hb = std::min<int64_t>(cfg_.tcp.keepalive_ms, remote.peer_timeout_ms / 4);
-    return std::max<int64_t>(hb, 10);
-}
-
-void PeerManagerImpl::logDrop(const std::string &remote, const std::string &reason, int64_t now) {
-    ++rejected_;
-    last_rejection_ = remote + ": " + reason;
-    uint64_t suppressed = 0;
-    if (drop_log_.allow(now, &suppressed)) {
-        if (suppressed > 0) {
-            peerLog().warn("dropped peer connection from {}: {} ({} similar messages suppressed)",
-                           remote, reason, suppressed);
-        } else {
-            peerLog().warn("dropped peer connection from {}: {}", remote, reason);
-        }
-    }
-}
-
-Transport *PeerManagerImpl::chooseTransport(const Peer &p, const PeerCaps &remote,
-                                            std::string *why) {
-    // Ours in preference order ([fabric] transports): the first this node can use now and the
-    // peer announced. Never a silent fallback to one the file did not list.
-    std::string skipped;  // for the log: why better ones were passed over
-    std::string refused;  // for the error: why each one cannot be used
-    for (Transport *t : transports_.remote()) {
-        const std::string name = t->name();
-        if (!t->available()) {
-            skipped += (skipped.empty() ? "" : "; ") + ("this node's " + name) +
-                       " transport is not usable now";
-            refused += (refused.empty() ? "" : "; ") + ("this node cannot use " + name) +
-                       " now (its device or port is not usable)";
-            continue;
-        }
-        if ((remote.transports & t->caps().wire_id) == 0) {
-            skipped += (skipped.empty() ? "" : "; ") + ("it offers no " + name) + " transport";
-            refused += (refused.empty() ? "" : "; ") + ("peer '" + p.name) + "' cannot use " +
-                       name + " (no such device there, or not in its [fabric] transports)";
-            continue;
-        }
-        if (!skipped.empty()) {
-            peerLog().info("peer '{}' uses {}: {}", p.name, name, skipped);
-        }
-        return t;
-    }
-    std::string listed;
-    for (const std::string &n : config::transportPreference(cfg_.fabric)) {
-        listed += (listed.empty() ? "\"" : ", \"") + n + "\"";
-    }
-    *why = (cfg_.fabric.transports.empty()
-                ? "[fabric] transport = \"" + std::string(config::toString(cfg_.fabric.transport)) +
-                      "\""
-                : "[fabric] transports = [" + listed + "]") +
-           ", but " + refused;
-    return nullptr;
-}
-
 void PeerManagerImpl::disconnect(PeerId peer) {
-    Peer *p = peerOf(peer);
+    Peer *p = peers_.byId(peer);
     if (p == nullptr) {
         return;
     }
     p->wanted = false;
     p->attempt_scheduled = false;
-    failOut(*p, "disconnected by the engine", false, monotonicMs());
+    dialer_.failOut(*p, "disconnected by the engine", false, monotonicMs());
     setState(*p, PeerState::kDown, "disconnected by the engine");
 }
 
@@ -733,14 +555,14 @@ PeersReport PeerManagerImpl::report() const {
     }
     ListenerReport &l = out.listener;
     l.node = cfg_.node.name;
-    l.address = listen_address_;
+    l.address = listener_.address();
     l.incarnation = hex64(incarnation_);
-    l.pending_handshakes = pending_.size();
-    l.rejected = rejected_;
-    l.last_rejection = last_rejection_;
-    l.pending_unlisted = pending_unlisted_;
-    l.unlisted_dropped = unlisted_dropped_;
-    l.claims_refused = claims_refused_;
+    l.pending_handshakes = listener_.pending().size();
+    l.rejected = listener_.rejected();
+    l.last_rejection = listener_.lastRejection();
+    l.pending_unlisted = listener_.pendingUnlisted();
+    l.unlisted_dropped = listener_.unlistedDropped();
+    l.claims_refused = listener_.claimsRefused();
     l.handles = directory_.handleCount();
     l.handle_tombstones = directory_.tombstoneCount();
     return out;

@@ -1,5 +1,7 @@
 // The accepting side: the bootstrap listener, unauthenticated connections and their
 // handshakes, and the sessions peers open to us (their writes land here).
+#include "peer/listener.hpp"
+
 #include <sodium.h>
 #include <sys/socket.h>
 
@@ -8,7 +10,6 @@
 #include <cstring>
 
 #include "net/frame_reader.hpp"
-#include "peer/manager.hpp"
 #include "peer/text.hpp"
 
 namespace tensorlane::sidecar {
@@ -21,7 +22,76 @@ constexpr int64_t kRefuseLingerMs = 500;
 
 }  // namespace
 
-void PeerManagerImpl::acceptAll(int64_t now) {
+PeerListener::PeerListener(const config::Config &cfg, const PeerLimits &limits, const PeerKey &key,
+                           RegionTable &regions, TransportSet &transports, Poller &poller,
+                           uint64_t token, PeerTable &peers, PeerLoop &loop)
+    : cfg_(cfg),
+      limits_(limits),
+      key_(key),
+      regions_(regions),
+      transports_(transports),
+      poller_(poller),
+      token_(token),
+      peers_(peers),
+      loop_(loop) {}
+
+Status PeerListener::start(SockAddr *listen) {
+    SockAddr addr;
+    std::string error;
+    int rc = resolveAddress(cfg_.node.listen.host, cfg_.node.listen.port, true, &addr, &error);
+    if (rc != 0) {
+        return {Code::kInvalid, "[node] listen: " + error};
+    }
+    rc = listenTcp(addr, 128, &listener_);
+    if (rc != 0) {
+        return {Code::kPermission,
+                "cannot listen for peers on " + addr.text() + ": " + std::strerror(rc)};
+    }
+    SockAddr bound;
+    if (localAddress(listener_.get(), &bound) == 0) {
+        listen_port_ = bound.port();
+        listen_address_ = bound.text();
+    }
+    poller_.add(listener_.get(), EPOLLIN, token_);
+    *listen = addr;
+    return Status::ok();
+}
+
+void PeerListener::stopListening() {
+    if (listener_) {
+        poller_.remove(listener_.get());
+        listener_.reset();
+    }
+}
+
+void PeerListener::dropAllPending() {
+    pending_.clear();
+    pending_by_source_.clear();
+    pending_unlisted_ = 0;
+}
+
+void PeerListener::resumeAccepting() {
+    listen_paused_until_ = 0;
+    if (listener_) {
+        poller_.add(listener_.get(), EPOLLIN, token_);
+    }
+}
+
+void PeerListener::logDrop(const std::string &remote, const std::string &reason, int64_t now) {
+    ++rejected_;
+    last_rejection_ = remote + ": " + reason;
+    uint64_t suppressed = 0;
+    if (drop_log_.allow(now, &suppressed)) {
+        if (suppressed > 0) {
+            peerLog().warn("dropped peer connection from {}: {} ({} similar messages suppressed)",
+                           remote, reason, suppressed);
+        } else {
+            peerLog().warn("dropped peer connection from {}: {}", remote, reason);
+        }
+    }
+}
+
+void PeerListener::acceptAll(int64_t now) {
     // A bounded number per call, so a connection flood cannot monopolise the engine thread.
     for (int i = 0; i < 64 && listener_; ++i) {
         ipc::UniqueFd fd;
@@ -39,7 +109,7 @@ void PeerManagerImpl::acceptAll(int64_t now) {
             logDrop("(listener)", std::string("accept failed: ") + std::strerror(rc), now);
             poller_.remove(listener_.get());
             listen_paused_until_ = now + 100;
-            noteDeadline(listen_paused_until_);
+            loop_.noteDeadline(listen_paused_until_);
             return;
         }
         // Who may take a handshake slot (docs/peers.md, "Who may connect"): the addresses of
@@ -70,14 +140,14 @@ void PeerManagerImpl::acceptAll(int64_t now) {
         const uint64_t token = conn->token();
         Pending pd;
         pd.conn = std::move(conn);
-        pd.hs = std::make_unique<ServerHandshake>(key_, identity());
+        pd.hs = std::make_unique<ServerHandshake>(key_, loop_.identity());
         pd.source = source;
         pd.listed = listed;
         pd.accepted_ms = now;
         // The whole handshake, from accept to AUTH, must fit in this; slow or silent clients are
         // dropped at the deadline.
         pd.deadline_ms = now + cfg_.tcp.connect_timeout_ms;
-        noteDeadline(pd.deadline_ms);
+        loop_.noteDeadline(pd.deadline_ms);
         ++pending_by_source_[source];
         pending_unlisted_ += listed ? 0 : 1;
         pending_.emplace(token, std::move(pd));
@@ -87,7 +157,7 @@ void PeerManagerImpl::acceptAll(int64_t now) {
     }
 }
 
-size_t PeerManagerImpl::peersAt(const HostAddress &source) const {
+size_t PeerListener::peersAt(const HostAddress &source) const {
     size_t n = 0;
     for (const Peer &p : peers_) {
         n += std::find(p.hosts.begin(), p.hosts.end(), source) != p.hosts.end() ? 1 : 0;
@@ -95,7 +165,7 @@ size_t PeerManagerImpl::peersAt(const HostAddress &source) const {
     return n;
 }
 
-size_t PeerManagerImpl::sourceQuota(const HostAddress &source, bool listed) const {
+size_t PeerListener::sourceQuota(const HostAddress &source, bool listed) const {
     if (!listed) {
         return limits_.max_pending_per_source;
     }
@@ -105,8 +175,7 @@ size_t PeerManagerImpl::sourceQuota(const HostAddress &source, bool listed) cons
     return one * std::max<size_t>(1, peersAt(source));
 }
 
-bool PeerManagerImpl::makeRoom(const HostAddress &source, bool listed, int64_t now,
-                               std::string *why) {
+bool PeerListener::makeRoom(const HostAddress &source, bool listed, int64_t now, std::string *why) {
     if (!listed && pending_unlisted_ >= limits_.max_pending_handshakes) {
         *why = "too many unauthenticated connections from addresses of no [[peers]] entry (" +
                std::to_string(limits_.max_pending_handshakes) + ")";
@@ -142,7 +211,7 @@ bool PeerManagerImpl::makeRoom(const HostAddress &source, bool listed, int64_t n
     return true;
 }
 
-void PeerManagerImpl::forgetPending(const Pending &pd) {
+void PeerListener::forgetPending(const Pending &pd) {
     auto it = pending_by_source_.find(pd.source);
     if (it != pending_by_source_.end() && --it->second == 0) {
         pending_by_source_.erase(it);
@@ -152,21 +221,22 @@ void PeerManagerImpl::forgetPending(const Pending &pd) {
     }
 }
 
-void PeerManagerImpl::refreshPeerHosts(int64_t now) {
-    if (!resolver_ || now - hosts_refreshed_ms_ < limits_.address_refresh_ms) {
+void PeerListener::refreshPeerHosts(int64_t now) {
+    Resolver *resolver = loop_.resolver();
+    if (resolver == nullptr || now - hosts_refreshed_ms_ < limits_.address_refresh_ms) {
         return;
     }
     hosts_refreshed_ms_ = now;
     for (Peer &p : peers_) {
         if (!p.numeric && !p.hosts_resolving) {
             p.hosts_resolving = true;
-            resolver_->requestAll(kHostsTag | p.id, p.host);
+            resolver->requestAll(kHostsTag | p.id, p.host);
         }
     }
 }
 
-void PeerManagerImpl::onHostsResolved(const Resolver::Result &r) {
-    Peer *p = peerOf(static_cast<PeerId>(r.tag & ~kHostsTag));
+void PeerListener::onHostsResolved(const Resolver::Result &r) {
+    Peer *p = peers_.byId(static_cast<PeerId>(r.tag & ~kHostsTag));
     if (p == nullptr) {
         return;
     }
@@ -183,9 +253,9 @@ void PeerManagerImpl::onHostsResolved(const Resolver::Result &r) {
     }
 }
 
-Status PeerManagerImpl::admit(const HelloMsg &hello, const HostAddress &source, ServerHandshake &hs,
-                              int64_t now, std::string *log_detail) {
-    Peer *p = peerNamed(hello.from);
+Status PeerListener::admit(const HelloMsg &hello, const HostAddress &source, ServerHandshake &hs,
+                           int64_t now, std::string *log_detail) {
+    Peer *p = peers_.byName(hello.from);
     if (p == nullptr) {
         return {Code::kPermission, "unknown peer '" + hello.from + "' (not in [[peers]])"};
     }
@@ -218,8 +288,8 @@ Status PeerManagerImpl::admit(const HelloMsg &hello, const HostAddress &source, 
     return Status::ok();
 }
 
-void PeerManagerImpl::refusePending(Pending &pd, const std::string &wire_reason,
-                                    const std::string &log_reason, int64_t now) {
+void PeerListener::refusePending(Pending &pd, const std::string &wire_reason,
+                                 const std::string &log_reason, int64_t now) {
     Connection &c = *pd.conn;
     const std::string who =
         pd.claimed.empty() ? c.remote() : c.remote() + " ('" + pd.claimed + "')";
@@ -232,10 +302,10 @@ void PeerManagerImpl::refusePending(Pending &pd, const std::string &wire_reason,
     ::shutdown(c.fd(), SHUT_WR);
     pd.closing = true;
     pd.deadline_ms = std::min(pd.deadline_ms, now + kRefuseLingerMs);
-    noteDeadline(pd.deadline_ms);
+    loop_.noteDeadline(pd.deadline_ms);
 }
 
-void PeerManagerImpl::dropPending(uint64_t token, const std::string &reason, int64_t now) {
+void PeerListener::dropPending(uint64_t token, const std::string &reason, int64_t now) {
     auto it = pending_.find(token);
     if (it == pending_.end()) {
         return;
@@ -247,12 +317,12 @@ void PeerManagerImpl::dropPending(uint64_t token, const std::string &reason, int
         logDrop(who, reason, now);
     }
     pd.conn->close();
-    dead_conns_.push_back(std::move(pd.conn));
+    loop_.retire(std::move(pd.conn));
     forgetPending(pd);
     pending_.erase(it);
 }
 
-void PeerManagerImpl::onPendingEvent(Connection &c, uint32_t events, int64_t now) {
+void PeerListener::onPendingEvent(Connection &c, uint32_t events, int64_t now) {
     const uint64_t token = c.token();
     auto it = pending_.find(token);
     if (it == pending_.end()) {
@@ -352,7 +422,7 @@ void PeerManagerImpl::onPendingEvent(Connection &c, uint32_t events, int64_t now
     }
 }
 
-void PeerManagerImpl::sendSnapshot(Connection &control) {
+void PeerListener::sendSnapshot(Connection &control) {
     for (const auto &r : regions_.exposed()) {
         if (r->revoked.load(std::memory_order_acquire) || r->exposed_name.empty()) {
             continue;
@@ -363,9 +433,9 @@ void PeerManagerImpl::sendSnapshot(Connection &control) {
     control.queueFrame(FrameType::kReady, 0);
 }
 
-void PeerManagerImpl::promote(uint64_t token, const HandshakeOutcome &o, int64_t now) {
+void PeerListener::promote(uint64_t token, const HandshakeOutcome &o, int64_t now) {
     auto it = pending_.find(token);
-    Peer *p = peerNamed(o.peer_name);
+    Peer *p = peers_.byName(o.peer_name);
     if (it == pending_.end() || p == nullptr) {
         return;
     }
@@ -374,7 +444,7 @@ void PeerManagerImpl::promote(uint64_t token, const HandshakeOutcome &o, int64_t
     pending_.erase(it);
     conn->peer = p->id;
     // Every frame we send from here on carries a tag, and every frame we accept must.
-    authenticate(*conn, o, false);
+    enableFrameTags(*conn, o, false);
 
     if (o.role == LinkRole::kControl) {
         if (p->in) {
@@ -385,13 +455,13 @@ void PeerManagerImpl::promote(uint64_t token, const HandshakeOutcome &o, int64_t
         s->remote_incarnation = o.peer_incarnation;
         s->remote_caps = o.peer_caps;
         s->integrity = o.integrity;
-        s->heartbeat_ms = heartbeatInterval(o.peer_caps);
+        s->heartbeat_ms = heartbeatInterval(cfg_, o.peer_caps);
         conn->role = ConnRole::kInControl;
         sendSnapshot(*conn);
         if (int rc = conn->flush(now); rc != 0) {
             logDrop(conn->remote(), "cannot send the region snapshot: " + errnoText(rc), now);
             conn->close();
-            dead_conns_.push_back(std::move(conn));
+            loop_.retire(std::move(conn));
             return;
         }
         s->control = std::move(conn);
@@ -401,15 +471,7 @@ void PeerManagerImpl::promote(uint64_t token, const HandshakeOutcome &o, int64_t
         // A session from a new incarnation means the peer restarted: the session we hold to it
         // is dead (or soon will be), and the descriptors we hold are from the old run.
         if (p->remote_incarnation != 0 && p->remote_incarnation != o.peer_incarnation) {
-            if (p->out) {
-                failOut(*p, "the peer restarted (new incarnation)", true, now);
-            }
-            if (p->attempt_scheduled) {
-                // It is back: reconnect now instead of waiting out the backoff.
-                p->backoff_ms = cfg_.tcp.reconnect_min_ms;
-                p->next_attempt_ms = now;
-                noteDeadline(now);
-            }
+            loop_.peerRestarted(*p, now);
         }
         return;
     }
@@ -418,7 +480,7 @@ void PeerManagerImpl::promote(uint64_t token, const HandshakeOutcome &o, int64_t
         o.data_index >= p->in->data_expected || p->in->data_taken[o.data_index]) {
         logDrop(conn->remote(), "data connection for a session that is gone", now);
         conn->close();
-        dead_conns_.push_back(std::move(conn));
+        loop_.retire(std::move(conn));
         return;
     }
     conn->index = o.data_index;
@@ -426,14 +488,14 @@ void PeerManagerImpl::promote(uint64_t token, const HandshakeOutcome &o, int64_t
     if (int rc = conn->flush(now); rc != 0) {
         closeIn(*p, "data connection: " + errnoText(rc), true);
         conn->close();
-        dead_conns_.push_back(std::move(conn));
+        loop_.retire(std::move(conn));
         return;
     }
     p->in->data_taken[o.data_index] = true;
     p->in->transport->adoptChannel(p->id, SessionSide::kIn, o.data_index, std::move(conn));
 }
 
-void PeerManagerImpl::closeIn(Peer &p, const std::string &reason, bool warn) {
+void PeerListener::closeIn(Peer &p, const std::string &reason, bool warn) {
     if (!p.in) {
         return;
     }
@@ -451,12 +513,42 @@ void PeerManagerImpl::closeIn(Peer &p, const std::string &reason, bool warn) {
     if (dead->transport_open) {
         dead->transport->closeSession(p.id, SessionSide::kIn, Code::kPeer, reason);
     }
-    dead_in_.push_back(std::move(dead));
-    signalWake();
+    loop_.retire(std::move(dead));
+    loop_.signalWake();
 }
 
-void PeerManagerImpl::onInControlEvent(Connection &c, uint32_t events, int64_t now) {
-    Peer *p = peerOf(c.peer);
+void PeerListener::regionExposed(const Region &r, int64_t now) {
+    const auto payload = encodeRegionAdd(r.bytes, r.exposed_name);
+    std::shared_ptr<Region> shared = regions_.find(r.id);
+    for (Peer &p : peers_) {
+        if (p.in && p.in->control && p.in->control->isOpen()) {
+            p.in->control->queueFrame(FrameType::kRegionAdd, r.id, payload);
+            if (p.in->transport_open && shared) {
+                p.in->transport->regionExposed(p.id, shared);
+            }
+            if (p.in && p.in->control->flush(now) != 0) {
+                closeIn(p, "cannot send a region descriptor", true);
+            }
+        }
+    }
+}
+
+void PeerListener::regionRevoked(RegionId id, int64_t now) {
+    for (Peer &p : peers_) {
+        if (p.in && p.in->control && p.in->control->isOpen()) {
+            p.in->control->queueFrame(FrameType::kRegionDel, id);
+            if (p.in->transport_open) {
+                p.in->transport->regionRevoked(p.id, id);
+            }
+            if (p.in && p.in->control->flush(now) != 0) {
+                closeIn(p, "cannot send a region revocation", true);
+            }
+        }
+    }
+}
+
+void PeerListener::onControlEvent(Connection &c, uint32_t events, int64_t now) {
+    Peer *p = peers_.byId(c.peer);
     if (p == nullptr || !p->in || p->in->control.get() != &c) {
         return;
     }
@@ -472,7 +564,7 @@ void PeerManagerImpl::onInControlEvent(Connection &c, uint32_t events, int64_t n
     const FramesRead r = readFrames(
         c, now, kMaxControlPayload, [&](const FrameHeader &h, std::span<const uint8_t> payload) {
             // false: the session was closed
-            return handleInControlFrame(*p, h, payload, now) ? FrameStep::kNext : FrameStep::kStop;
+            return handleControlFrame(*p, h, payload, now) ? FrameStep::kNext : FrameStep::kStop;
         });
     if (r.end == FramesRead::End::kBad) {
         closeIn(*p, "protocol error: " + r.error, true);
@@ -483,8 +575,8 @@ void PeerManagerImpl::onInControlEvent(Connection &c, uint32_t events, int64_t n
     }
 }
 
-bool PeerManagerImpl::handleInControlFrame(Peer &p, const FrameHeader &h,
-                                           std::span<const uint8_t> payload, int64_t now) {
+bool PeerListener::handleControlFrame(Peer &p, const FrameHeader &h,
+                                      std::span<const uint8_t> payload, int64_t now) {
     InSession &s = *p.in;
     if (h.type == FrameType::kHeartbeat) {
         return true;

@@ -1,6 +1,8 @@
 // The connecting side: connect attempts with jittered exponential backoff, the client
 // handshake, region descriptors from the peer, the choice of transport, the extra
 // connections a transport asks for, and failure.
+#include "peer/dialer.hpp"
+
 #include <sodium.h>
 
 #include <algorithm>
@@ -8,7 +10,6 @@
 #include <cstring>
 
 #include "net/frame_reader.hpp"
-#include "peer/manager.hpp"
 #include "peer/text.hpp"
 
 namespace tensorlane::sidecar {
@@ -21,16 +22,37 @@ std::span<const uint8_t> bytesOf(const std::string &s) {
 
 }  // namespace
 
-void PeerManagerImpl::startAttempt(Peer &p, int64_t now) {
+PeerDialer::PeerDialer(const config::Config &cfg, TransportSet &transports,
+                       RegionDirectory &directory, Poller &poller, PeerTable &peers, PeerLoop &loop)
+    : cfg_(cfg),
+      transports_(transports),
+      directory_(directory),
+      poller_(poller),
+      peers_(peers),
+      loop_(loop) {}
+
+void PeerDialer::leaveFrom(const SockAddr &listen) {
+    if (const HostAddress h = hostOf(listen); !h.empty() && h.bytes != std::array<uint8_t, 16>{}) {
+        SockAddr src = listen;
+        if (src.storage.ss_family == AF_INET) {
+            reinterpret_cast<sockaddr_in *>(&src.storage)->sin_port = 0;
+        } else {
+            reinterpret_cast<sockaddr_in6 *>(&src.storage)->sin6_port = 0;
+        }
+        bind_source_ = src;
+    }
+}
+
+void PeerDialer::startAttempt(Peer &p, int64_t now) {
     p.attempt_scheduled = false;
-    if (stopped_ || !started_ || p.out) {
+    if (!loop_.running() || p.out) {
         return;
     }
     auto s = std::make_unique<OutSession>();
     s->attempt = next_attempt_++;
     s->deadline_ms = now + cfg_.tcp.connect_timeout_ms;
-    noteDeadline(s->deadline_ms);
-    setState(p, PeerState::kConnecting, "connecting to " + p.address);
+    loop_.noteDeadline(s->deadline_ms);
+    loop_.setState(p, PeerState::kConnecting, "connecting to " + p.address);
     SockAddr addr;
     if (parseNumericAddress(p.host, p.port, &addr)) {
         p.out = std::move(s);
@@ -40,12 +62,12 @@ void PeerManagerImpl::startAttempt(Peer &p, int64_t now) {
     s->phase = OutSession::Phase::kResolving;
     const uint64_t tag = s->attempt;
     p.out = std::move(s);
-    if (resolver_) {
-        resolver_->request(tag, p.host, p.port);
+    if (Resolver *resolver = loop_.resolver(); resolver != nullptr) {
+        resolver->request(tag, p.host, p.port);
     }
 }
 
-void PeerManagerImpl::onResolved(const Resolver::Result &r, int64_t now) {
+void PeerDialer::onResolved(const Resolver::Result &r, int64_t now) {
     for (Peer &p : peers_) {
         if (p.out && p.out->attempt == r.tag && p.out->phase == OutSession::Phase::kResolving) {
             if (r.rc != 0) {
@@ -63,8 +85,8 @@ void PeerManagerImpl::onResolved(const Resolver::Result &r, int64_t now) {
     }
 }
 
-bool PeerManagerImpl::openConnection(Peer &p, ConnRole role, uint32_t index, int64_t now,
-                                     std::unique_ptr<Connection> *out) {
+bool PeerDialer::openConnection(Peer &p, ConnRole role, uint32_t index, int64_t now,
+                                std::unique_ptr<Connection> *out) {
     ipc::UniqueFd fd;
     bool in_progress = false;
     const int rc =
@@ -84,11 +106,12 @@ bool PeerManagerImpl::openConnection(Peer &p, ConnRole role, uint32_t index, int
     return true;
 }
 
-void PeerManagerImpl::beginConnect(Peer &p, const SockAddr &addr, int64_t now) {
+void PeerDialer::beginConnect(Peer &p, const SockAddr &addr, int64_t now) {
     OutSession &s = *p.out;
     s.addr = addr;
     s.phase = OutSession::Phase::kConnecting;
-    s.hs = std::make_unique<ClientHandshake>(p.key, identity(), p.name, LinkRole::kControl, 0, 0);
+    s.hs = std::make_unique<ClientHandshake>(p.key, loop_.identity(), p.name, LinkRole::kControl, 0,
+                                             0);
     std::unique_ptr<Connection> c;
     if (!openConnection(p, ConnRole::kOutControl, 0, now, &c)) {
         return;
@@ -96,8 +119,44 @@ void PeerManagerImpl::beginConnect(Peer &p, const SockAddr &addr, int64_t now) {
     s.control = std::move(c);
 }
 
-void PeerManagerImpl::onOutControlEvent(Connection &c, uint32_t events, int64_t now) {
-    Peer *p = peerOf(c.peer);
+void PeerDialer::peerRestarted(Peer &p, int64_t now) {
+    if (p.out) {
+        failOut(p, "the peer restarted (new incarnation)", true, now);
+    }
+    if (p.attempt_scheduled) {
+        // It is back: reconnect now instead of waiting out the backoff.
+        p.backoff_ms = cfg_.tcp.reconnect_min_ms;
+        p.next_attempt_ms = now;
+        loop_.noteDeadline(now);
+    }
+}
+
+void PeerDialer::openChannels(Peer &p, uint32_t count) {
+    if (!p.out) {
+        return;
+    }
+    OutSession &s = *p.out;
+    const int64_t now = monotonicMs();
+    s.extras.resize(count);
+    for (uint32_t i = 0; i < count; ++i) {
+        s.extras[i].hs = std::make_unique<ClientHandshake>(p.key, loop_.identity(), p.name,
+                                                           LinkRole::kData, s.session_id, i);
+        std::unique_ptr<Connection> c;
+        if (!openConnection(p, ConnRole::kOutData, i, now, &c)) {
+            return;  // failOut ran
+        }
+        s.extras[i].conn = std::move(c);
+    }
+}
+
+void PeerDialer::sessionReady(Peer &p, int64_t now) {
+    if (p.out && p.out->phase == OutSession::Phase::kOpening) {
+        onUp(p, now);
+    }
+}
+
+void PeerDialer::onControlEvent(Connection &c, uint32_t events, int64_t now) {
+    Peer *p = peers_.byId(c.peer);
     if (p == nullptr || !p->out || p->out->control.get() != &c) {
         return;
     }
@@ -114,7 +173,7 @@ void PeerManagerImpl::onOutControlEvent(Connection &c, uint32_t events, int64_t 
         s.phase = OutSession::Phase::kHandshake;
         // The handshake gets its own deadline, counted from the established connection.
         s.deadline_ms = now + cfg_.tcp.connect_timeout_ms;
-        noteDeadline(s.deadline_ms);
+        loop_.noteDeadline(s.deadline_ms);
         c.queueFrame(FrameType::kHello, 0, s.hs->hello());
         if (int rc = c.flush(now); rc != 0) {
             failOut(*p, "cannot send HELLO: " + errnoText(rc), true, now);
@@ -138,7 +197,7 @@ void PeerManagerImpl::onOutControlEvent(Connection &c, uint32_t events, int64_t 
         },
         [&](const FrameHeader &h, std::span<const uint8_t> payload) {
             // false: the session failed; `c` is closed
-            return handleOutControlFrame(*p, h, payload, now) ? FrameStep::kNext : FrameStep::kStop;
+            return handleControlFrame(*p, h, payload, now) ? FrameStep::kNext : FrameStep::kStop;
         });
     if (r.end == FramesRead::End::kBad) {
         failOut(*p, "protocol error on the control connection: " + r.error, true, now);
@@ -149,8 +208,8 @@ void PeerManagerImpl::onOutControlEvent(Connection &c, uint32_t events, int64_t 
     }
 }
 
-bool PeerManagerImpl::handleOutControlFrame(Peer &p, const FrameHeader &h,
-                                            std::span<const uint8_t> payload, int64_t now) {
+bool PeerDialer::handleControlFrame(Peer &p, const FrameHeader &h, std::span<const uint8_t> payload,
+                                    int64_t now) {
     OutSession &s = *p.out;
     auto protocolError = [&](const std::string &what) {
         failOut(p, "protocol error: " + what, true, now);
@@ -186,7 +245,7 @@ bool PeerManagerImpl::handleOutControlFrame(Peer &p, const FrameHeader &h,
                 return false;
             }
             // Every later frame on this connection, either way, carries a tag.
-            authenticate(*s.control, o, true);
+            enableFrameTags(*s.control, o, true);
             s.integrity = o.integrity;
             s.session_id = o.session_id;
             s.remote_incarnation = o.peer_incarnation;
@@ -252,7 +311,7 @@ bool PeerManagerImpl::handleOutControlFrame(Peer &p, const FrameHeader &h,
     }
 }
 
-void PeerManagerImpl::onSynced(Peer &p, int64_t now) {
+void PeerDialer::onSynced(Peer &p, int64_t now) {
     OutSession &s = *p.out;
     if (p.remote_incarnation != 0 && p.remote_incarnation != s.remote_incarnation) {
         peerLog().info(
@@ -280,15 +339,14 @@ void PeerManagerImpl::onSynced(Peer &p, int64_t now) {
     s.transport = t;
     s.phase = OutSession::Phase::kSelecting;
     s.deadline_ms = now + cfg_.tcp.connect_timeout_ms;
-    noteDeadline(s.deadline_ms);
+    loop_.noteDeadline(s.deadline_ms);
     s.control->queueFrame(FrameType::kSelect, t->caps().wire_id, blob);
     if (int rc = s.control->flush(now); rc != 0) {
         failOut(p, "cannot send SELECT: " + errnoText(rc), true, now);
     }
 }
 
-void PeerManagerImpl::onSelected(Peer &p, uint64_t kind, std::span<const uint8_t> blob,
-                                 int64_t now) {
+void PeerDialer::onSelected(Peer &p, uint64_t kind, std::span<const uint8_t> blob, int64_t now) {
     OutSession &s = *p.out;
     if (s.transport == nullptr || kind != s.transport->caps().wire_id) {
         failOut(p, "the peer selected transport " + std::to_string(kind) + ", not the one offered",
@@ -308,8 +366,8 @@ void PeerManagerImpl::onSelected(Peer &p, uint64_t kind, std::span<const uint8_t
     }
 }
 
-void PeerManagerImpl::onOutExtraEvent(Connection &c, uint32_t events, int64_t now) {
-    Peer *p = peerOf(c.peer);
+void PeerDialer::onExtraEvent(Connection &c, uint32_t events, int64_t now) {
+    Peer *p = peers_.byId(c.peer);
     if (p == nullptr || !p->out || c.index >= p->out->extras.size() ||
         p->out->extras[c.index].conn.get() != &c) {
         return;
@@ -369,7 +427,7 @@ void PeerManagerImpl::onOutExtraEvent(Connection &c, uint32_t events, int64_t no
                     return FrameStep::kStop;
                 }
                 // Everything after AUTH is tagged, both ways (the server's READY first).
-                authenticate(c, o, true);
+                enableFrameTags(c, o, true);
                 d.sent_auth = true;
                 return FrameStep::kNext;
             }
@@ -400,10 +458,10 @@ void PeerManagerImpl::onOutExtraEvent(Connection &c, uint32_t events, int64_t no
     }
 }
 
-void PeerManagerImpl::onUp(Peer &p, int64_t now) {
+void PeerDialer::onUp(Peer &p, int64_t now) {
     OutSession &s = *p.out;
     s.phase = OutSession::Phase::kUp;
-    s.heartbeat_ms = heartbeatInterval(s.remote_caps);
+    s.heartbeat_ms = heartbeatInterval(cfg_, s.remote_caps);
     p.backoff_ms = cfg_.tcp.reconnect_min_ms;
     p.last_logged_error.clear();
     peerLog().info(
@@ -412,15 +470,49 @@ void PeerManagerImpl::onUp(Peer &p, int64_t now) {
         p.name, s.addr.text(), s.transport->name(), s.session_id, s.remote_incarnation,
         s.integrity ? "authenticated" : "not authenticated (tcp_integrity = none)");
     transports_.bind(p.id, s.transport);
-    setState(p, PeerState::kUp, "connected to " + s.addr.text());
-    for (PendingLookup &l : p.lookups) {
-        resolveLookup(p, l.name, std::move(l.done));
-    }
-    p.lookups.clear();
-    noteDeadline(now + s.heartbeat_ms);
+    loop_.setState(p, PeerState::kUp, "connected to " + s.addr.text());
+    loop_.answerLookups(p);
+    loop_.noteDeadline(now + s.heartbeat_ms);
 }
 
-void PeerManagerImpl::failOut(Peer &p, const std::string &reason, bool reconnect, int64_t now) {
+Transport *PeerDialer::chooseTransport(const Peer &p, const PeerCaps &remote, std::string *why) {
+    // Ours in preference order ([fabric] transports): the first this node can use now and the
+    // peer announced. Never a silent fallback to one the file did not list.
+    std::string skipped;  // for the log: why better ones were passed over
+    std::string refused;  // for the error: why each one cannot be used
+    for (Transport *t : transports_.remote()) {
+        const std::string name = t->name();
+        if (!t->available()) {
+            skipped += (skipped.empty() ? "" : "; ") + ("this node's " + name) +
+                       " transport is not usable now";
+            refused += (refused.empty() ? "" : "; ") + ("this node cannot use " + name) +
+                       " now (its device or port is not usable)";
+            continue;
+        }
+        if ((remote.transports & t->caps().wire_id) == 0) {
+            skipped += (skipped.empty() ? "" : "; ") + ("it offers no " + name) + " transport";
+            refused += (refused.empty() ? "" : "; ") + ("peer '" + p.name) + "' cannot use " +
+                       name + " (no such device there, or not in its [fabric] transports)";
+            continue;
+        }
+        if (!skipped.empty()) {
+            peerLog().info("peer '{}' uses {}: {}", p.name, name, skipped);
+        }
+        return t;
+    }
+    std::string listed;
+    for (const std::string &n : config::transportPreference(cfg_.fabric)) {
+        listed += (listed.empty() ? "\"" : ", \"") + n + "\"";
+    }
+    *why = (cfg_.fabric.transports.empty()
+                ? "[fabric] transport = \"" + std::string(config::toString(cfg_.fabric.transport)) +
+                      "\""
+                : "[fabric] transports = [" + listed + "]") +
+           ", but " + refused;
+    return nullptr;
+}
+
+void PeerDialer::failOut(Peer &p, const std::string &reason, bool reconnect, int64_t now) {
     if (!p.out) {
         return;
     }
@@ -430,7 +522,7 @@ void PeerManagerImpl::failOut(Peer &p, const std::string &reason, bool reconnect
     ++p.failures;
 
     uint32_t delay = 0;
-    const bool retry = reconnect && p.wanted && !stopped_;
+    const bool retry = reconnect && p.wanted && !loop_.stopped();
     if (retry) {
         // Jittered so peers that lost the same node do not all come back in lockstep.
         const uint32_t base = p.backoff_ms;
@@ -439,7 +531,7 @@ void PeerManagerImpl::failOut(Peer &p, const std::string &reason, bool reconnect
     }
     const std::string retry_text =
         retry ? "; retrying in " + std::to_string(delay) + " ms" : std::string();
-    if (stopped_ || !reconnect) {
+    if (loop_.stopped() || !reconnect) {
         peerLog().info("session to peer '{}' closed: {}", p.name, reason);
     } else if (was_up) {
         peerLog().warn("lost peer '{}' ({}): {}; writes in flight fail with TL_EPEER{}", p.name,
@@ -469,23 +561,22 @@ void PeerManagerImpl::failOut(Peer &p, const std::string &reason, bool reconnect
         dead->transport->closeSession(p.id, SessionSide::kOut, Code::kPeer,
                                       "peer '" + p.name + "' failed: " + reason);
     }
-    dead_out_.push_back(std::move(dead));
+    loop_.retire(std::move(dead));
 
     for (PendingLookup &l : p.lookups) {
-        callbacks_.push_back(
-            [done = std::move(l.done),
-             msg = "peer '" + p.name + "' (" + p.address + ") is unreachable: " + reason] {
-                done(Status{Code::kPeer, msg}, RemoteRegion{});
-            });
+        loop_.defer([done = std::move(l.done),
+                     msg = "peer '" + p.name + "' (" + p.address + ") is unreachable: " + reason] {
+            done(Status{Code::kPeer, msg}, RemoteRegion{});
+        });
     }
     p.lookups.clear();
-    setState(p, PeerState::kFailed, reason);
+    loop_.setState(p, PeerState::kFailed, reason);
     if (retry) {
         p.next_attempt_ms = now + delay;
         p.attempt_scheduled = true;
-        noteDeadline(p.next_attempt_ms);
+        loop_.noteDeadline(p.next_attempt_ms);
     }
-    signalWake();
+    loop_.signalWake();
 }
 
 }  // namespace tensorlane::sidecar
