@@ -3,11 +3,18 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tensorlane/sidecar/diag.hpp"
 
 namespace tensorlane::sidecar {
+
+/// One finding of a check.
+inline Finding make(std::string check, FindingStatus status, std::string detail,
+                    std::string fix = {}) {
+    return {std::move(check), status, std::move(detail), std::move(fix)};
+}
 
 /// What the checks know about the port they look at (the selection's, or the best guess when
 /// the selection failed); device and netdev may be empty.

@@ -16,10 +16,6 @@ namespace {
 
 using S = FindingStatus;
 
-Finding make(std::string check, S status, std::string detail, std::string fix = {}) {
-    return {std::move(check), status, std::move(detail), std::move(fix)};
-}
-
 /// Unused entries are most of a real table (mlx5 has 255); they are counted, not listed.
 std::string gidTableText(const std::vector<GidEntry> &table) {
     std::string out;

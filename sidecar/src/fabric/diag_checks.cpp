@@ -11,10 +11,6 @@ namespace {
 
 using S = FindingStatus;
 
-Finding make(std::string check, S status, std::string detail, std::string fix = {}) {
-    return {std::move(check), status, std::move(detail), std::move(fix)};
-}
-
 /// "0,0,0,1,0,0,0,0": PFC on `prio` alone, as mlnx_qos --pfc takes it.
 std::string pfcList(unsigned prio) {
     std::string out;

@@ -18,11 +18,6 @@ namespace {
 /// Descriptor slots per session: at least the largest window a sender may use.
 constexpr uint32_t kRingSlots = 4096;
 
-spdlog::logger &verbsLog() {
-    static const std::shared_ptr<spdlog::logger> log = sidecarLogger("verbs");
-    return *log;
-}
-
 }  // namespace
 
 RecvSession::RecvSession(VerbsTransport &t, PeerId peer, std::shared_ptr<ibv_pd> pd,

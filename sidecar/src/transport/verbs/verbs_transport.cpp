@@ -11,14 +11,10 @@
 
 namespace tensorlane::sidecar {
 
-namespace {
-
 spdlog::logger &verbsLog() {
     static const std::shared_ptr<spdlog::logger> log = sidecarLogger("verbs");
     return *log;
 }
-
-}  // namespace
 
 VerbsTransport::VerbsTransport(const config::Config &cfg, RegionTable &regions,
                                FabricSelection selection)

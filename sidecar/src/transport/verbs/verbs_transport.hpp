@@ -14,6 +14,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <spdlog/fwd.h>
 #include <nlohmann/json_fwd.hpp>
 
 #include <cstdint>
@@ -39,6 +40,9 @@
 #include "transport/verbs/wire.hpp"
 
 namespace tensorlane::sidecar {
+
+/// The "tensorlane.sidecar.verbs" logger (stderr), created on first use.
+spdlog::logger &verbsLog();
 
 class VerbsTransport;
 
