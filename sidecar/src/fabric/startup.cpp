@@ -168,14 +168,15 @@ std::string startupText(const StartupReport &report) {
 }
 
 std::string startupJson(const StartupReport &report) {
-    using Json = nlohmann::ordered_json;
-    Json j;
+    using OrderedJson = nlohmann::ordered_json;
+    OrderedJson j;
     j["ok"] = report.ok();
     j["peer_transport"] = config::toString(report.peer_transport);
-    j["fabric_selection"] = report.transport.kind == config::TransportKind::kVerbs
-                                ? Json::parse(selectionJson(report.fabric, report.fabric_error))
-                                : Json(nullptr);
-    Json pf = Json::array();
+    j["fabric_selection"] =
+        report.transport.kind == config::TransportKind::kVerbs
+            ? OrderedJson::parse(selectionJson(report.fabric, report.fabric_error))
+            : OrderedJson(nullptr);
+    OrderedJson pf = OrderedJson::array();
     for (const Finding &f : report.preflight) {
         pf.push_back({{"check", f.check},
                       {"status", toString(f.status)},
@@ -185,7 +186,7 @@ std::string startupJson(const StartupReport &report) {
     j["preflight"] = std::move(pf);
     j["errors"] = report.errors;
     j["warnings"] = report.warnings;
-    return j.dump(2, ' ', false, Json::error_handler_t::replace);
+    return j.dump(2, ' ', false, OrderedJson::error_handler_t::replace);
 }
 
 }  // namespace tensorlane::sidecar
