@@ -7,6 +7,7 @@
 #include "diag_cmd.hpp"
 #include "keygen_cmd.hpp"
 #include "status_cmd.hpp"
+#include "tensorlane/sidecar/version.hpp"
 
 int main(int argc, char **argv) {
     CLI::App app{"tensorlane: inspect and measure the tensorlane sidecars"};
@@ -14,6 +15,8 @@ int main(int argc, char **argv) {
     // "A subcommand is required", names none of them).
     app.require_subcommand(0, 1);
     app.footer("Run `tensorlane VERB --help` for what a verb takes.");
+    app.set_version_flag("--version", tensorlane::sidecar::versionText("tensorlane"),
+                         "print the release, commit, wire protocol versions and built-in parts");
 
     std::function<int()> run_status;
     tensorlane::tools::addStatusCommand(app, &run_status);

@@ -12,6 +12,7 @@
 #include "tensorlane/sidecar/engine.hpp"
 #include "tensorlane/sidecar/metrics.hpp"
 #include "tensorlane/sidecar/startup.hpp"
+#include "tensorlane/sidecar/version.hpp"
 
 namespace {
 
@@ -95,6 +96,8 @@ int main(int argc, char **argv) {
     app.add_flag("--json", json, "with --check-config: print JSON");
     app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
         ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
+    app.set_version_flag("--version", tensorlane::sidecar::versionText("tensorlane-sidecar"),
+                         "print the release, commit, wire protocol versions and built-in parts");
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError &e) {

@@ -3,6 +3,7 @@
 // read from `tensorlane --help`, so a verb added later is checked too.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -94,6 +95,27 @@ TEST(CliHelp, VerbsGivenAreNeverASubcommandIsRequired) {
     EXPECT_EQ(none.rc, 2);
     EXPECT_NE(none.out.find("a verb is required: status bench diag keygen"), std::string::npos)
         << none.out;
+}
+
+TEST(CliVersion, BothProgramsNameTheReleaseCommitAndWireProtocols) {
+    for (const std::string &program : {kCli, std::string(TENSORLANE_SIDECAR_BIN)}) {
+        SCOPED_TRACE(program);
+        const CmdResult r = runCmd(program + " --version");
+        EXPECT_EQ(r.rc, 0) << r.out;
+        const std::string name = program.substr(program.rfind('/') + 1);
+        EXPECT_EQ(r.out.rfind(name + " " + TENSORLANE_VERSION_STRING + " (commit ", 0), 0u)
+            << r.out;
+        if (std::filesystem::exists(TENSORLANE_SOURCE_DIR "/.git")) {
+            EXPECT_EQ(r.out.find("(commit unknown)"), std::string::npos)
+                << "built from a git checkout: the commit is known\n"
+                << r.out;
+        }
+        for (const char *part : {"wire protocols: peer 3, tcp transport 1, verbs transport 1, "
+                                 "client control ",
+                                 "ring segments ", "built with: verbs"}) {
+            EXPECT_NE(r.out.find(part), std::string::npos) << part << "\n" << r.out;
+        }
+    }
 }
 
 }  // namespace

@@ -33,8 +33,8 @@ unsigned tagThreadsFor(const config::Config &cfg) {
     return cfg.tcp.tag_threads ? *cfg.tcp.tag_threads : TagPool::autoThreads(TagPool::usableCpus());
 }
 
-/// The tcp transport's bootstrap blob (SELECT / SELECTED): version, connections, chunk bytes.
-constexpr uint16_t kTcpBlobVersion = 1;
+/// The tcp transport's bootstrap blob (SELECT / SELECTED): kTcpBlobVersion, connections, chunk
+/// bytes.
 constexpr size_t kTcpBlobBytes = 2 + 4 + 4;
 
 struct TcpParams {

@@ -23,6 +23,9 @@
 
 namespace tensorlane::sidecar {
 
+/// The version at the front of the tcp transport's bootstrap blob.
+inline constexpr uint16_t kTcpBlobVersion = 1;
+
 /// The tcp transport's bootstrap blob (SELECT / SELECTED): its version, then the sender's
 /// [tcp] connections_per_peer and chunk_bytes, which both ends must share.
 std::vector<uint8_t> encodeTcpBlob(uint32_t connections, uint32_t chunk_bytes);
