@@ -155,6 +155,18 @@ void PeerDialer::sessionReady(Peer &p, int64_t now) {
     }
 }
 
+bool PeerDialer::finishConnect(Peer &p, Connection &c, uint32_t events, int64_t now) {
+    if ((events & (EPOLLOUT | EPOLLERR | EPOLLHUP)) == 0) {
+        return false;
+    }
+    if (int rc = connectResult(c.fd()); rc != 0) {
+        failOut(p, "cannot connect to " + c.remote() + ": " + std::strerror(rc), true, now);
+        return false;
+    }
+    c.connecting = false;
+    return true;
+}
+
 void PeerDialer::onControlEvent(Connection &c, uint32_t events, int64_t now) {
     Peer *p = peers_.byId(c.peer);
     if (p == nullptr || !p->out || p->out->control.get() != &c) {
@@ -162,14 +174,9 @@ void PeerDialer::onControlEvent(Connection &c, uint32_t events, int64_t now) {
     }
     OutSession &s = *p->out;
     if (c.connecting) {
-        if ((events & (EPOLLOUT | EPOLLERR | EPOLLHUP)) == 0) {
+        if (!finishConnect(*p, c, events, now)) {
             return;
         }
-        if (int rc = connectResult(c.fd()); rc != 0) {
-            failOut(*p, "cannot connect to " + c.remote() + ": " + std::strerror(rc), true, now);
-            return;
-        }
-        c.connecting = false;
         s.phase = OutSession::Phase::kHandshake;
         // The handshake gets its own deadline, counted from the established connection.
         s.deadline_ms = now + cfg_.tcp.connect_timeout_ms;
@@ -375,14 +382,9 @@ void PeerDialer::onExtraEvent(Connection &c, uint32_t events, int64_t now) {
     OutSession &s = *p->out;
     OutExtra &d = s.extras[c.index];
     if (c.connecting) {
-        if ((events & (EPOLLOUT | EPOLLERR | EPOLLHUP)) == 0) {
+        if (!finishConnect(*p, c, events, now)) {
             return;
         }
-        if (int rc = connectResult(c.fd()); rc != 0) {
-            failOut(*p, "cannot connect to " + c.remote() + ": " + std::strerror(rc), true, now);
-            return;
-        }
-        c.connecting = false;
         c.queueFrame(FrameType::kHello, 0, d.hs->hello());
         if (int rc = c.flush(now); rc != 0) {
             failOut(*p, "cannot send HELLO: " + errnoText(rc), true, now);

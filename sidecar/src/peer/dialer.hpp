@@ -58,6 +58,10 @@ public:
     void sessionReady(Peer &p, int64_t now);
 
 private:
+    /// A connection of `p`'s session still connecting saw `events`: false while it is still
+    /// connecting, or when the connect failed (the session is failed then); true once it is
+    /// established (connecting cleared).
+    bool finishConnect(Peer &p, Connection &c, uint32_t events, int64_t now);
     void beginConnect(Peer &p, const SockAddr &addr, int64_t now);
     bool openConnection(Peer &p, ConnRole role, uint32_t index, int64_t now,
                         std::unique_ptr<Connection> *out);
