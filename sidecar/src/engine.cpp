@@ -452,7 +452,7 @@ EngineReport EngineImpl::report(std::optional<uid_t> only_uid) const {
         c.session = id;
         c.pid = s->cred.pid;
         c.uid = s->cred.uid;
-        c.regions = regions_.ofSession(id).size();
+        c.regions = regions_.countOfSession(id);
         c.requests = s->counters.requests;
         c.completions = s->counters.completions;
         c.notifications = s->counters.notifications;

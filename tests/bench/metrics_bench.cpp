@@ -296,9 +296,7 @@ sc::Snapshot snapshotWith(int peers) {
         p.address = "10.0.0.1:18515";
         p.state = "up";
         p.transport.transport = "verbs";
-        p.transport.has_send = true;
         p.transport.send_qps = {{1, "RTS"}, {2, "RTS"}};
-        p.transport.has_receive = true;
     }
     sc::EngineStats stats(names);
     stats.setTiming(true);

@@ -353,11 +353,9 @@ Snapshot sampleSnapshot() {
     b.transport.transport = "verbs";
     b.transport.device_async_events = 3;
     b.transport.revocations_forced = 2;
-    b.transport.has_send = true;
     b.transport.send_qps = {{0x11, "RTS"}, {0x12, "ERR"}};
     b.transport.work_requests = 77;
     b.transport.completion_errors = 1;
-    b.transport.has_receive = true;
     b.transport.receive_qps = {{0x21, "RTR"}};
     PeerReport &c = r.peers.emplace_back();
     c.name = "node-c";

@@ -31,10 +31,8 @@ struct TransportPeerReport {
     uint64_t in_flight = 0;  ///< writes posted to it and not ended
     /// Data connections with the peer, both directions (a transport that has them: tcp).
     uint64_t data_connections = 0;
-    /// The queue pairs of our session to the peer and of its session to us (RDMA transports);
-    /// has_send/has_receive: that session exists.
-    bool has_send = false;
-    bool has_receive = false;
+    /// The queue pairs of our session to the peer and of its session to us (RDMA transports;
+    /// empty while that session does not exist).
     std::vector<QueuePairReport> send_qps;
     std::vector<QueuePairReport> receive_qps;
     uint64_t work_requests = 0;        ///< posted on our session (current session)

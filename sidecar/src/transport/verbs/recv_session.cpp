@@ -403,7 +403,6 @@ bool RecvSession::arm() {
 void RecvSession::report(TransportPeerReport *r, nlohmann::json *out) const {
     nlohmann::json &j = *out;
     nlohmann::json qps = nlohmann::json::array();
-    r->has_receive = true;
     for (size_t i = 0; i < qps_.size(); ++i) {
         const char *state = qpStateNow(qps_[i].get());
         r->receive_qps.push_back({local_[i].qpn, state});

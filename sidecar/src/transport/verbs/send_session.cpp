@@ -467,7 +467,6 @@ bool SendSession::arm() {
 void SendSession::report(TransportPeerReport *r, nlohmann::json *out) const {
     nlohmann::json &j = *out;
     nlohmann::json qps = nlohmann::json::array();
-    r->has_send = true;
     for (const QpState &q : qps_) {
         const char *state = qpStateNow(q.qp.get());
         r->send_qps.push_back({q.local.qpn, state});
