@@ -113,6 +113,9 @@ std::string TempDir::writeFile(const std::string &name, const std::string &conte
 void RecordingSink::add(Event e) {
     e.order = g_order.fetch_add(1);
     e.at = std::chrono::steady_clock::now();
+    if (on_event) {
+        on_event(e);
+    }
     {
         std::lock_guard lock(mu_);
         events_.push_back(std::move(e));
@@ -137,6 +140,18 @@ void RecordingSink::arrived(RegionId region, uint32_t imm, uint64_t offset, uint
     e.imm = imm;
     e.offset = offset;
     e.bytes = bytes;
+    e.peer_name = std::string(peer_name);
+    add(std::move(e));
+}
+
+void RecordingSink::messageArrived(RegionId region, uint32_t imm, uint64_t offset,
+                                   std::span<const uint8_t> message, std::string_view peer_name) {
+    Event e;
+    e.kind = Event::Kind::kMessage;
+    e.region = region;
+    e.imm = imm;
+    e.offset = offset;
+    e.message.assign(message.begin(), message.end());
     e.peer_name = std::string(peer_name);
     add(std::move(e));
 }
@@ -181,6 +196,16 @@ std::vector<Event> RecordingSink::arrivals() const {
     std::vector<Event> out;
     for (auto &e : events()) {
         if (e.kind == Event::Kind::kArrived) {
+            out.push_back(e);
+        }
+    }
+    return out;
+}
+
+std::vector<Event> RecordingSink::deliveries() const {
+    std::vector<Event> out;
+    for (auto &e : events()) {
+        if (e.kind == Event::Kind::kArrived || e.kind == Event::Kind::kMessage) {
             out.push_back(e);
         }
     }
@@ -502,6 +527,13 @@ std::pair<Status, RemoteRegion> Node::lookup(const std::string &peer, const std:
 std::pair<Status, uint64_t> Node::post(const std::string &peer, const std::shared_ptr<Region> &src,
                                        uint64_t src_offset, RegionId remote, uint64_t dst_offset,
                                        uint64_t bytes, uint32_t imm) {
+    return postOp(peer, src, src_offset, remote, dst_offset, bytes, imm, false, {});
+}
+
+std::pair<Status, uint64_t> Node::postOp(const std::string &peer,
+                                         const std::shared_ptr<Region> &src, uint64_t src_offset,
+                                         RegionId remote, uint64_t dst_offset, uint64_t bytes,
+                                         uint32_t imm, bool silent, std::vector<uint8_t> message) {
     const uint64_t op_id = nextOpId();
     // kAgain ("full for now", "registering the source", "waiting for the key") is posted again
     // after the loop turned, as the engine's per-peer queue does.
@@ -526,6 +558,8 @@ std::pair<Status, uint64_t> Node::post(const std::string &peer, const std::share
             op.dst_offset = dst_offset;
             op.bytes = bytes;
             op.imm = imm;
+            op.silent = silent;
+            op.message = message;
             return transports_.post(op);
         });
         if (s.code() != Code::kAgain || std::chrono::steady_clock::now() >= deadline) {

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -70,7 +71,7 @@ inline int64_t msSince(std::chrono::steady_clock::time_point t0) {
 
 /// One event seen by a sink; `order` is global across all sinks of the process.
 struct Event {
-    enum class Kind { kCompleted, kArrived, kState };
+    enum class Kind { kCompleted, kArrived, kState, kMessage };
     Kind kind = Kind::kCompleted;
     uint64_t order = 0;
     std::chrono::steady_clock::time_point at;
@@ -84,6 +85,8 @@ struct Event {
     uint64_t offset = 0;
     uint64_t bytes = 0;
     std::string peer_name;
+    // message (region, imm, offset, peer_name as for arrived)
+    std::vector<uint8_t> message;
     // state
     PeerId peer = 0;
     PeerState state = PeerState::kDown;
@@ -95,6 +98,8 @@ public:
     void completed(uint64_t op_id, Code status, std::string_view reason) override;
     void arrived(RegionId region, uint32_t imm, uint64_t offset, uint64_t bytes,
                  std::string_view peer_name) override;
+    void messageArrived(RegionId region, uint32_t imm, uint64_t offset,
+                        std::span<const uint8_t> message, std::string_view peer_name) override;
     void peerState(PeerId peer, PeerState state, std::string_view reason) override;
 
     /// Waits until `pred(events)` holds; false on timeout.
@@ -104,6 +109,11 @@ public:
     std::optional<Event> completion(uint64_t op_id, std::chrono::milliseconds timeout);
     std::vector<Event> events() const;
     std::vector<Event> arrivals() const;
+    /// Called on the reporting (engine) thread with each event, before it is recorded: a test
+    /// looks at memory at the moment of a delivery. Set before traffic starts.
+    std::function<void(const Event &)> on_event;
+    /// Arrivals and messages, in the order they came.
+    std::vector<Event> deliveries() const;
     size_t count(Event::Kind kind) const;
 
 private:
@@ -185,6 +195,11 @@ public:
     std::pair<Status, uint64_t> post(const std::string &peer, const std::shared_ptr<Region> &src,
                                      uint64_t src_offset, RegionId remote, uint64_t dst_offset,
                                      uint64_t bytes, uint32_t imm);
+    /// post() of a silent write (`silent`) or of a message (`message` not empty, bytes 0).
+    std::pair<Status, uint64_t> postOp(const std::string &peer, const std::shared_ptr<Region> &src,
+                                       uint64_t src_offset, RegionId remote, uint64_t dst_offset,
+                                       uint64_t bytes, uint32_t imm, bool silent,
+                                       std::vector<uint8_t> message);
     bool remoteValid(const std::string &peer, RegionId remote);
     PeerState state(const std::string &peer);
     std::string statusJson();

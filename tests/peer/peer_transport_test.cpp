@@ -3,10 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
 
 #include "harness.hpp"
 #include "transport/tcp/tcp_transport.hpp"
@@ -608,6 +610,124 @@ TEST_P(Peers, IdleManagerSleeps) {
     std::this_thread::sleep_for(1s);
     // Heartbeats both ways every 250 ms and their timers: a handful of wakeups, not a spin.
     EXPECT_LT(node(0).wakeups() - before, 40u);
+}
+
+}  // namespace
+}  // namespace tensorlane::peertest
+
+namespace tensorlane::peertest {
+namespace {
+
+std::vector<uint8_t> patterned(size_t n, uint8_t seed) {
+    std::vector<uint8_t> v(n);
+    for (size_t i = 0; i < n; ++i) {
+        v[i] = static_cast<uint8_t>(seed + i * 7);
+    }
+    return v;
+}
+
+TEST_P(Peers, SilentWritesAndMessagesKeepThePairsOrder) {
+    // The engine's grouped writes and payloads stand on two things every transport does: a
+    // silent write lands without a notification, and a message (bytes 0, up to
+    // kMaxMessageBytes of the engine's own) reaches the target after every write posted before
+    // it has landed, verbatim.
+    startNodes(2);
+    Node &a = node(0);
+    Node &b = node(1);
+    constexpr size_t kRegion = 8u << 20;
+    Linked l;
+    ASSERT_NO_FATAL_FAILURE(link(kRegion, "recv", 5, &l));
+    auto &[src, dst, remote] = l;
+    std::vector<unsigned char> before(dst->base, dst->base + kRegion);
+    // At each message, whether the silent writes before it are in place.
+    std::atomic<int> first_in_place{-1}, second_in_place{-1};
+    b.sink.on_event = [&, d = dst, s = src](const Event &e) {
+        if (e.kind != Event::Kind::kMessage) {
+            return;
+        }
+        if (e.imm == 2) {
+            first_in_place = std::memcmp(d->base, s->base, 3u << 20) == 0;
+        } else if (e.imm == 5) {
+            second_in_place = std::memcmp(d->base + (5u << 20), s->base + (5u << 20), 4096) == 0;
+        }
+    };
+    const auto m1 = patterned(256, 1), m2 = patterned(kMaxMessageBytes, 2), m3 = patterned(1, 3);
+    std::vector<uint64_t> ops;
+    auto post = [&](uint64_t off, uint64_t bytes, uint32_t imm, bool silent,
+                    std::vector<uint8_t> msg) {
+        auto [ps, op] = a.postOp("node-b", src, off, remote.id, off, bytes, imm, silent, msg);
+        ASSERT_TRUE(ps.isOk()) << ps.message();
+        ops.push_back(op);
+    };
+    ASSERT_NO_FATAL_FAILURE(post(0, 3u << 20, 1, true, {}));     // silent, striped
+    ASSERT_NO_FATAL_FAILURE(post(100, 0, 2, false, m1));         // message after it
+    ASSERT_NO_FATAL_FAILURE(post(4u << 20, 64, 3, false, {}));   // an ordinary write
+    ASSERT_NO_FATAL_FAILURE(post(5u << 20, 4096, 4, true, {}));  // silent, small
+    ASSERT_NO_FATAL_FAILURE(post(kRegion, 0, 5, false, m2));     // at the region's end
+    ASSERT_NO_FATAL_FAILURE(post(7, 0, 6, false, m3));
+    for (uint64_t op : ops) {
+        auto c = a.sink.completion(op, 10s);
+        ASSERT_TRUE(c.has_value()) << op;
+        EXPECT_EQ(c->code, Code::kOk) << c->reason;
+    }
+    ASSERT_TRUE(b.sink.waitFor(
+        [](const std::vector<Event> &ev) {
+            return std::count_if(ev.begin(), ev.end(), [](const Event &e) {
+                       return e.kind == Event::Kind::kMessage || e.kind == Event::Kind::kArrived;
+                   }) >= 4;
+        },
+        5s));
+    const auto got = b.sink.deliveries();
+    ASSERT_EQ(got.size(), 4u) << "a silent write was notified, or a message lost";
+    EXPECT_EQ(got[0].kind, Event::Kind::kMessage);
+    EXPECT_EQ(got[0].imm, 2u);
+    EXPECT_EQ(got[0].offset, 100u);
+    EXPECT_EQ(got[0].message, m1);
+    EXPECT_EQ(got[0].region, dst->id);
+    EXPECT_EQ(got[0].peer_name, "node-a");
+    EXPECT_EQ(got[1].kind, Event::Kind::kArrived);
+    EXPECT_EQ(got[1].imm, 3u);
+    EXPECT_EQ(got[2].kind, Event::Kind::kMessage);
+    EXPECT_EQ(got[2].imm, 5u);
+    EXPECT_EQ(got[2].offset, kRegion);
+    EXPECT_EQ(got[2].message, m2);
+    EXPECT_EQ(got[3].message, m3);
+    EXPECT_EQ(first_in_place.load(), 1) << "the message came before the silent write landed";
+    EXPECT_EQ(second_in_place.load(), 1);
+    EXPECT_EQ(0, std::memcmp(dst->base, src->base, 3u << 20));
+    EXPECT_EQ(0, std::memcmp(dst->base + (4u << 20), src->base + (4u << 20), 64));
+    EXPECT_EQ(0, std::memcmp(dst->base + (5u << 20), src->base + (5u << 20), 4096));
+    // A message writes no byte.
+    EXPECT_EQ(0, std::memcmp(dst->base + (3u << 20), before.data() + (3u << 20), 1u << 20));
+}
+
+TEST_P(Peers, MessagesToRevokedRegionsOrPastTheEndFail) {
+    startNodes(2);
+    Node &a = node(0);
+    Node &b = node(1);
+    Linked l;
+    ASSERT_NO_FATAL_FAILURE(link(4096, "recv", 6, &l));
+    auto &[src, dst, remote] = l;
+    // Past the end, or too long: refused by the sender at once, or failed by the target.
+    for (auto [off, len] : {std::pair<uint64_t, size_t>{4097, 8}, {0, kMaxMessageBytes + 1}}) {
+        auto [ps, op] = a.postOp("node-b", src, 0, remote.id, off, 0, 1, false, patterned(len, 1));
+        if (ps.isOk()) {
+            auto c = a.sink.completion(op, 10s);
+            ASSERT_TRUE(c.has_value());
+            EXPECT_NE(c->code, Code::kOk) << off << " " << len;
+        }
+    }
+    b.revoke(dst->id);
+    auto [ps, op] = a.postOp("node-b", src, 0, remote.id, 0, 0, 1, false, patterned(8, 1));
+    if (ps.isOk()) {
+        auto c = a.sink.completion(op, 10s);
+        ASSERT_TRUE(c.has_value());
+        EXPECT_EQ(c->code, Code::kNotFound) << c->reason;
+    } else {
+        EXPECT_EQ(ps.code(), Code::kNotFound) << ps.message();
+    }
+    std::this_thread::sleep_for(200ms);
+    EXPECT_EQ(b.sink.deliveries().size(), 0u);
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -67,6 +68,10 @@ struct TransportCaps {
     uint32_t wire_id = 0;      ///< remote: its TransportWireId
 };
 
+/// The most bytes WriteOp::message may hold (the engine's group and payload records,
+/// request_pipeline's message.hpp; the payload itself is at most 256 of them).
+inline constexpr size_t kMaxMessageBytes = 512;
+
 /// One write-with-immediate. The engine validated it; the transport moves it.
 struct WriteOp {
     uint64_t op_id = 0;  ///< unique per engine; reported back in completed()
@@ -81,6 +86,16 @@ struct WriteOp {
     uint64_t dst_offset = 0;
     uint64_t bytes = 0;
     uint32_t imm = 0;
+    /// No notification at the target: the data lands, and the write ends (completed()) as any
+    /// other, but the target reports no arrived() for it (an entry of a grouped write, or the
+    /// data of a write whose payload follows it as a message).
+    bool silent = false;
+    /// A message (`bytes` is 0 then, and `silent` false): at most kMaxMessageBytes that the
+    /// transport carries verbatim, in order with the writes before and after it on the same
+    /// peer, and the target reports with messageArrived() instead of arrived() (the region is
+    /// checked there as for a write of 0 bytes at dst_offset). Opaque to transports: the
+    /// engine's (a payload, a group's start or end).
+    std::vector<uint8_t> message;
 };
 
 /// Where a transport reports what happened. Called on the engine thread only (from progress()).
@@ -93,6 +108,17 @@ public:
     /// before the writer's completed() wherever both ends are on this node.
     virtual void arrived(RegionId region, uint32_t imm, uint64_t offset, uint64_t bytes,
                          std::string_view peer_name) = 0;
+    /// A message (WriteOp::message) reached a local region, after every write posted before it
+    /// on the same peer arrived. Same rules as arrived(); `message` is valid during the call.
+    /// Untrusted when it came from a peer: the engine checks it.
+    virtual void messageArrived(RegionId region, uint32_t imm, uint64_t offset,
+                                std::span<const uint8_t> message, std::string_view peer_name) {
+        (void)region;
+        (void)imm;
+        (void)offset;
+        (void)message;
+        (void)peer_name;
+    }
     /// A peer came up, failed or went down.
     virtual void peerState(PeerId peer, PeerState state, std::string_view reason) = 0;
 };
