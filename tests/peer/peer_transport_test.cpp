@@ -629,8 +629,8 @@ std::vector<uint8_t> patterned(size_t n, uint8_t seed) {
 TEST_P(Peers, SilentWritesAndMessagesKeepThePairsOrder) {
     // The engine's grouped writes and payloads stand on two things every transport does: a
     // silent write lands without a notification, and a message (bytes 0, up to
-    // kMaxMessageBytes of the engine's own) reaches the target after every write posted before
-    // it has landed, verbatim.
+    // sidecar::kMaxMessageBytes of the engine's own) reaches the target after every write posted
+    // before it has landed, verbatim.
     startNodes(2);
     Node &a = node(0);
     Node &b = node(1);
@@ -651,7 +651,8 @@ TEST_P(Peers, SilentWritesAndMessagesKeepThePairsOrder) {
             second_in_place = std::memcmp(d->base + (5u << 20), s->base + (5u << 20), 4096) == 0;
         }
     };
-    const auto m1 = patterned(256, 1), m2 = patterned(kMaxMessageBytes, 2), m3 = patterned(1, 3);
+    const auto m1 = patterned(256, 1), m2 = patterned(sidecar::kMaxMessageBytes, 2),
+               m3 = patterned(1, 3);
     std::vector<uint64_t> ops;
     auto post = [&](uint64_t off, uint64_t bytes, uint32_t imm, bool silent,
                     std::vector<uint8_t> msg) {
@@ -709,7 +710,8 @@ TEST_P(Peers, MessagesToRevokedRegionsOrPastTheEndFail) {
     ASSERT_NO_FATAL_FAILURE(link(4096, "recv", 6, &l));
     auto &[src, dst, remote] = l;
     // Past the end, or too long: refused by the sender at once, or failed by the target.
-    for (auto [off, len] : {std::pair<uint64_t, size_t>{4097, 8}, {0, kMaxMessageBytes + 1}}) {
+    for (auto [off, len] :
+         {std::pair<uint64_t, size_t>{4097, 8}, {0, sidecar::kMaxMessageBytes + 1}}) {
         auto [ps, op] = a.postOp("node-b", src, 0, remote.id, off, 0, 1, false, patterned(len, 1));
         if (ps.isOk()) {
             auto c = a.sink.completion(op, 10s);

@@ -78,7 +78,16 @@ struct ChunkHeader {
     uint64_t total_bytes = 0;   ///< the whole write's size
     uint64_t chunk_offset = 0;  ///< where this chunk starts within the write
     uint32_t imm = 0;           ///< the writer's immediate
+    uint32_t flags = 0;         ///< ChunkFlag bits (tcp wire version 2; 0 before)
 };
+
+/// ChunkHeader::flags. A receiver refuses any other bit.
+/// WriteOp::silent: the target lands the write and acknowledges it, but notifies no one.
+inline constexpr uint32_t kChunkSilent = 1u << 0;
+/// WriteOp::message: the chunk's data is the message (total_bytes is its length, one chunk at
+/// chunk_offset 0), delivered with messageArrived() and written nowhere.
+inline constexpr uint32_t kChunkMessage = 1u << 1;
+inline constexpr uint32_t kChunkFlagMask = kChunkSilent | kChunkMessage;
 
 inline void storeLe16(uint8_t *p, uint16_t v) {
     std::memcpy(p, &v, sizeof v);
@@ -136,7 +145,7 @@ inline void encodeChunkFrame(uint8_t *out, uint64_t seq, const ChunkHeader &c, u
     storeLe64(p + 16, c.total_bytes);
     storeLe64(p + 24, c.chunk_offset);
     storeLe32(p + 32, c.imm);
-    storeLe32(p + 36, 0);
+    storeLe32(p + 36, c.flags);
 }
 
 /// Reads the chunk header that follows a CHUNK frame header.
@@ -147,6 +156,7 @@ inline ChunkHeader decodeChunkHeader(const uint8_t *p) {
     c.total_bytes = loadLe64(p + 16);
     c.chunk_offset = loadLe64(p + 24);
     c.imm = loadLe32(p + 32);
+    c.flags = loadLe32(p + 36);
     return c;
 }
 

@@ -98,6 +98,23 @@ struct WriteOp {
     std::vector<uint8_t> message;
 };
 
+/// What every transport's post() checks of `silent` and `message` (kOk, or kInvalid with the
+/// reason): a message has no bytes, is not silent and holds at most kMaxMessageBytes; a write
+/// without one has bytes.
+inline Status checkMessage(const WriteOp &op) {
+    if (op.message.empty()) {
+        return op.bytes != 0 ? Status::ok() : Status{Code::kInvalid, "write of 0 bytes"};
+    }
+    if (op.bytes != 0 || op.silent) {
+        return {Code::kInvalid, "a message carries no bytes and is never silent"};
+    }
+    if (op.message.size() > kMaxMessageBytes) {
+        return {Code::kInvalid, "message of " + std::to_string(op.message.size()) +
+                                    " bytes (at most " + std::to_string(kMaxMessageBytes) + ")"};
+    }
+    return Status::ok();
+}
+
 /// Where a transport reports what happened. Called on the engine thread only (from progress()).
 class EventSink {
 public:

@@ -92,6 +92,10 @@ bool copyHostSlice(LocalJob &job, SessionId sid, LocalDone *done) {
             return true;
         }
     }
+    if (op.bytes == 0) {
+        *done = landed(op, sid);  // a message: nothing to copy
+        return true;
+    }
     const uint64_t n = std::min(op.bytes - job.copied, kHostSliceBytes);
     unsigned char *to = op.dst->base + op.dst_offset + job.copied;
     const unsigned char *from = op.src->base + op.src_offset + job.copied;

@@ -12,6 +12,15 @@ Code checkStart(const WriteOp &op, const char **why) {
         *why = "target region is gone";
         return Code::kNotFound;
     }
+    if (op.bytes == 0) {
+        // A message (WriteOp::message): no bytes to copy, so no memory is touched at either
+        // end; the target must still be there and the offset inside it.
+        if (op.dst_offset > op.dst->bytes) {
+            *why = "message offset past the end of the region";
+            return Code::kInvalid;
+        }
+        return Code::kOk;
+    }
     const auto usable = [](const Region &r) {
         return r.kind == MemoryKind::kCuda ? r.cuda.import != nullptr : r.base != nullptr;
     };
@@ -27,7 +36,8 @@ LocalDone landed(const WriteOp &op, SessionId sid) {
     if (op.dst->revoked.load(std::memory_order_acquire)) {
         return failed(op, sid, Code::kNotFound, "target region was deregistered during the write");
     }
-    return LocalDone{op.op_id, Code::kOk, "", op.dst_region, op.imm, op.dst_offset, op.bytes, sid};
+    return LocalDone{op.op_id,      Code::kOk, "",  op.dst_region, op.imm,
+                     op.dst_offset, op.bytes,  sid, op.silent,     op.message};
 }
 
 LocalDone failed(const WriteOp &op, SessionId sid, Code code, std::string why) {

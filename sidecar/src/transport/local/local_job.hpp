@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tensorlane/sidecar/transport.hpp"
 
@@ -38,7 +39,9 @@ struct LocalDone {
     uint32_t imm = 0;
     uint64_t offset = 0;
     uint64_t bytes = 0;
-    SessionId session = 0;  ///< the writer
+    SessionId session = 0;         ///< the writer
+    bool silent = false;           ///< WriteOp::silent: no arrived()
+    std::vector<uint8_t> message;  ///< WriteOp::message: messageArrived() instead
 };
 
 /// The checks made when a write starts: kOk, or why it cannot (`*why`). A target deregistered

@@ -13,12 +13,17 @@ Status LocalTransport::post(const WriteOp &op) {
     if (!op.dst || !op.src) {
         return {Code::kInvalid, "local write without a resolved source and target"};
     }
+    if (Status st = checkMessage(op); !st.isOk()) {
+        return st;
+    }
     if (in_flight_ >= max_queued_) {
         return {Code::kAgain, "the local copy queue is full"};
     }
     LocalJob job;
     job.op = op;
-    job.gpu = op.src->kind == MemoryKind::kCuda || op.dst->kind == MemoryKind::kCuda;
+    // A message moves no bytes: the engine thread delivers it, in its session's order.
+    job.gpu =
+        op.bytes != 0 && (op.src->kind == MemoryKind::kCuda || op.dst->kind == MemoryKind::kCuda);
     ++in_flight_;
     route(op.src->owner, std::move(job));
     return Status::ok();
@@ -97,7 +102,11 @@ size_t LocalTransport::progress(EventSink &sink) {
         if (d.code == Code::kOk) {
             // The bytes are in place and visible (a fenced memcpy, or a finished CUDA copy). The
             // owner first, then the writer, as DESIGN.md's data path requires.
-            sink.arrived(d.dst, d.imm, d.offset, d.bytes, node_name_);
+            if (!d.message.empty()) {
+                sink.messageArrived(d.dst, d.imm, d.offset, d.message, node_name_);
+            } else if (!d.silent) {
+                sink.arrived(d.dst, d.imm, d.offset, d.bytes, node_name_);
+            }
         }
         sink.completed(d.op_id, d.code, d.why);
     }

@@ -46,7 +46,7 @@ Status OutLink::post(const WriteOp &op, int64_t now_ms) {
     if (inflight_.size() >= window_) {
         return {Code::kAgain, "too many writes in flight to this peer"};
     }
-    if (op.src->kind == MemoryKind::kCuda) {
+    if (op.bytes != 0 && op.src->kind == MemoryKind::kCuda) {
         // A sidecar that cannot stage (no CUDA here) ends the write at once, never leaves it
         // waiting for a slot that cannot come.
         if (Status st = staging_.ensureStarted(); !st.isOk()) {
@@ -103,6 +103,7 @@ void OutLink::cutStaged(InFlight &w, int slot) {
     c.header.total_bytes = w.op.bytes;
     c.header.chunk_offset = w.cut;
     c.header.imm = w.op.imm;
+    c.header.flags = w.op.silent ? kChunkSilent : 0;
     c.len = len;
     c.slot = slot;
     const Region &src = *w.op.src;
@@ -175,14 +176,29 @@ int OutLink::pump(int64_t now_ms) {
                 continue;
             }
             InFlight &w = inflight_[cut_from_];
-            const uint32_t len =
-                static_cast<uint32_t>(std::min<uint64_t>(chunk_bytes_, w.op.bytes - w.cut));
             ChunkHeader h;
             h.region = w.op.remote_region;
             h.write_offset = w.op.dst_offset;
+            h.imm = w.op.imm;
+            if (!w.op.message.empty()) {
+                // A message: one chunk whose data is the message, from the op's own copy (it
+                // stays put in inflight_ until the ACK, after the socket took it).
+                const auto len = static_cast<uint32_t>(w.op.message.size());
+                h.total_bytes = len;
+                h.flags = kChunkMessage;
+                encodeChunkFrame(head, w.seq, h, len);
+                conn->queueChunk(head, w.op.message.data(), len, w.seq);
+                conn_slots_[indexOf(*conn)].push_back(-1);
+                ++w.unsent;
+                cut = true;
+                ++cut_from_;
+                continue;
+            }
+            const uint32_t len =
+                static_cast<uint32_t>(std::min<uint64_t>(chunk_bytes_, w.op.bytes - w.cut));
             h.total_bytes = w.op.bytes;
             h.chunk_offset = w.cut;
-            h.imm = w.op.imm;
+            h.flags = w.op.silent ? kChunkSilent : 0;
             encodeChunkFrame(head, w.seq, h, len);
             // Chunks rotate over the connections so a large write streams over all of them;
             // the target puts the notifications back in sequence order.
@@ -367,6 +383,19 @@ int InLink::beginChunk(Connection &c, std::string *error) {
     RxWrite fresh;
     auto it = pending_.find(seq);
     RxWrite *w = it != pending_.end() ? &it->second : &fresh;
+    if ((ch.flags & ~kChunkFlagMask) != 0 || ch.flags == (kChunkSilent | kChunkMessage)) {
+        *error = "chunk flags " + std::to_string(ch.flags) + " not known";
+        return EPROTO;
+    }
+    const bool message = (ch.flags & kChunkMessage) != 0;
+    if (message && (ch.total_bytes > kMaxMessageBytes || ch.chunk_offset != 0 ||
+                    chunk_len != ch.total_bytes)) {
+        *error = "message chunk of " + std::to_string(chunk_len) + " bytes at " +
+                 std::to_string(ch.chunk_offset) + " for a message of " +
+                 std::to_string(ch.total_bytes) + " (at most " + std::to_string(kMaxMessageBytes) +
+                 ", in one chunk)";
+        return EPROTO;
+    }
     if (it == pending_.end()) {
         if (ch.total_bytes == 0) {
             *error = "write of 0 bytes";
@@ -376,18 +405,27 @@ int InLink::beginChunk(Connection &c, std::string *error) {
         fresh.offset = ch.write_offset;
         fresh.total = ch.total_bytes;
         fresh.imm = ch.imm;
+        fresh.flags = ch.flags;
         // Checked once per write against the table: exposed, offered to peers (a region exposed
         // without TL_ACCESS_PEERS is never described to them, but its id could be guessed), not
         // revoked, in bounds. A write
         // that fails is still read off the stream, and answered with kNotFound (kCuda when this
         // sidecar cannot stage into the GPU region).
         auto r = regions_.find(ch.region);
+        // A message writes nothing into the region: it must be there, offered to us, and its
+        // offset inside it, whatever memory it is.
         const bool usable =
-            r && (r->kind == MemoryKind::kCuda ? r->cuda.import != nullptr : r->base != nullptr);
+            r && (message ||
+                  (r->kind == MemoryKind::kCuda ? r->cuda.import != nullptr : r->base != nullptr));
+        const bool inside =
+            r && (message ? fresh.offset <= r->bytes : r->contains(fresh.offset, fresh.total));
         if (usable && r->exposed.load(std::memory_order_acquire) && r->access.peers &&
-            !r->revoked.load(std::memory_order_acquire) && r->contains(fresh.offset, fresh.total)) {
-            if (r->kind == MemoryKind::kCuda &&
-                (!staging_.ensureStarted().isOk() || staging_.slotBytes() < max_chunk_)) {
+            !r->revoked.load(std::memory_order_acquire) && inside) {
+            if (message) {
+                fresh.message.resize(fresh.total);
+                fresh.region = std::move(r);
+            } else if (r->kind == MemoryKind::kCuda &&
+                       (!staging_.ensureStarted().isOk() || staging_.slotBytes() < max_chunk_)) {
                 fresh.code = Code::kCuda;
             } else {
                 fresh.region = std::move(r);
@@ -396,7 +434,7 @@ int InLink::beginChunk(Connection &c, std::string *error) {
             fresh.code = Code::kNotFound;
         }
     } else if (w->region_id != ch.region || w->offset != ch.write_offset ||
-               w->total != ch.total_bytes || w->imm != ch.imm) {
+               w->total != ch.total_bytes || w->imm != ch.imm || w->flags != ch.flags || message) {
         *error = "chunk of write " + std::to_string(seq) + " disagrees with its first chunk";
         return EPROTO;
     }
@@ -410,10 +448,11 @@ int InLink::beginChunk(Connection &c, std::string *error) {
                  " bytes (" + std::to_string(w->claimed) + " already claimed)";
         return EPROTO;
     }
-    const bool gpu = w->code == Code::kOk && w->region->kind == MemoryKind::kCuda;
+    const bool gpu = w->code == Code::kOk && !message && w->region->kind == MemoryKind::kCuda;
     // A host chunk whose tag must verify first is read into a staging buffer (a GPU one is read
-    // into its staging slot anyway; without tags there is nothing to wait for).
-    const bool staged = w->code == Code::kOk && !gpu && c.authenticated();
+    // into its staging slot anyway; without tags there is nothing to wait for). A message is
+    // read into its own buffer, which nobody sees before its tag verified.
+    const bool staged = w->code == Code::kOk && !gpu && !message && c.authenticated();
     int slot = -1;
     if (gpu) {
         slot = staging_.take();
@@ -473,6 +512,8 @@ int InLink::beginChunk(Connection &c, std::string *error) {
         c.rx.dest = buf.get();
         c.rx.land = w->region->base + w->offset + ch.chunk_offset;
         rx_bufs_[&c] = std::move(buf);
+    } else if (message) {
+        c.rx.dest = w->code == Code::kOk ? w->message.data() : nullptr;
     } else {
         c.rx.dest = w->code == Code::kOk ? w->region->base + w->offset + ch.chunk_offset : nullptr;
     }

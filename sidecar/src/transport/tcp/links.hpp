@@ -94,7 +94,9 @@ private:
     /// The next connection with room for another chunk, or nullptr.
     Connection *roomyConnection(uint64_t watermark);
     size_t indexOf(const Connection &c) const;
-    static bool fromGpu(const InFlight &w) { return w.op.src->kind == MemoryKind::kCuda; }
+    static bool fromGpu(const InFlight &w) {
+        return w.op.bytes != 0 && w.op.src->kind == MemoryKind::kCuda;
+    }
     /// Cuts the next chunk of the write at cut_from_ into `slot` and starts its copy.
     void cutStaged(InFlight &w, int slot);
 
@@ -181,7 +183,10 @@ private:
         uint64_t claimed = 0;   ///< bytes of chunks begun (at most total)
         uint64_t received = 0;  ///< bytes of chunks finished, authenticated (and on the GPU)
         uint32_t imm = 0;
+        uint32_t flags = 0;  ///< ChunkFlag bits of its first chunk
         Code code = Code::kOk;
+        /// kChunkMessage: the message's bytes (total of them), read here, never into the region.
+        std::vector<uint8_t> message;
     };
     /// The chunk a connection reads into a staging slot.
     struct RxSlot {
@@ -253,9 +258,15 @@ size_t InLink::deliver(EventSink &sink, AckFn &&ack) {
             code = Code::kNotFound;
         }
         if (code == Code::kOk) {
-            sink.arrived(w.region_id, w.imm, w.offset, w.total, peer_name_);
+            if ((w.flags & kChunkMessage) != 0) {
+                sink.messageArrived(w.region_id, w.imm, w.offset, w.message, peer_name_);
+            } else {
+                if ((w.flags & kChunkSilent) == 0) {
+                    sink.arrived(w.region_id, w.imm, w.offset, w.total, peer_name_);
+                }
+                bytes_received_ += w.total;
+            }
             ++writes_received_;
-            bytes_received_ += w.total;
         }
         ack(it->first, code);
         pending_.erase(it);

@@ -131,14 +131,17 @@ Status TcpTransport::post(const WriteOp &op) {
     if (it == peers_.end() || !it->second.out || !it->second.out->link) {
         return {Code::kPeer, "no tcp session to peer " + std::to_string(op.peer) + " is up"};
     }
+    if (Status st = checkMessage(op); !st.isOk()) {
+        return st;
+    }
     const bool readable =
         op.src && (op.src->kind == MemoryKind::kCuda ? op.src->cuda.import != nullptr
                                                      : op.src->base != nullptr);
-    if (!readable || !op.src->contains(op.src_offset, op.bytes)) {
+    if (op.bytes != 0 && (!readable || !op.src->contains(op.src_offset, op.bytes))) {
         return {Code::kInvalid, "the source range is not readable memory of the source region"};
     }
     Status st = it->second.out->link->post(op, monotonicMs());
-    if (op.src->kind == MemoryKind::kCuda) {
+    if (op.bytes != 0 && op.src->kind == MemoryKind::kCuda) {
         send_staging_.flush();
         watchStaging(send_staging_, kSendStagingToken, &send_watched_);
     }

@@ -23,8 +23,9 @@
 
 namespace tensorlane::sidecar {
 
-/// The version at the front of the tcp transport's bootstrap blob.
-inline constexpr uint16_t kTcpBlobVersion = 1;
+/// The version at the front of the tcp transport's bootstrap blob. 2: ChunkHeader::flags (silent
+/// writes and messages); a peer of another version is refused at SELECT, naming both.
+inline constexpr uint16_t kTcpBlobVersion = 2;
 
 /// The tcp transport's bootstrap blob (SELECT / SELECTED): its version, then the sender's
 /// [tcp] connections_per_peer and chunk_bytes, which both ends must share.
