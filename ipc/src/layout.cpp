@@ -18,6 +18,7 @@ void initSegment(void *base, const SegmentGeometry &g, uint64_t session_id) {
     h->request_offset = g.request_offset;
     h->completion_offset = g.completion_offset;
     h->notification_offset = g.notification_offset;
+    h->payload_offset = g.payload_offset;
     h->sidecar_sleeping.value.store(0, std::memory_order_relaxed);
     h->client_waiting.value.store(0, std::memory_order_relaxed);
     // Ring cursors are zero because the segment is fresh from ftruncate.
@@ -43,8 +44,8 @@ bool validateSegment(const void *base, uint64_t mapped_bytes, SegmentGeometry *o
     if (h->completion_depth != g.completion_depth ||
         h->notification_depth != g.notification_depth || h->request_offset != g.request_offset ||
         h->completion_offset != g.completion_offset ||
-        h->notification_offset != g.notification_offset || h->total_bytes != g.total_bytes ||
-        g.total_bytes > mapped_bytes) {
+        h->notification_offset != g.notification_offset || h->payload_offset != g.payload_offset ||
+        h->total_bytes != g.total_bytes || g.total_bytes > mapped_bytes) {
         return false;
     }
     *out = g;

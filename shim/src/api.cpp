@@ -167,6 +167,24 @@ TL_API tl_status tl_wait_notification_ex(tl_client *c, tl_notification_ex *out, 
     return guarded([&] { return c->impl.waitNotificationEx(out, timeout_ms); });
 }
 
+TL_API tl_status tl_write_msg(tl_client *c, tl_region src, uint64_t src_off, tl_remote dst,
+                              uint64_t dst_off, uint64_t bytes, const tl_send_opts *opts,
+                              tl_ticket *out) {
+    TL_REQUIRE_CLIENT(c);
+    return guarded([&] { return c->impl.writeMsg(src, src_off, dst, dst_off, bytes, opts, out); });
+}
+
+TL_API tl_status tl_write_group(tl_client *c, const tl_group_entry *entries, size_t n,
+                                const tl_send_opts *opts, tl_ticket *out) {
+    TL_REQUIRE_CLIENT(c);
+    return guarded([&] { return c->impl.writeGroup(entries, n, opts, out); });
+}
+
+TL_API tl_status tl_wait_message(tl_client *c, tl_message *out, int timeout_ms) {
+    TL_REQUIRE_CLIENT(c);
+    return guarded([&] { return c->impl.waitMessage(out, timeout_ms); });
+}
+
 TL_API tl_status tl_nop(tl_client *c, tl_ticket *out) {
     TL_REQUIRE_CLIENT(c);
     return guarded([&] { return c->impl.nop(1, out, nullptr); });

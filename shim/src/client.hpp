@@ -12,6 +12,7 @@
 
 #include "control_channel.hpp"
 #include "cuda_memory.hpp"
+#include "ex_arena.hpp"
 #include "last_error.hpp"
 #include "region_table.hpp"
 #include "rings.hpp"
@@ -40,6 +41,14 @@ public:
     /// Submits n writes (one doorbell); `*submitted` (may be null) says how many went in.
     tl_status write(const tl_write_desc *w, size_t n, tl_ticket *out, size_t *submitted);
     tl_status nop(size_t n, tl_ticket *out, size_t *submitted);
+    /// tl_write_msg and tl_write_group (ex_client.cpp).
+    tl_status writeMsg(tl_region src, uint64_t src_off, tl_remote dst, uint64_t dst_off,
+                       uint64_t bytes, const tl_send_opts *opts, tl_ticket *out);
+    tl_status writeGroup(const tl_group_entry *entries, size_t n, const tl_send_opts *opts,
+                         tl_ticket *out);
+    tl_status waitMessage(tl_message *out, int timeout_ms) {
+        return waiter_.waitMessage(out, timeout_ms);
+    }
     tl_status wait(tl_ticket t, int timeout_ms) { return waiter_.wait(t, timeout_ms); }
     tl_status test(tl_ticket t, int *done) { return waiter_.test(t, done); }
     tl_status waitNotification(tl_notification *out, int timeout_ms) {
@@ -56,6 +65,10 @@ public:
     tl_status streamWaitNotification(tl_region r, uint32_t imm, void *stream);
 
 private:
+    /// Builds a kWriteEx description in the arena and submits it (ex_client.cpp).
+    tl_status submitEx(ipc::ExKind kind, const tl_group_entry *entries, size_t n, tl_remote notify,
+                       uint64_t notify_off, const tl_send_opts &opts, const char *what,
+                       tl_ticket *out);
     /// tl_register of device memory (cuda_client.cpp).
     tl_status registerCuda(void *ptr, size_t bytes, tl_region *out);
     /// Creates the stream segment on first use and starts the keeper. TL_OK when it exists.
@@ -70,6 +83,9 @@ private:
     Waiter waiter_{control_, rings_};
     std::string node_name_;
     RegionTable regions_;
+    /// The kWriteEx descriptions in flight (ex_arena.hpp); its buffers are regions of ours.
+    ExArena ex_arena_{
+        [this](size_t bytes, void **ptr, tl_region *out) { return allocHost(bytes, ptr, out); }};
 
     // CUDA (cuda_client.cpp).
     std::mutex cuda_mu_;        ///< serialises CUDA registrations and stream setup

@@ -146,7 +146,7 @@ void Client::keepStreams() {
             p[0].fd = -1;  // it stays readable; from here we only re-arm
             std::lock_guard lock(rings_.mutex());
             control_.markDead("the sidecar went away");
-            rings_.tickets().failPending(static_cast<int32_t>(Code::kConnection));
+            rings_.failPendingLocked(static_cast<int32_t>(Code::kConnection));
             rings_.streams()->releaseAll();
             waiter_.wakeAllLocked();
             continue;
@@ -304,9 +304,9 @@ tl_status Client::streamWaitNotification(tl_region r, uint32_t imm, void *stream
             {
                 std::lock_guard lock(rings_.mutex());
                 rings_.drainLocked(true);
-                std::deque<tl_notification_ex> &notes = rings_.notes();
+                std::deque<tl_message> &notes = rings_.notes();
                 for (auto it = notes.begin(); it != notes.end();) {
-                    if (it->n.region == r && it->n.imm == imm) {
+                    if (it->ex.n.region == r && it->ex.n.imm == imm) {
                         it = notes.erase(it);
                         ++earlier;
                     } else {

@@ -81,6 +81,16 @@ void RegionTable::addRemote(tl_remote r, uint64_t bytes) {
     remotes_[r] = bytes;
 }
 
+bool RegionTable::remoteBytes(tl_remote r, uint64_t *bytes) const {
+    std::shared_lock lock(mu_);
+    auto it = remotes_.find(r);
+    if (it == remotes_.end()) {
+        return false;
+    }
+    *bytes = it->second;
+    return true;
+}
+
 bool RegionTable::checkWrites(const tl_write_desc *w, size_t n, size_t *bad,
                               std::string *why) const {
     std::shared_lock lock(mu_);

@@ -42,6 +42,8 @@ public:
 
     /// A remote from tl_lookup and its size.
     void addRemote(tl_remote r, uint64_t bytes);
+    /// The size of a remote from tl_lookup; false when it is none.
+    bool remoteBytes(tl_remote r, uint64_t *bytes) const;
 
     /// Checks n writes against the table (one lock): false with the first bad entry's index
     /// and what is wrong with it.

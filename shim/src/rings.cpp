@@ -44,7 +44,7 @@ void Rings::setStreams(std::unique_ptr<ClientStreams> streams) {
 }
 
 tl_status Rings::submit(ipc::Request *reqs, size_t n, tl_ticket *out, size_t *submitted,
-                        StreamGate *gate) {
+                        StreamGate *gate, TicketHook *hook) {
     size_t k = 0;
     bool corrupt = false;
     tl_status gate_failed = TL_OK;
@@ -78,7 +78,9 @@ tl_status Rings::submit(ipc::Request *reqs, size_t n, tl_ticket *out, size_t *su
                 }
                 streams_->noteEnqueued();
                 r.slot = slot;
-            } else if (streams_ && r.op == static_cast<uint8_t>(ipc::Op::kWrite) &&
+            } else if (streams_ &&
+                       (r.op == static_cast<uint8_t>(ipc::Op::kWrite) ||
+                        r.op == static_cast<uint8_t>(ipc::Op::kWriteEx)) &&
                        streams_->takeSlot(next_ticket_, false, &slot)) {
                 // Once the client has a stream segment every write gets a slot, so that
                 // tl_stream_wait_ticket works on any ticket (the sidecar stores the ticket there
@@ -89,6 +91,9 @@ tl_status Rings::submit(ipc::Request *reqs, size_t n, tl_ticket *out, size_t *su
             r.ticket = next_ticket_;
             out[k] = next_ticket_;
             (void)requests_.push(r);  // freeSlots() said there is room
+            if (hook != nullptr && k == 0) {
+                hooks_.emplace(next_ticket_, std::move(*hook));
+            }
             tickets_.addPending(next_ticket_++);
         }
         if (k > 0) {
@@ -129,7 +134,16 @@ void Rings::drainLocked(bool all) {
     uint32_t n = completions_.available();
     for (uint32_t i = 0; i < n; ++i) {
         ipc::Completion c = completions_.read(i);
-        tickets_.complete(c.ticket, static_cast<int32_t>(ipc::sanitizeCode(c.status)));
+        const auto status = static_cast<int32_t>(ipc::sanitizeCode(c.status));
+        if (!hooks_.empty()) {
+            if (auto h = hooks_.find(c.ticket);
+                h != hooks_.end() && tickets_.state(c.ticket) == TicketTable::kPending) {
+                TicketHook hook = std::move(h->second);
+                hooks_.erase(h);
+                hook(status);
+            }
+        }
+        tickets_.complete(c.ticket, status);
         if (streams_) {
             streams_->ticketEnded(c.ticket);
         }
@@ -148,18 +162,28 @@ void Rings::drainLocked(bool all) {
         n = notes_.size() < maxNotes() ? static_cast<uint32_t>(maxNotes() - notes_.size()) : 0;
     }
     for (uint32_t i = 0; i < n; ++i) {
-        ipc::Notification in = notifications_.read(i);
-        tl_notification_ex out{};
-        out.n.region = in.region;
-        out.n.imm = in.imm;
-        out.n.offset = in.offset;
-        out.n.bytes = in.bytes;
-        std::memcpy(out.n.peer, in.peer, sizeof(out.n.peer));
-        out.n.peer[sizeof(out.n.peer) - 1] = '\0';
-        out.writer_uid = in.writer_uid;
+        const ipc::Notification in = notifications_.read(i);
+        tl_message &out = notes_.emplace_back();
+        out.ex.n.region = in.region;
+        out.ex.n.imm = in.imm;
+        out.ex.n.offset = in.offset;
+        out.ex.n.bytes = in.bytes;
+        std::memcpy(out.ex.n.peer, in.peer, sizeof(out.ex.n.peer));
+        out.ex.n.peer[sizeof(out.ex.n.peer) - 1] = '\0';
+        out.ex.writer_uid = in.writer_uid;
         // The sidecar's count of notifications it dropped for this client before this one.
-        out.dropped = in.dropped;
-        notes_.push_back(out);
+        out.ex.dropped = in.dropped;
+        out.kind = in.kind;
+        out.status = static_cast<tl_status>(ipc::sanitizeCode(in.status));
+        out.entries = in.entries;
+        // The payload sits in the slab at the entry's ring position, written before the entry
+        // was published (so the acquire of its sequence word covers it).
+        out.payload_bytes = std::min<uint32_t>(in.payload_bytes, ipc::kPayloadSlotBytes);
+        if (out.payload_bytes != 0) {
+            const uint64_t pos = notifications_.head() + i;
+            std::memcpy(out.payload, view_.payloads + (pos % depth_) * ipc::kPayloadSlotBytes,
+                        out.payload_bytes);
+        }
     }
     if (n) {
         notifications_.release(n);
@@ -175,6 +199,16 @@ void Rings::drainLocked(bool all) {
             ipc::ring(to_sidecar_.get());
         }
     }
+}
+
+void Rings::failPendingLocked(int32_t status) {
+    for (auto &[ticket, hook] : hooks_) {
+        if (tickets_.state(ticket) == TicketTable::kPending) {
+            hook(status);
+        }
+    }
+    hooks_.clear();
+    tickets_.failPending(status);
 }
 
 Rings::Watch Rings::watch() const {

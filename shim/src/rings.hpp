@@ -8,8 +8,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 
 #include "cuda_streams.hpp"
 #include "tensorlane/ipc/fd.hpp"
@@ -53,8 +55,17 @@ public:
     /// (may be null) says how many went in. Fewer than `n`: TL_EAGAIN when depth() are
     /// outstanding, TL_ECONN when the ring is corrupt. With a `gate`, each request is a gated
     /// write: it needs a slot, and `gate` queues the slot's gate store before it is published.
+    /// `hook` (may be null): given to the first request's ticket (see TicketHook).
+    using TicketHook = std::function<void(int32_t status)>;
     tl_status submit(ipc::Request *reqs, size_t n, tl_ticket *out, size_t *submitted,
-                     StreamGate *gate = nullptr);
+                     StreamGate *gate = nullptr, TicketHook *hook = nullptr);
+    /// Called once, with the mutex() held, when a hooked ticket ends (its completion drained,
+    /// or failPendingLocked()); it must not take the mutex() or call into the rings.
+    /// (A hook is set under the same lock that gives the ticket, so no thread can drain its
+    /// completion first.)
+    /// Ends every pending ticket with `status` (the sidecar is gone), hooks included
+    /// (mutex() held).
+    void failPendingLocked(int32_t status);
 
     /// The lock of everything below.
     std::mutex &mutex() { return mu_; }
@@ -65,7 +76,7 @@ public:
     /// Tickets issued and how they ended (mutex() held).
     TicketTable &tickets() { return tickets_; }
     /// Notifications drained and not yet taken (mutex() held).
-    std::deque<tl_notification_ex> &notes() { return notes_; }
+    std::deque<tl_message> &notes() { return notes_; }
 
     /// The stream segment, once the client has one (mutex() held; set once).
     ClientStreams *streams() const { return streams_.get(); }
@@ -120,7 +131,10 @@ private:
     ipc::RingConsumer<ipc::Completion> completions_;
     ipc::RingConsumer<ipc::Notification> notifications_;
     TicketTable tickets_;
-    std::deque<tl_notification_ex> notes_;
+    std::deque<tl_message> notes_;
+    /// Tickets with a hook (kWriteEx requests), until they end.
+    std::unordered_map<uint64_t, TicketHook> hooks_;
+
     std::unique_ptr<ClientStreams> streams_;
 };
 

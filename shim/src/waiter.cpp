@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstddef>
+#include <cstring>
 #include <string>
 
 #include "control_channel.hpp"
@@ -167,7 +169,7 @@ tl_status Waiter::wait(tl_ticket t, int timeout_ms) {
         // looking for the completion. A wait with a timeout (a tl_wait(t, 0) poll loop) must
         // see a dead sidecar on every call.
         if ((!first || timeout_ms >= 0) && sidecarGone()) {
-            tickets.failPending(static_cast<int32_t>(Code::kConnection));
+            rings_.failPendingLocked(static_cast<int32_t>(Code::kConnection));
             continue;
         }
         first = false;
@@ -194,7 +196,7 @@ tl_status Waiter::test(tl_ticket t, int *done) {
     }
     if (st == TicketTable::kPending) {
         if (sidecarGone()) {
-            tickets.failPending(static_cast<int32_t>(Code::kConnection));
+            rings_.failPendingLocked(static_cast<int32_t>(Code::kConnection));
             st = static_cast<int32_t>(Code::kConnection);
         } else {
             *done = 0;
@@ -210,31 +212,40 @@ tl_status Waiter::waitNotification(tl_notification *out, int timeout_ms) {
     if (!out) {
         return fail(Code::kInvalid, "tl_wait_notification: out is NULL");
     }
-    tl_notification_ex ex{};
-    tl_status st = waitNotificationEx(&ex, timeout_ms, "tl_wait_notification");
-    if (st == TL_OK) {
-        *out = ex.n;
-    }
-    return st;
+    return takeNote(timeout_ms, "tl_wait_notification",
+                    [out](const tl_message &m) { *out = m.ex.n; });
 }
 
 tl_status Waiter::waitNotificationEx(tl_notification_ex *out, int timeout_ms) {
-    return waitNotificationEx(out, timeout_ms, "tl_wait_notification_ex");
+    if (!out) {
+        return fail(Code::kInvalid, "tl_wait_notification_ex: out is NULL");
+    }
+    return takeNote(timeout_ms, "tl_wait_notification_ex",
+                    [out](const tl_message &m) { *out = m.ex; });
 }
 
-tl_status Waiter::waitNotificationEx(tl_notification_ex *out, int timeout_ms, const char *what) {
-    using Clock = std::chrono::steady_clock;
+tl_status Waiter::waitMessage(tl_message *out, int timeout_ms) {
     if (!out) {
-        return fail(Code::kInvalid, std::string(what) + ": out is NULL");
+        return fail(Code::kInvalid, "tl_wait_message: out is NULL");
     }
+    return takeNote(timeout_ms, "tl_wait_message", [out](const tl_message &m) {
+        // The payload as far as it goes; the rest of the array is left as it was.
+        std::memcpy(static_cast<void *>(out), &m, offsetof(tl_message, payload));
+        std::memcpy(out->payload, m.payload, m.payload_bytes);
+    });
+}
+
+template <class Take>
+tl_status Waiter::takeNote(int timeout_ms, const char *what, Take &&take) {
+    using Clock = std::chrono::steady_clock;
     const auto deadline = timeout_ms < 0 ? Clock::time_point::max()
                                          : Clock::now() + std::chrono::milliseconds(timeout_ms);
     std::unique_lock lock(rings_.mutex());
-    std::deque<tl_notification_ex> &notes = rings_.notes();
+    std::deque<tl_message> &notes = rings_.notes();
     for (;;) {
         rings_.drainLocked();
         if (!notes.empty()) {
-            *out = notes.front();
+            take(notes.front());
             notes.pop_front();
             return TL_OK;
         }

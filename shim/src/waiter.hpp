@@ -30,13 +30,17 @@ public:
     tl_status test(tl_ticket t, int *done);
     tl_status waitNotification(tl_notification *out, int timeout_ms);
     tl_status waitNotificationEx(tl_notification_ex *out, int timeout_ms);
+    tl_status waitMessage(tl_message *out, int timeout_ms);
 
     /// Wakes every thread waiting on the condition variable (the rings' lock held): something
     /// other than the rings ended their wait (the keeper saw the sidecar go).
     void wakeAllLocked() { comp_cv_.notify_all(); }
 
 private:
-    tl_status waitNotificationEx(tl_notification_ex *out, int timeout_ms, const char *what);
+    /// Takes the oldest notification into `take` (a copy into the caller's struct), waiting up
+    /// to `timeout_ms` for one.
+    template <class Take>
+    tl_status takeNote(int timeout_ms, const char *what, Take &&take);
     /// Blocks until the rings may have news, the sidecar goes away, or `deadline` passes.
     /// Returns true when the sidecar hung up.
     bool waitForActivity(std::chrono::steady_clock::time_point deadline);

@@ -751,7 +751,7 @@ void ControlServer::onStreamSubscribe(Session &s, const ipc::StreamSubscribeMsg 
     // them back with kStreamCredit).
     uint32_t backlog = 0;
     for (auto it = s.notification_backlog.begin(); it != s.notification_backlog.end();) {
-        if (it->region == m.region && it->imm == m.imm) {
+        if (it->n.region == m.region && it->n.imm == m.imm) {
             it = s.notification_backlog.erase(it);
             ++backlog;
         } else {

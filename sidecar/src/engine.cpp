@@ -377,7 +377,7 @@ void EngineImpl::run() {
             }
         }
         if (sleep) {
-            int timeout = pipeline_->streamsUrgent() ? 1 : kIdleTickMs;
+            int timeout = pipeline_->msToNextDeadline(pipeline_->streamsUrgent() ? 1 : kIdleTickMs);
             if (control_->listenPaused()) {
                 const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
                     control_->listenPausedUntil() - Clock::now());
@@ -397,6 +397,7 @@ void EngineImpl::run() {
         work += pipeline_->drainRequests();
         work += pipeline_->pollStreams();
         work += progressTransports();
+        work += pipeline_->pollDeadlines();
         work += pipeline_->pumpQueues();
         work += pipeline_->publishAll();
         stats_.timeEnded();  // the end stamp of the writes that ended this turn, once published
@@ -435,6 +436,13 @@ void EngineImpl::peerState(PeerId peer, PeerState state, std::string_view reason
         log_->warn("peer {} failed: {}", name, reason);
     } else {
         log_->info("peer {} is {}{}{}", name, toString(state), reason.empty() ? "" : ": ", reason);
+    }
+}
+
+void EngineImpl::inboundClosed(PeerId peer, std::string_view reason) {
+    (void)reason;  // the peer layer logged it
+    if (peers_) {
+        pipeline_->inboundClosed(peers_->peerName(peer));
     }
 }
 

@@ -64,7 +64,12 @@ public:
                  std::string_view peer_name) override {
         pipeline_->arrived(region, imm, offset, bytes, peer_name);
     }
+    void messageArrived(RegionId region, uint32_t imm, uint64_t offset,
+                        std::span<const uint8_t> message, std::string_view peer_name) override {
+        pipeline_->messageArrived(region, imm, offset, message, peer_name);
+    }
     void peerState(PeerId peer, PeerState state, std::string_view reason) override;
+    void inboundClosed(PeerId peer, std::string_view reason) override;
 
 private:
     size_t pollEvents(int timeout_ms);

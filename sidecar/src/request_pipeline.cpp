@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <random>
 #include <string>
 
 #include "logging.hpp"
@@ -17,6 +18,15 @@ constexpr uint32_t kBatch = 256;
 
 }  // namespace
 
+namespace {
+/// A random start for the engine's kWriteEx ids, so a restarted writer's groups never take the
+/// ids its earlier run had in flight at a target.
+uint64_t randomStart() {
+    std::random_device rd;
+    return (((uint64_t{rd()} << 32) ^ rd()) & ((uint64_t{1} << 62) - 1)) | 1;
+}
+}  // namespace
+
 RequestPipeline::RequestPipeline(uint64_t in_flight_cap, SessionTable &sessions,
                                  RegionTable &regions, RegionLifecycle &lifecycle,
                                  TransportSet &transports, PeerManager *peers, EngineStats &stats,
@@ -29,7 +39,8 @@ RequestPipeline::RequestPipeline(uint64_t in_flight_cap, SessionTable &sessions,
       peers_(peers),
       stats_(stats),
       counters_(counters),
-      log_(sidecarLogger()) {}
+      log_(sidecarLogger()),
+      next_ex_(randomStart()) {}
 
 // ---- taking requests
 
@@ -66,7 +77,7 @@ uint32_t RequestPipeline::drainSession(Session &s, uint64_t cap) {
     }
     n = static_cast<uint32_t>(std::min<uint64_t>({n, kBatch, cap - s.in_flight}));
     uint32_t done = 0;
-    for (; done < n && !s.closing; ++done) {
+    for (; done < n && !s.closing && !exBackPressure(s); ++done) {
         // Copy out first: the client can change the slot under us (DESIGN.md, step 3).
         const ipc::Request r = s.requests.read(done);
         ++s.counters.requests;
@@ -94,63 +105,25 @@ void RequestPipeline::handleRequest(Session &s, const ipc::Request &r) {
             return;
         case ipc::Op::kWrite:
             break;
+        case ipc::Op::kWriteEx:
+            handleEx(s, r, slot);
+            return;
         default:
             reject(s, r, Code::kInvalid, "unknown op");
             return;
     }
-    if (r.bytes == 0) {
-        reject(s, r, Code::kInvalid, "zero-length write");
-        return;
-    }
-    auto src = regions_.find(r.src_region);
-    if (!src || src->owner != s.id) {
-        reject(s, r, Code::kInvalid, "source region is not one of this client's");
-        return;
-    }
-    if (!src->contains(r.src_offset, r.bytes)) {
-        reject(s, r, Code::kInvalid, "source offset + length past the end of the region");
-        return;
-    }
-    auto rit = s.remotes.find(r.dst_remote);
-    if (rit == s.remotes.end()) {
-        reject(s, r, Code::kInvalid, "unknown remote handle (not from tl_lookup)");
-        return;
-    }
-    const RemoteRef &dst = rit->second;
-    if (r.dst_offset > dst.bytes || r.bytes > dst.bytes - r.dst_offset) {
-        reject(s, r, Code::kInvalid, "target offset + length past the end of the region");
-        return;
-    }
-
     WriteOp op;
+    const char *why = "";
+    if (Code code = buildWrite(s, r.src_region, r.src_offset, r.dst_remote, r.dst_offset, r.bytes,
+                               r.imm, &op, &why);
+        code != Code::kOk) {
+        reject(s, r, code, why);
+        return;
+    }
     op.op_id = next_op_++;
-    op.peer = dst.peer;
-    op.src = std::move(src);
-    op.src_offset = r.src_offset;
-    op.dst_region = dst.region;
-    op.dst_offset = r.dst_offset;
-    op.bytes = r.bytes;
-    op.imm = r.imm;
-    if (dst.peer == kLocalPeer) {
-        op.dst = regions_.find(dst.region);
-        if (!op.dst || !op.dst->exposed.load(std::memory_order_acquire)) {
-            reject(s, r, Code::kNotFound, "target region was deregistered");
-            return;
-        }
-        // Checked on every write, not only at lookup: the owner may narrow the list since
-        // (tl_expose_access again). The owner's own uid is the first, one-compare test.
-        if (!op.dst->access.allows(s.cred.uid, s.groups)) {
-            reject(s, r, Code::kPermission,
-                   "the target's access list does not allow this uid (tl_expose_access)");
-            return;
-        }
+    if (op.peer == kLocalPeer) {
         ++counters_.writes_local;
     } else {
-        std::string why;
-        if (!peers_ || !peers_->resolveRemote(dst.peer, dst.region, &op.remote_region, &why)) {
-            reject(s, r, Code::kNotFound, "target region is not valid at the peer");
-            return;
-        }
         ++counters_.writes_remote;
     }
     // Accepted: from here on the request ends exactly once, through completed().
@@ -170,6 +143,61 @@ void RequestPipeline::handleRequest(Session &s, const ipc::Request &r) {
         return;
     }
     enqueue(std::move(op));
+}
+
+Code RequestPipeline::buildWrite(Session &s, uint64_t src_region, uint64_t src_offset,
+                                 uint64_t dst_remote, uint64_t dst_offset, uint64_t bytes,
+                                 uint32_t imm, WriteOp *op, const char **why) {
+    if (bytes == 0) {
+        *why = "zero-length write";
+        return Code::kInvalid;
+    }
+    auto src = regions_.find(src_region);
+    if (!src || src->owner != s.id) {
+        *why = "source region is not one of this client's";
+        return Code::kInvalid;
+    }
+    if (!src->contains(src_offset, bytes)) {
+        *why = "source offset + length past the end of the region";
+        return Code::kInvalid;
+    }
+    auto rit = s.remotes.find(dst_remote);
+    if (rit == s.remotes.end()) {
+        *why = "unknown remote handle (not from tl_lookup)";
+        return Code::kInvalid;
+    }
+    const RemoteRef &dst = rit->second;
+    if (dst_offset > dst.bytes || bytes > dst.bytes - dst_offset) {
+        *why = "target offset + length past the end of the region";
+        return Code::kInvalid;
+    }
+    op->peer = dst.peer;
+    op->src = std::move(src);
+    op->src_offset = src_offset;
+    op->dst_region = dst.region;
+    op->dst_offset = dst_offset;
+    op->bytes = bytes;
+    op->imm = imm;
+    if (dst.peer == kLocalPeer) {
+        op->dst = regions_.find(dst.region);
+        if (!op->dst || !op->dst->exposed.load(std::memory_order_acquire)) {
+            *why = "target region was deregistered";
+            return Code::kNotFound;
+        }
+        // Checked on every write, not only at lookup: the owner may narrow the list since
+        // (tl_expose_access again). The owner's own uid is the first, one-compare test.
+        if (!op->dst->access.allows(s.cred.uid, s.groups)) {
+            *why = "the target's access list does not allow this uid (tl_expose_access)";
+            return Code::kPermission;
+        }
+    } else {
+        std::string reason;
+        if (!peers_ || !peers_->resolveRemote(dst.peer, dst.region, &op->remote_region, &reason)) {
+            *why = "target region is not valid at the peer";
+            return Code::kNotFound;
+        }
+    }
+    return Code::kOk;
 }
 
 void RequestPipeline::reject(Session &s, const ipc::Request &r, Code code, const char *why) {
@@ -307,6 +335,10 @@ void RequestPipeline::completed(uint64_t op_id, Code status, std::string_view re
     stats_.writeEndedSince(op.peer, status, op.bytes, op.accepted_ns);
     lifecycle_.dropUser(op.src);
     lifecycle_.dropUser(op.dst);
+    if (op.ex != 0) {
+        partEnded(op, status);  // a part of a kWriteEx request: its ExOp ends the ticket
+        return;
+    }
     Session *s = sessions_.find(op.session);
     if (!s) {
         return;  // the writer is gone; nothing to tell
@@ -381,6 +413,10 @@ void RequestPipeline::releaseHeldArrival(uint32_t writer_uid) {
     }
     HeldArrival a = std::move(*held_arrival_);
     held_arrival_.reset();
+    if (!a.message.empty()) {
+        deliverRecord(a.region, a.imm, a.message, a.peer, writer_uid);
+        return;
+    }
     notifyArrival(a.region, a.imm, a.offset, a.bytes, a.peer, writer_uid);
 }
 

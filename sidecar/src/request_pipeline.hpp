@@ -21,13 +21,17 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <optional>
+#include <span>
+#include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
 #include "engine_counters.hpp"
+#include "ex_message.hpp"
 #include "metrics/write_stats.hpp"
 #include "session_table.hpp"
 #include "tensorlane/ipc/layout.hpp"
@@ -55,7 +59,12 @@ public:
         int64_t accepted_ns = 0;  ///< EngineStats::now() at acceptance; 0 when not timed
         uint32_t slot = kNoSlot;  ///< its stream TicketSlot (Request.slot)
         uint32_t writer_uid = 0;  ///< the writer's uid, for the target's notification
+        /// A part of a kWriteEx request (request_ex.cpp): its ExOp's id, and which part
+        /// (an entry's index, or kExRecordPart for a begin/payload/end record). 0: none.
+        uint64_t ex = 0;
+        uint32_t ex_part = 0;
     };
+    static constexpr uint32_t kExRecordPart = UINT32_MAX;
     /// Accepted writes to one peer that its transport could not take yet, oldest first.
     struct PeerQueue {
         std::deque<WriteOp> ops;
@@ -96,6 +105,21 @@ public:
     /// arrival is held until the completed() that follows it names the writer.
     void arrived(RegionId region, uint32_t imm, uint64_t offset, uint64_t bytes,
                  std::string_view peer_name);
+    /// A message (an ExMessage record) landed in a local region (request_ex.cpp).
+    void messageArrived(RegionId region, uint32_t imm, uint64_t offset,
+                        std::span<const uint8_t> message, std::string_view peer_name);
+    /// The session `peer_name` opened to us closed: its groups in flight here end (kPeer).
+    void inboundClosed(std::string_view peer_name);
+
+    // ---- deadlines of kWriteEx requests (request_ex.cpp)
+    /// Ends what is past its deadline, at either end; returns how many ended. Cheap (no clock
+    /// read) while nothing has a deadline.
+    size_t pollDeadlines();
+    /// Milliseconds until the next deadline, at most `cap` (the engine's sleep).
+    int msToNextDeadline(int cap) const;
+    /// kWriteEx requests in flight, and groups the target side watches (status, tests).
+    size_t exInFlight() const { return ex_ops_.size(); }
+    size_t groupsWatched() const { return in_groups_.size(); }
     /// Around one transport's progress(): `local` when it is the local transport, whose
     /// arrivals come each right before the completion of the same write (local_transport.hpp).
     void beginProgress(bool local) { in_local_progress_ = local; }
@@ -136,11 +160,77 @@ private:
         /// The transport's own node name: valid for the progress() call that reported it,
         /// and the arrival never outlives that call.
         std::string_view peer;
+        std::vector<uint8_t> message;  ///< a message's record (messageArrived)
     };
+
+    /// A kWriteEx request at the writer, from acceptance until its last part ended.
+    struct ExOp {
+        SessionId session = 0;
+        uint32_t writer_uid = 0;
+        uint64_t ticket = 0;
+        uint32_t slot = kNoSlot;
+        PeerId peer = kLocalPeer;
+        /// Where the description lies in the client's region (the entries' statuses go back
+        /// there): region, offset of the first entry, entries.
+        RegionId desc_region = 0;
+        uint64_t entries_offset = 0;
+        uint32_t entries = 0;
+        std::vector<int32_t> status;  ///< per entry; kPendingPart until it ends
+        uint32_t outstanding = 0;     ///< parts posted and not ended
+        Code first = Code::kOk;       ///< the first failure
+        bool grouped = false;         ///< begin/end records (a group, or a deadline)
+        bool posting = true;          ///< its parts are being posted (nothing ends it meanwhile)
+        bool end_posted = false;
+        bool ticket_ended = false;
+        int64_t deadline_ms = 0;  ///< steady ms; 0: none
+        uint64_t bytes = 0;       ///< the entries' sum
+        /// The end (or payload) record's template and the op that carries records.
+        ExMessage record;
+        WriteOp carrier;
+    };
+    static constexpr int32_t kPendingPart = -1;
+    /// Posts one part of `x` (id `ex_id`): counted in x.outstanding first (it may end at once).
+    void postPart(uint64_t ex_id, ExOp &x, WriteOp op, uint32_t part, uint32_t writer_uid);
+    /// A part ended: its entry's status, the end record once every entry ended, the ticket.
+    void partEnded(const PendingOp &op, Code status);
+    /// Ends x's ticket with `status` (entries not ended yet get it too) unless it ended.
+    void endExTicket(ExOp &x, Code status);
+    /// Posts x's end record with `status`.
+    void postEnd(uint64_t ex_id, ExOp &x, Code status);
+    /// Erases x once its ticket ended and no part is outstanding.
+    void settle(uint64_t ex_id);
+    /// Delivers a record that landed here (messageArrived, or a held local one).
+    void deliverRecord(RegionId region, uint32_t imm, std::span<const uint8_t> message,
+                       std::string_view peer_name, uint32_t writer_uid);
+    /// A notification for `region`'s owner; counted like notifyArrival's.
+    void notifyOwner(RegionId region, const ipc::Notification &n, std::span<const uint8_t> payload);
+    /// A group the target side watches, from its kGroupBegin until its kGroupEnd.
+    struct InGroup {
+        RegionId region = 0;
+        uint32_t imm = 0;
+        uint32_t writer_uid = 0;
+        ipc::NotifyKind notify = ipc::NotifyKind::kGroup;
+        uint32_t entries = 0;
+        uint64_t offset = 0;
+        int64_t deadline_ms = 0;  ///< steady ms; 0: none
+        bool ended = false;       ///< the target ended it (deadline): its kGroupEnd is dropped
+    };
+    /// Ends a watched group at the target with `status` (a failed notification).
+    void failInGroup(InGroup &g, Code status, std::string_view peer_name);
+    void noteDeadline(int64_t at_ms);
 
     /// Handles one copied-out request: completes it, rejects it, or accepts it into its peer's
     /// queue (then it ends exactly once through completed()).
     void handleRequest(Session &s, const ipc::Request &r);
+    /// The checks of one write (tl_write's, or one entry of a kWriteEx request) and the op it
+    /// makes: kOk, or the code and `*why` it is rejected with. Counts nothing.
+    Code buildWrite(Session &s, uint64_t src_region, uint64_t src_offset, uint64_t dst_remote,
+                    uint64_t dst_offset, uint64_t bytes, uint32_t imm, WriteOp *op,
+                    const char **why);
+    /// A kWriteEx request (request_ex.cpp): accepted (its parts posted) or rejected.
+    void handleEx(Session &s, const ipc::Request &r, uint32_t slot);
+    /// Whether `s` has as many kWriteEx parts in flight as it may: its ring waits.
+    bool exBackPressure(const Session &s) const;
     void reject(Session &s, const ipc::Request &r, Code code, const char *why);
     /// Ends a request on the client's completion ring (and in its stream slot, if it has one);
     /// a client whose backlog overflows is closed.
@@ -178,6 +268,14 @@ private:
     /// Sessions with stream segments (pollStreams looks at these only).
     std::vector<SessionId> stream_sessions_;
     std::chrono::steady_clock::time_point streams_moved_{};  ///< last gate or hand-over
+    // kWriteEx (request_ex.cpp).
+    std::unordered_map<uint64_t, ExOp> ex_ops_;
+    uint64_t next_ex_;  ///< starts at a random point: a restarted engine's ids are new ones
+    /// Groups the target side watches, by (writer node, the writer's group id).
+    std::map<std::pair<std::string, uint64_t>, InGroup> in_groups_;
+    /// The earliest deadline at either end (steady ms; 0: none).
+    int64_t next_deadline_ms_ = 0;
+    uint64_t records_refused_ = 0;
 };
 
 }  // namespace tensorlane::sidecar

@@ -1,6 +1,8 @@
 #include "session.hpp"
 
+#include <algorithm>
 #include <atomic>
+#include <cstring>
 
 #include "tensorlane/ipc/doorbell.hpp"
 
@@ -21,8 +23,20 @@ bool Session::complete(uint64_t ticket, Code status, uint64_t bytes) {
     return completion_backlog.size() <= kMaxBacklog;
 }
 
-bool Session::pushNotification(ipc::Notification n) {
+bool Session::pushNotification(ipc::Notification n, std::span<const uint8_t> payload) {
     n.dropped = dropped_pending;
+    const uint64_t pos = notifications.tail();
+    if (notifications.freeSlots() == 0) {
+        return false;
+    }
+    // The slot is ours until we publish the entry at `pos` (the client released it, with the
+    // payload it held, before the ring had room): the payload goes there first.
+    n.payload_bytes =
+        static_cast<uint16_t>(std::min<size_t>(payload.size(), ipc::kPayloadSlotBytes));
+    if (n.payload_bytes != 0) {
+        std::memcpy(view.payloads + (pos % notifications.depth()) * ipc::kPayloadSlotBytes,
+                    payload.data(), n.payload_bytes);
+    }
     if (!notifications.push(n)) {
         return false;
     }
@@ -31,8 +45,8 @@ bool Session::pushNotification(ipc::Notification n) {
     return true;
 }
 
-bool Session::notify(const ipc::Notification &n) {
-    if (notification_backlog.empty() && pushNotification(n)) {
+bool Session::notify(const ipc::Notification &n, std::span<const uint8_t> payload) {
+    if (notification_backlog.empty() && pushNotification(n, payload)) {
         ++counters.notifications;
         published = true;
         return true;
@@ -46,7 +60,8 @@ bool Session::notify(const ipc::Notification &n) {
     }
     ++counters.notifications;
     published = true;
-    notification_backlog.push_back(n);
+    notification_backlog.push_back(
+        QueuedNotification{n, std::vector<uint8_t>(payload.begin(), payload.end())});
     return true;
 }
 
@@ -57,7 +72,8 @@ size_t Session::flushBacklog() {
         completions_dirty = true;
         ++moved;
     }
-    while (!notification_backlog.empty() && pushNotification(notification_backlog.front())) {
+    while (!notification_backlog.empty() &&
+           pushNotification(notification_backlog.front().n, notification_backlog.front().payload)) {
         notification_backlog.pop_front();
         notifications_dirty = true;
         ++moved;

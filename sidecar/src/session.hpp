@@ -6,6 +6,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -52,7 +53,12 @@ struct Session {
     ipc::RingProducer<ipc::Notification> notifications;
     /// Entries that did not fit in the client's rings (a slow client); bounded.
     std::deque<ipc::Completion> completion_backlog;
-    std::deque<ipc::Notification> notification_backlog;
+    /// A notification waiting for room in the ring, with its payload (most have none).
+    struct QueuedNotification {
+        ipc::Notification n;
+        std::vector<uint8_t> payload;
+    };
+    std::deque<QueuedNotification> notification_backlog;
     /// Most entries of notification_backlog ([limits] notification_backlog). Other clients'
     /// writes fill it, so past it notifications are dropped and counted, never the session
     /// closed: a writer must not be able to disconnect the target.
@@ -80,6 +86,7 @@ struct Session {
         return h;
     }
     uint64_t in_flight = 0;            ///< accepted requests not yet completed
+    uint64_t ex_parts = 0;             ///< parts of its kWriteEx requests in flight
     uint64_t host_bytes = 0;           ///< bytes of its tl_alloc_host buffers ([limits])
     uint64_t mappings = 0;             ///< segments of its the sidecar maps (session included)
     bool published = false;            ///< rings advanced since the last doorbell check
@@ -99,7 +106,7 @@ struct Session {
     bool complete(uint64_t ticket, Code status, uint64_t bytes);
     /// Writes a notification (or backlogs it). False when the backlog is full: it was dropped
     /// and counted, and the next one to reach the ring says how many were.
-    bool notify(const ipc::Notification &n);
+    bool notify(const ipc::Notification &n, std::span<const uint8_t> payload = {});
     /// Moves backlog into the rings as space allows; publishes; returns entries moved.
     size_t flushBacklog();
     /// Publishes rings and rings the client's doorbell if it sleeps.
@@ -113,8 +120,9 @@ struct Session {
     static constexpr uint32_t kHeadCheckEvery = 64;
 
 private:
-    /// Pushes `n` into the ring with the pending drop count; false when the ring is full.
-    bool pushNotification(ipc::Notification n);
+    /// Pushes `n` into the ring with the pending drop count, its payload into the slab slot of
+    /// its ring position first; false when the ring is full.
+    bool pushNotification(ipc::Notification n, std::span<const uint8_t> payload);
 };
 
 }  // namespace tensorlane::sidecar

@@ -175,8 +175,8 @@ TEST_F(RingsTest, DrainKeepsAtMostFourDepthsOfNotificationsUnlessAll) {
     EXPECT_EQ(rings_.notes().size(), 4u * kDepth);
     rings_.drainLocked(true);
     ASSERT_EQ(rings_.notes().size(), 5u * kDepth);
-    EXPECT_EQ(rings_.notes().front().n.imm, 0u);
-    EXPECT_EQ(rings_.notes().back().n.imm, 5u * kDepth - 1);
+    EXPECT_EQ(rings_.notes().front().ex.n.imm, 0u);
+    EXPECT_EQ(rings_.notes().back().ex.n.imm, 5u * kDepth - 1);
 }
 
 TEST_F(RingsTest, DrainCopiesEveryFieldOfANotification) {
@@ -190,13 +190,13 @@ TEST_F(RingsTest, DrainCopiesEveryFieldOfANotification) {
     n.writer_uid = 1234;
     ipc::copyName(n.peer, sizeof(n.peer), "node-b");
     n.dropped = 7;
-    n.reserved2[0] = 99;  // not the count
+    n.reserved4 = 99;  // not the count
     ASSERT_TRUE(notifications_.push(n));
     notifications_.publish();
     std::lock_guard lock(rings_.mutex());
     rings_.drainLocked();
     ASSERT_EQ(rings_.notes().size(), 1u);
-    const tl_notification_ex &out = rings_.notes().front();
+    const tl_notification_ex &out = rings_.notes().front().ex;
     EXPECT_EQ(out.n.region, 5u);
     EXPECT_EQ(out.n.offset, 64u);
     EXPECT_EQ(out.n.bytes, 4096u);

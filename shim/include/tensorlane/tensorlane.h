@@ -181,6 +181,91 @@ typedef struct tl_notification_ex {
  *  flags are 0. */
 TL_API tl_status tl_wait_notification_ex(tl_client *c, tl_notification_ex *out, int timeout_ms);
 
+/* ---- Payloads, grouped writes and deadlines ----
+ *
+ * A write may carry up to TL_MAX_PAYLOAD bytes of payload that reach the target's owner inline
+ * with its notification (request ids, block lists, a clear-to-send record); a message is a
+ * payload alone (0 bytes written). A grouped write moves many (src, dst) ranges to one peer
+ * under one ticket and one notification at the target, given once every entry is in place.
+ * Either may carry a deadline: past it the writer's ticket ends TL_ETIMEDOUT and the target is
+ * sent a failed notification (status TL_ETIMEDOUT), so neither side waits out a peer timeout;
+ * a peer that dies ends the writer's ticket TL_EPEER and, at the target, the groups it had in
+ * flight with a TL_EPEER notification. The notifications of one writer's writes, messages and
+ * groups to one peer arrive in the order they were submitted (docs/abi.md).
+ *
+ * Threads and lifetimes: like tl_write (any thread; the descriptions are copied before the
+ * call returns, except `entry_status`, which must stay valid until the ticket ends). The shim
+ * keeps each description in a host buffer of its own that it allocates from the sidecar on
+ * first use (it counts against the client's [limits] host memory) until the ticket ends. */
+
+#define TL_MAX_PAYLOAD 256u         /* payload bytes of one write, message or group */
+#define TL_GROUP_MAX_ENTRIES 16384u /* entries of one tl_write_group */
+
+/** Options of tl_write_msg and tl_write_group. Zero-initialise it: every field's 0 is the
+ *  default. */
+typedef struct tl_send_opts {
+    uint32_t imm;           /* delivered with the notification */
+    uint32_t payload_bytes; /* at most TL_MAX_PAYLOAD */
+    const void *payload;    /* read during the call only; NULL when payload_bytes is 0 */
+    int32_t timeout_ms;     /* > 0: the deadline, from submission; else none */
+    uint32_t flags;         /* 0 */
+    /* tl_write_group: n statuses, entry_status[i] for entries[i], written before the ticket
+     * ends (TL_OK; the status that ended the entry; TL_ETIMEDOUT for an entry the deadline
+     * cut off). NULL: only the ticket's status (the first failure). */
+    tl_status *entry_status;
+    /* tl_write_group: the remote region whose owner is notified; 0: entries[0].dst. Must be
+     * on the same peer as every entry. */
+    tl_remote notify;
+    uint64_t reserved[2]; /* 0 */
+} tl_send_opts;
+
+/** tl_write with a payload (opts->payload) and an optional deadline. bytes may be 0: a message
+ *  of the payload alone, notified at dst_off (src and src_off are then ignored). The target's
+ *  notification (tl_wait_message) carries the payload; tl_wait_notification and _ex take it
+ *  without. opts NULL: no payload, no deadline (bytes > 0 then, as tl_write). */
+TL_API tl_status tl_write_msg(tl_client *c, tl_region src, uint64_t src_off, tl_remote dst,
+                              uint64_t dst_off, uint64_t bytes, const tl_send_opts *opts,
+                              tl_ticket *out);
+
+/** One entry of a grouped write (the arguments of tl_write). */
+typedef struct tl_group_entry {
+    tl_region src;
+    uint64_t src_off;
+    tl_remote dst;
+    uint64_t dst_off;
+    uint64_t bytes; /* > 0 */
+} tl_group_entry;
+
+/** Writes n entries (1 to TL_GROUP_MAX_ENTRIES, possibly to many remote regions of one peer)
+ *  under one ticket. The target is notified once, after every entry is in place (kind
+ *  TL_NOTIFY_GROUP, with opts->imm, the payload and n), or once with a failed status. The
+ *  ticket ends TL_OK when every entry landed, else with the first failure; the entries' own
+ *  statuses go to opts->entry_status. An entry wrong on its face fails the call (TL_EINVAL,
+ *  tl_last_error names it) and nothing is submitted. */
+TL_API tl_status tl_write_group(tl_client *c, const tl_group_entry *entries, size_t n,
+                                const tl_send_opts *opts, tl_ticket *out);
+
+/* tl_message.kind */
+#define TL_NOTIFY_WRITE 0u   /* a write landed (tl_write, tl_write_msg with bytes) */
+#define TL_NOTIFY_MESSAGE 1u /* a message: payload only, no bytes were written */
+#define TL_NOTIFY_GROUP 2u   /* a grouped write ended */
+
+/** A notification with everything it carries. */
+typedef struct tl_message {
+    tl_notification_ex ex; /* region, imm, offset, bytes (a group: its entries' sum, offset 0),
+                              peer, writer_uid, dropped */
+    uint32_t kind;         /* TL_NOTIFY_* */
+    tl_status status;      /* TL_OK; a failed group or deadline: TL_ETIMEDOUT, TL_EPEER, ... */
+    uint32_t entries;      /* TL_NOTIFY_GROUP: the group's entry count */
+    uint32_t payload_bytes;
+    uint8_t payload[TL_MAX_PAYLOAD];
+} tl_message;
+
+/** tl_wait_notification with the payload, kind and status. Takes from the same queue as
+ *  tl_wait_notification and _ex (each notification goes to one of them; those two drop the
+ *  payload), from any thread. */
+TL_API tl_status tl_wait_message(tl_client *c, tl_message *out, int timeout_ms);
+
 /* ---- Stream-ordered calls (DESIGN.md; CUDA builds; `s` is a cudaStream_t / CUstream, NULL
  * for the legacy default stream). None of them blocks the calling thread on the GPU. Without a
  * CUDA build, or in a process that does not use CUDA, they return TL_ECUDA. ---- */

@@ -513,6 +513,7 @@ void PeerListener::closeIn(Peer &p, const std::string &reason, bool warn) {
     if (dead->transport_open) {
         dead->transport->closeSession(p.id, SessionSide::kIn, Code::kPeer, reason);
     }
+    loop_.inboundClosed(p, reason);
     loop_.retire(std::move(dead));
     loop_.signalWake();
 }

@@ -36,6 +36,8 @@ public:
     virtual void signalWake() = 0;
     /// Changes `p`'s state and queues the event for the engine (nothing when it is unchanged).
     virtual void setState(Peer &p, PeerState s, const std::string &reason) = 0;
+    /// The session `p` opened to us closed: the engine hears it (EventSink::inboundClosed).
+    virtual void inboundClosed(Peer &p, const std::string &reason) = 0;
     /// Queues `cb` (a lookup's answer) for the engine; progress() runs it.
     virtual void defer(std::function<void()> cb) = 0;
     /// `p` is up: answers the lookups that waited for it from the region directory.

@@ -478,7 +478,11 @@ size_t PeerManagerImpl::drainQueues(EventSink &sink) {
             break;
         }
         for (const StateEvent &e : states) {
-            sink.peerState(e.peer, e.state, e.reason);
+            if (e.inbound) {
+                sink.inboundClosed(e.peer, e.reason);
+            } else {
+                sink.peerState(e.peer, e.state, e.reason);
+            }
         }
         for (auto &cb : callbacks) {
             cb();
@@ -489,6 +493,11 @@ size_t PeerManagerImpl::drainQueues(EventSink &sink) {
 }
 
 // ----- helpers
+
+void PeerManagerImpl::inboundClosed(Peer &p, const std::string &reason) {
+    state_events_.push_back(StateEvent{p.id, p.state, reason, true});
+    signalWake();
+}
 
 void PeerManagerImpl::setState(Peer &p, PeerState s, const std::string &reason) {
     if (p.state == s) {

@@ -98,6 +98,7 @@ private:
     void noteDeadline(int64_t at) override;
     void signalWake() override;
     void setState(Peer &p, PeerState s, const std::string &reason) override;
+    void inboundClosed(Peer &p, const std::string &reason) override;
     void defer(std::function<void()> cb) override { callbacks_.push_back(std::move(cb)); }
     void answerLookups(Peer &p) override;
     void peerRestarted(Peer &p, int64_t now) override { dialer_.peerRestarted(p, now); }
@@ -143,6 +144,7 @@ private:
         PeerId peer;
         PeerState state;
         std::string reason;
+        bool inbound = false;  ///< the session the peer opened to us closed (state unused)
     };
     std::vector<StateEvent> state_events_;
     std::vector<std::function<void()>> callbacks_;

@@ -18,18 +18,77 @@ namespace tensorlane::ipc {
 
 inline constexpr uint64_t kSegmentMagic = 0x314745534c4e4c54ull;  // "TLNLSEG1"
 /// 2: per-slot sequence words (ring_seq); 3: Request.flags and Request.slot (stream-ordered
-/// calls) and the stream segment (StreamSegmentHeader).
-inline constexpr uint32_t kLayoutVersion = 3;
+/// calls) and the stream segment (StreamSegmentHeader); 4: Op::kWriteEx (payloads, grouped
+/// writes, deadlines), Notification's kind/status/entries/payload_bytes and the notification
+/// payload slab.
+inline constexpr uint32_t kLayoutVersion = 4;
 inline constexpr uint32_t kMinRingDepth = 16;
 inline constexpr uint32_t kMaxRingDepth = 65536;
 inline constexpr size_t kPeerNameBytes = 64;  ///< tl_notification.peer, NUL included
 inline constexpr size_t kRegionNameBytes = 64;
+/// The most payload bytes a write or message carries (TL_MAX_PAYLOAD).
+inline constexpr uint32_t kMaxPayload = 256;
+/// The most entries one grouped write holds (TL_GROUP_MAX_ENTRIES).
+inline constexpr uint32_t kMaxGroupEntries = 16384;
 
 /// Request operations. Anything else is answered with kInvalid.
 enum class Op : uint32_t {
     kNop = 1,    ///< completes at once; measures the ring round trip
     kWrite = 2,  ///< write-with-immediate into a remote region
+    /// A write with a payload, a message, or a grouped write, described by an ExHeader in the
+    /// client's own host region: src_region names that region, src_offset the header's offset
+    /// in it and bytes the description's length (exDescriptionBytes); the other fields are 0.
+    kWriteEx = 3,
 };
+
+/// ExHeader::kind.
+enum class ExKind : uint32_t {
+    /// tl_write_msg: at most one entry (none: a message of its payload alone), notified as a
+    /// write (or a message) with the payload.
+    kWrite = 1,
+    /// tl_write_group: any number of entries to one peer, one notification once all are in.
+    kGroup = 2,
+};
+
+/// The head of a kWriteEx description; then the payload (padded to 8 bytes), then the entries.
+/// Written by the client before it publishes the request; the sidecar copies all of it out
+/// before looking at it, and writes only ExEntry::status back (before the request's
+/// completion), where the region is still the client's.
+struct ExHeader {
+    uint32_t magic;  ///< kExMagic
+    uint32_t kind;   ///< ExKind
+    uint32_t entries;
+    uint32_t payload_bytes;  ///< at most kMaxPayload
+    int32_t timeout_ms;      ///< > 0: the deadline, from when the sidecar takes the request
+    uint32_t flags;          ///< 0
+    uint64_t notify;         ///< a remote handle: the region the target's notification names
+    uint64_t notify_offset;  ///< the notification's offset when there is no entry
+    uint64_t reserved[2];
+};
+static_assert(sizeof(ExHeader) == 56 && std::is_trivially_copyable_v<ExHeader>);
+inline constexpr uint32_t kExMagic = 0x31584c54u;  // "TLX1"
+
+/// One entry of a kWriteEx description (tl_group_entry, plus where its status comes back).
+struct ExEntry {
+    uint64_t src_region;
+    uint64_t src_offset;
+    uint64_t dst_remote;
+    uint64_t dst_offset;
+    uint64_t bytes;
+    int32_t status;  ///< written by the sidecar when the request ends (a Code)
+    uint32_t reserved;
+};
+static_assert(sizeof(ExEntry) == 48 && std::is_trivially_copyable_v<ExEntry>);
+
+/// The length of a description with `entries` entries and `payload` payload bytes.
+constexpr uint64_t exDescriptionBytes(uint32_t entries, uint32_t payload) {
+    return sizeof(ExHeader) + ((uint64_t{payload} + 7) & ~uint64_t{7}) +
+           uint64_t{entries} * sizeof(ExEntry);
+}
+/// Where the entries start in a description.
+constexpr uint64_t exEntriesOffset(uint32_t payload) {
+    return sizeof(ExHeader) + ((uint64_t{payload} + 7) & ~uint64_t{7});
+}
 
 /// Request.flags bits. Anything else is answered with kInvalid.
 enum RequestFlag : uint8_t {
@@ -86,14 +145,29 @@ struct Notification {
     /// Notifications dropped since the previous one delivered: the client's backlog in the
     /// sidecar was full ([limits] notification_backlog). Their data is in place all the same.
     uint64_t dropped;
-    uint64_t reserved2[2];
+    uint8_t kind;  ///< NotifyKind
+    uint8_t reserved3;
+    uint16_t payload_bytes;  ///< in the payload slab at this entry's ring position
+    int32_t status;          ///< a Code: kOk, or why the write or group failed (kGroup)
+    uint32_t entries;        ///< a group's entry count
+    uint32_t reserved4;
     uint64_t ring_seq;  ///< the ring's
 };
+
+/// Notification::kind (TL_NOTIFY_*).
+enum class NotifyKind : uint8_t {
+    kWrite = 0,    ///< a write landed (tl_write, tl_write_msg with bytes)
+    kMessage = 1,  ///< a message of its payload alone (tl_write_msg with 0 bytes)
+    kGroup = 2,    ///< a grouped write ended (status says how)
+};
+/// Payload bytes of one notification slot: the slab has one per notification ring slot.
+inline constexpr uint32_t kPayloadSlotBytes = kMaxPayload;
 static_assert(sizeof(Notification) == 128 && std::is_trivially_copyable_v<Notification>);
 static_assert(isRingEntry<Notification>());
 static_assert(offsetof(Notification, peer) == 32);
 static_assert(offsetof(Notification, dropped) == 96);
 static_assert(offsetof(Notification, writer_uid) == 28);
+static_assert(offsetof(Notification, payload_bytes) == 106);
 /// Notification::writer_uid of a write that came from a peer node (TL_UID_PEER).
 inline constexpr uint32_t kWriterUidPeer = 0xffffffffu;
 /// Notification::writer_uid the sidecar could not attribute (TL_UID_UNKNOWN; not expected).
@@ -121,7 +195,10 @@ struct alignas(kCacheLine) SegmentHeader {
     uint64_t request_offset;  ///< RingControl, then request_depth Requests
     uint64_t completion_offset;
     uint64_t notification_offset;
-    uint64_t reserved1[7];  ///< pads the fields to two cache lines
+    /// The notification payload slab: notification_depth slots of kPayloadSlotBytes; slot
+    /// (ring position % depth) holds the payload of the notification at that position.
+    uint64_t payload_offset;
+    uint64_t reserved1[6];  ///< pads the fields to two cache lines
     /// Set by the sidecar before it sleeps; a client that publishes then rings the doorbell.
     DoorbellFlag sidecar_sleeping;
     /// Set by a client before it sleeps; the sidecar rings the client's doorbell after publishing.
@@ -139,6 +216,7 @@ struct SegmentGeometry {
     uint64_t request_offset = 0;
     uint64_t completion_offset = 0;
     uint64_t notification_offset = 0;
+    uint64_t payload_offset = 0;
     uint64_t total_bytes = 0;
 
     /// The layout for `ring_depth` requests (a power of two); notifications get the same depth.
@@ -152,6 +230,8 @@ struct SegmentGeometry {
         off += sizeof(RingControl) + uint64_t{ring_depth} * sizeof(Completion);
         g.notification_offset = off;
         off += sizeof(RingControl) + uint64_t{ring_depth} * sizeof(Notification);
+        g.payload_offset = off;
+        off += uint64_t{ring_depth} * kPayloadSlotBytes;
         g.total_bytes = (off + 4095) & ~uint64_t{4095};
         return g;
     }
@@ -171,6 +251,7 @@ struct SegmentView {
     Completion *completions = nullptr;
     RingControl *notification_ctl = nullptr;
     Notification *notifications = nullptr;
+    uint8_t *payloads = nullptr;  ///< the notification payload slab
 
     static SegmentView at(void *base, const SegmentGeometry &g) {
         auto *b = static_cast<unsigned char *>(base);
@@ -184,6 +265,7 @@ struct SegmentView {
         v.notification_ctl = reinterpret_cast<RingControl *>(b + g.notification_offset);
         v.notifications =
             reinterpret_cast<Notification *>(b + g.notification_offset + sizeof(RingControl));
+        v.payloads = b + g.payload_offset;
         return v;
     }
 };

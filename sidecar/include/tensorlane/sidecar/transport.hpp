@@ -138,6 +138,11 @@ public:
     }
     /// A peer came up, failed or went down.
     virtual void peerState(PeerId peer, PeerState state, std::string_view reason) = 0;
+    /// The session `peer` opened to us (its writes) closed: what it had half sent is dropped.
+    virtual void inboundClosed(PeerId peer, std::string_view reason) {
+        (void)peer;
+        (void)reason;
+    }
 };
 
 /// What the peer layer tells a transport about a session it opens on it.
