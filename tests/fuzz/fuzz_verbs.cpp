@@ -1,18 +1,25 @@
 // libFuzzer target for what a verbs receiving session takes from its peer: the descriptor ring's
 // slots (the peer writes them with RDMA), the wire immediates of its WRITE_WITH_IMMs, and the
-// payloads of the verbs control frames (KEY_ADD, KEY_DEL, KEY_DEL_DONE, CREDIT, the SELECT
-// blob). The input is a program of operations on one RecvWindow; the target checks that nothing
-// crashes and that no descriptor is ever delivered that names bytes outside its region, out of
-// order, twice, or with a bad check word.
+// payloads of the verbs control frames (KEY_ADD, KEY_DEL, KEY_DEL_DONE, CREDIT,
+// MESSAGE_DROPPED, the SELECT blob). The input is a program of operations on one RecvWindow; the
+// target checks that nothing crashes and that no descriptor is ever delivered that names bytes
+// outside its region, out of order, twice, with a bad check word, with flags it does not know,
+// or as a message of a bad length, with data, or whose bytes fail their check. (ASan catches a
+// read past a slot: the ring is exactly `slots` descriptors.)
 //
 // Input: byte 0 chooses the ring's size (1 << (b % 13) slots); then operations, each an opcode
 // byte and its operands:
-//   0 slot, 48 bytes        the peer writes raw bytes into ring slot `slot`
+//   0 slot len2 bytes       the peer writes `len % 577` raw bytes at the start of ring slot `slot`
 //   1 4 bytes               one wire immediate (little-endian)
 //   2 delta region offset8 bytes8 imm4 stripes   a well-formed descriptor for write
 //                           next + delta (check word computed), then its `stripes` immediates
 //   3                       deliver everything ready (what RecvSession::deliver does)
 //   4 type len payload      a control frame's payload through its decoder
+//   5 delta region offset8 imm4 len2 bytes      a well-formed message of `len % 513` bytes
+//                           (check words computed), then its immediate
+//   6 delta region offset8 bytes8 imm4 stripes flags4 mlen4 bytes   a descriptor of any fields
+//                           whose check words are right (min(mlen, 512) message bytes follow),
+//                           then its `stripes` immediates
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -84,17 +91,28 @@ struct Session {
 
 void deliver(Session &s, const Regions &regions) {
     while (const RecvWindow::Slot *slot = s.window.ready()) {
-        const WriteDescriptor d = slot->desc;
+        const WriteDescriptor &d = slot->desc;
         // What onImm promised before it marked the write ready.
         check(slot->seq == s.window.next() && d.seq == slot->seq);
-        check(d.check == descriptorCheck(d) && d.bytes != 0);
+        check(d.check == descriptorCheck(d));
+        check((d.flags & ~kDescKnownFlags) == 0);
+        const bool message = (d.flags & kDescMessage) != 0;
+        if (message) {
+            check((d.flags & kDescSilent) == 0 && d.bytes == 0 && d.stripes == 1);
+            check(d.message_bytes >= 1 && d.message_bytes <= kDescMaxMessageBytes);
+            check(messageCheck(d.seq, d.message, d.message_bytes) == d.message_check);
+        } else {
+            check(d.bytes != 0 && d.message_bytes == 0 && d.message_check == 0);
+        }
         check(d.stripes == slot->stripes && slot->count == slot->stripes);
         check(d.seq == s.delivered + 1);  // in order, each once
         const Region *r = regions.find(d.region);
         const bool usable = r != nullptr && Regions::usable(d.region);
         const Verdict v = judge(d, r, usable);
+        // A message is judged as a write of 0 bytes at its offset.
         const bool inside =
             r != nullptr && static_cast<unsigned __int128>(d.offset) + d.bytes <= r->bytes;
+        const uint64_t seq = d.seq;
         switch (v) {
             case Verdict::kDeliver:
                 check(usable && inside);
@@ -107,8 +125,8 @@ void deliver(Session &s, const Regions &regions) {
                 break;
         }
         s.window.pop();
-        check(s.window.next() == d.seq + 1);
-        s.delivered = d.seq;
+        check(s.window.next() == seq + 1);
+        s.delivered = seq;
         if (v == Verdict::kRefuse) {
             return;  // the session ends
         }
@@ -132,7 +150,7 @@ void controlFrame(Input &in) {
             }
             break;
         }
-        case 1: {  // KEY_DEL, KEY_DEL_DONE, CREDIT: one u64
+        case 1: {  // KEY_DEL, KEY_DEL_DONE, CREDIT, MESSAGE_DROPPED: one u64
             uint64_t v = 0;
             if (decodeU64(payload, &v)) {
                 check(payload.size() == 8 && encodeU64(v) == bytes);
@@ -169,15 +187,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             s = std::make_unique<Session>(slots);  // the session ended; the peer connects again
         }
     };
+    // A descriptor whose check words are right, written into its slot, then its immediates.
+    const auto place = [&](WriteDescriptor &d, std::span<const uint8_t> message) {
+        std::memcpy(d.message, message.data(), std::min(message.size(), sizeof d.message));
+        d.message_check = message.empty() ? 0 : messageCheck(d.seq, d.message, message.size());
+        d.check = descriptorCheck(d);
+        s->ring[d.seq % slots] = d;
+        for (uint32_t i = 0; i < d.stripes; ++i) {
+            imm(WireImm::encode(d.seq, d.stripes));
+        }
+    };
     while (in.has(1)) {
-        switch (in.u8() % 5) {
+        switch (in.u8() % 7) {
             case 0: {
                 const uint8_t slot = in.u8();
-                if (!in.has(sizeof(WriteDescriptor))) {
+                const size_t len = in.le(2) % (sizeof(WriteDescriptor) + 1);
+                if (!in.has(len)) {
                     return 0;
                 }
-                std::memcpy(&s->ring[slot % slots], in.take(sizeof(WriteDescriptor)).data(),
-                            sizeof(WriteDescriptor));
+                std::memcpy(static_cast<void *>(&s->ring[slot % slots]), in.take(len).data(), len);
                 break;
             }
             case 1:
@@ -201,9 +229,38 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             case 3:
                 deliver(*s, regions);
                 break;
-            default:
+            case 4:
                 controlFrame(in);
                 break;
+            case 5: {
+                WriteDescriptor d;
+                d.seq = s->window.next() + in.u8() % (slots + 1);
+                d.region = in.u8() % 6;
+                d.offset = in.le(8);
+                d.imm = static_cast<uint32_t>(in.le(4));
+                d.stripes = 1;
+                d.flags = kDescMessage;
+                const size_t len = in.le(2) % (kDescMaxMessageBytes + 1);
+                const std::span<const uint8_t> message = in.take(len);
+                d.message_bytes = static_cast<uint32_t>(message.size());
+                place(d, message);
+                break;
+            }
+            default: {
+                WriteDescriptor d;
+                d.seq = s->window.next() + in.u8() % (slots + 1);
+                d.region = in.u8() % 6;
+                d.offset = in.le(8);
+                d.bytes = in.le(8);
+                d.imm = static_cast<uint32_t>(in.le(4));
+                d.stripes = 1 + in.u8() % 4;
+                d.flags = static_cast<uint32_t>(in.le(4));
+                d.message_bytes = static_cast<uint32_t>(in.le(4));
+                const std::span<const uint8_t> message =
+                    in.take(std::min<size_t>(d.message_bytes, kDescMaxMessageBytes));
+                place(d, message);
+                break;
+            }
         }
     }
     deliver(*s, regions);

@@ -618,6 +618,8 @@ TEST_P(Peers, IdleManagerSleeps) {
 namespace tensorlane::peertest {
 namespace {
 
+using sidecar::kMaxMessageBytes;
+
 std::vector<uint8_t> patterned(size_t n, uint8_t seed) {
     std::vector<uint8_t> v(n);
     for (size_t i = 0; i < n; ++i) {

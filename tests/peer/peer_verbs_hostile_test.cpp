@@ -400,6 +400,109 @@ TEST_F(HostileVerbsPeerWithFlush, WritesAreFlushedBeforeNoticeAndThePeerCannotRe
     honestWriteWorks(60);
 }
 
+// Descriptors whose check word is right (a peer can compute it) and whose fields break the
+// protocol: a message of a bad length, unknown flags, a silent message, a message with data or
+// whose bytes fail their check, a write with message bytes. Each ends that peer's session with
+// the reason in the log; nothing of it is delivered, nothing is read past the ring's slot, and
+// node-a's session goes on.
+struct BadDescriptor {
+    const char *name;
+    uint32_t flags;
+    uint32_t message_bytes;
+    uint64_t bytes;      ///< a write's (its data follows the descriptor)
+    bool torn_message;   ///< the message's bytes changed after their check was computed
+    const char *reason;  ///< in node-b's log
+};
+
+void PrintTo(const BadDescriptor &c, std::ostream *os) {
+    *os << c.name;
+}
+
+class HostileVerbsDescriptor : public HostileVerbsPeer,
+                               public ::testing::WithParamInterface<BadDescriptor> {};
+
+TEST_P(HostileVerbsDescriptor, EndsOnlyThatSessionAndIsNeverDelivered) {
+    const BadDescriptor &c = GetParam();
+    RawVerbsEnd end;
+    std::unique_ptr<RawClientPeer> evil;
+    RegionKey key;
+    openEvil(&end, &evil, &key);
+    if (HasFatalFailure()) {
+        return;
+    }
+    // An honest message first, by hand: the header and its bytes in one WRITE_WITH_IMM into the
+    // ring, reported with messageArrived (so what follows is refused for its lie alone).
+    WriteDescriptor m = descriptor(1, key.region, 100, 0, 90);
+    m.flags = sidecar::kDescMessage;
+    m.message_bytes = 16;
+    for (uint32_t i = 0; i < m.message_bytes; ++i) {
+        m.message[i] = static_cast<uint8_t>(0xa0 + i);
+    }
+    m.message_check = sidecar::messageCheck(m.seq, m.message, m.message_bytes);
+    m.check = sidecar::descriptorCheck(m);
+    ASSERT_TRUE(end.postMessage(0, m, WireImm::encode(1, 1)));
+    EXPECT_EQ(end.nextCompletion(5000), IBV_WC_SUCCESS);
+    ASSERT_TRUE(b_->sink.waitFor(
+        [](const std::vector<Event> &ev) {
+            return std::any_of(ev.begin(), ev.end(), [](const Event &e) {
+                return e.kind == Event::Kind::kMessage && e.peer_name == "node-evil" && e.imm == 90;
+            });
+        },
+        5s));
+    for (const Event &e : b_->sink.deliveries()) {
+        if (e.peer_name == "node-evil") {
+            EXPECT_EQ(e.offset, 100u);
+            EXPECT_EQ(e.message, std::vector<uint8_t>(m.message, m.message + 16));
+        }
+    }
+
+    WriteDescriptor d = descriptor(2, key.region, 0, c.bytes, 91);
+    d.flags = c.flags;
+    d.message_bytes = c.message_bytes;
+    std::memset(d.message, 0x5a, sizeof d.message);
+    d.message_check = sidecar::messageCheck(d.seq, d.message,
+                                            std::min<size_t>(c.message_bytes, sizeof d.message));
+    if (c.torn_message) {
+        d.message[3] ^= 1;
+    }
+    d.check = sidecar::descriptorCheck(d);
+    if (c.bytes == 0) {
+        ASSERT_TRUE(end.postMessage(1, d, WireImm::encode(2, 1)));
+    } else {
+        ASSERT_TRUE(end.postDescriptor(1, d));
+        ASSERT_TRUE(end.postData(1, key.addr, key.rkey, static_cast<uint32_t>(c.bytes),
+                                 WireImm::encode(2, 1)));
+    }
+    EXPECT_TRUE(evil->control().closedWithin(5000)) << "node-b kept the session";
+    EXPECT_TRUE(peerLogHas({"node-evil", c.reason})) << c.reason;
+    std::this_thread::sleep_for(200ms);
+    for (const Event &e : b_->sink.deliveries()) {
+        EXPECT_FALSE(e.peer_name == "node-evil" && e.imm == 91) << "a bad descriptor was delivered";
+    }
+    honestWriteWorks(92);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fields, HostileVerbsDescriptor,
+    ::testing::Values(
+        BadDescriptor{"MessageOf513Bytes", sidecar::kDescMessage, 513, 0, false,
+                      "claims a message of 513 bytes"},
+        BadDescriptor{"MessageOf4GiB", sidecar::kDescMessage, 0xffffffffu, 0, false,
+                      "claims a message of 4294967295 bytes"},
+        BadDescriptor{"EmptyMessage", sidecar::kDescMessage, 0, 0, false,
+                      "claims a message of 0 bytes"},
+        BadDescriptor{"UnknownFlagOnAWrite", 1u << 2, 0, 4096, false, "unknown flags 0x4"},
+        BadDescriptor{"UnknownHighFlagOnAMessage", sidecar::kDescMessage | 0x80000000u, 8, 0, false,
+                      "unknown flags 0x80000000"},
+        BadDescriptor{"SilentMessage", sidecar::kDescMessage | sidecar::kDescSilent, 8, 0, false,
+                      "is a message and silent"},
+        BadDescriptor{"MessageWithData", sidecar::kDescMessage, 8, 4096, false,
+                      "is a message with 4096 data bytes"},
+        BadDescriptor{"TornMessage", sidecar::kDescMessage, 64, 0, true, "fails its check"},
+        BadDescriptor{"WriteWithMessageBytes", 0, 8, 4096, false,
+                      "carries message bytes but is no message"}),
+    [](const ::testing::TestParamInfo<BadDescriptor> &i) { return std::string(i.param.name); });
+
 class FlushOff : public HostileVerbsPeer {
 protected:
     config::GdrFlush flushMode() const override { return config::GdrFlush::kOff; }

@@ -130,6 +130,13 @@ bool RawVerbsEnd::postDescriptor(uint32_t qp, const sidecar::WriteDescriptor &d)
                 remote_.ring_rkey, 0);
 }
 
+bool RawVerbsEnd::postMessage(uint32_t qp, const sidecar::WriteDescriptor &d, uint32_t wire_imm) {
+    std::memcpy(buf_.data(), &d, sizeof d);
+    return post(qp, IBV_WR_RDMA_WRITE_WITH_IMM, 0, sizeof d,
+                remote_.ring_addr + (d.seq % remote_.ring_slots) * sizeof(sidecar::WriteDescriptor),
+                remote_.ring_rkey, wire_imm);
+}
+
 bool RawVerbsEnd::postData(uint32_t qp, uint64_t addr, uint32_t rkey, uint32_t len,
                            uint32_t wire_imm) {
     return post(qp, IBV_WR_RDMA_WRITE_WITH_IMM, 4096, len, addr, rkey, wire_imm);

@@ -28,6 +28,9 @@ public:
     bool connect(const sidecar::VerbsBlob &receiver, std::string *why);
     /// RDMA WRITE of `d` into the receiver's ring slot for d.seq, on QP `qp`.
     bool postDescriptor(uint32_t qp, const sidecar::WriteDescriptor &d);
+    /// A message as a sender posts one: `d` (the whole slot, whatever its message_bytes say)
+    /// into the ring slot for d.seq with a WRITE_WITH_IMM carrying `wire_imm`.
+    bool postMessage(uint32_t qp, const sidecar::WriteDescriptor &d, uint32_t wire_imm);
     /// WRITE_WITH_IMM of `len` bytes of our buffer to (addr, rkey) with the wire immediate.
     bool postData(uint32_t qp, uint64_t addr, uint32_t rkey, uint32_t len, uint32_t wire_imm);
     /// RDMA READ of `len` bytes at (addr, rkey) into our buffer.

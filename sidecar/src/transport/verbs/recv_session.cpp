@@ -161,18 +161,24 @@ bool RecvSession::startFlush(const Region &r, uint64_t upto, std::string *error)
 }
 
 bool RecvSession::deliver(EventSink &sink, std::string *error, bool closing) {
+    bool message_done = false;  // a writer waits for our CREDIT to end a message
     for (;;) {
         const RecvWindow::Slot *s = window_.ready();
         if (s == nullptr) {
             break;
         }
-        const WriteDescriptor d = s->desc;
+        // The window's copy, checked (RecvWindow::onImm): it stays as it is until the slot is
+        // used again, which only poll() does.
+        const WriteDescriptor &d = s->desc;
+        const bool message = (d.flags & kDescMessage) != 0;
         auto r = t_.regions().find(d.region);
         auto e = exposed_.find(d.region);
         const bool usable = r && !r->revoked.load(std::memory_order_acquire) &&
                             r->exposed.load(std::memory_order_acquire) && e != exposed_.end() &&
                             !e->second.revoking;
-        if (usable && d.seq > flushed_upto_ && needsFlush(*r)) {
+        // A message places no bytes: the writes before it were flushed as they were consumed
+        // (silent ones too, so that a message announcing them finds them visible).
+        if (usable && !message && d.seq > flushed_upto_ && needsFlush(*r)) {
             // The owner may read the data as soon as it is told: first make the NIC's writes
             // visible (one READ for every write that is complete by now). Closing: the flush
             // pair is our own and still works, so wait for it here.
@@ -208,25 +214,45 @@ bool RecvSession::deliver(EventSink &sink, std::string *error, bool closing) {
                 break;  // cannot make it visible: not notified (its writer was told it landed)
             }
         }
-        window_.pop();
+        const uint64_t seq = d.seq;
         switch (judge(d, r.get(), usable)) {
             case Verdict::kDrop:
-                // Revoked while the write was on its way: its owner is gone, nobody is told.
+                // Revoked while the write was on its way: its owner is gone, nobody is told. A
+                // message's writer waits for our word: it ends TL_ENOENT.
                 ++dropped_;
+                if (message) {
+                    (void)t_.sendMsg(peer_, SessionSide::kIn, VerbsMsg::kMessageDropped,
+                                     encodeU64(seq));
+                }
                 break;
             case Verdict::kRefuse:
-                *error = "descriptor of write " + std::to_string(d.seq) + " is past region " +
-                         std::to_string(d.region) + "'s end";
+                *error = std::string(message ? "descriptor of message " : "descriptor of write ") +
+                         std::to_string(seq) + " is past region " + std::to_string(d.region) +
+                         "'s end";
+                window_.pop();
                 return false;
             case Verdict::kDeliver:
-                sink.arrived(d.region, d.imm, d.offset, d.bytes, peer_name_);
-                ++writes_received_;
-                bytes_received_ += d.bytes;
+                if (message) {
+                    sink.messageArrived(d.region, d.imm, d.offset,
+                                        std::span<const uint8_t>(d.message, d.message_bytes),
+                                        peer_name_);
+                    ++messages_received_;
+                } else {
+                    if ((d.flags & kDescSilent) == 0) {
+                        sink.arrived(d.region, d.imm, d.offset, d.bytes, peer_name_);
+                    } else {
+                        ++silent_received_;
+                    }
+                    ++writes_received_;
+                    bytes_received_ += d.bytes;
+                }
                 break;
         }
+        message_done = message_done || message;
+        window_.pop();
         ++consumed_;
     }
-    credit(false);
+    credit(message_done);
     return true;
 }
 
@@ -414,6 +440,8 @@ void RecvSession::report(TransportPeerReport *r, nlohmann::json *out) const {
     j["path_mtu"] = mtuBytes(params_.path_mtu);
     j["traffic_class"] = params_.traffic_class;
     j["writes_received"] = writes_received_;
+    j["silent_writes_received"] = silent_received_;
+    j["messages_received"] = messages_received_;
     j["bytes_received"] = bytes_received_;
     j["dropped"] = dropped_;
     j["gdr_flushes"] = flushes_;

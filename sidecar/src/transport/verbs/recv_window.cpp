@@ -20,9 +20,11 @@ bool RecvWindow::onImm(uint32_t imm, const WriteDescriptor *ring, std::string *e
     }
     Slot &s = slots_[full % slots_.size()];
     if (s.seq == 0) {
-        s = Slot{};
+        // Field by field: the descriptor's copy (a message's bytes too) is overwritten below.
         s.seq = full;
+        s.count = 0;
         s.stripes = stripes;
+        s.ready = false;
     } else if (s.seq != full || s.stripes != stripes || s.ready) {
         *error = "immediates of write " + std::to_string(full) + " disagree";
         return false;
@@ -32,12 +34,25 @@ bool RecvWindow::onImm(uint32_t imm, const WriteDescriptor *ring, std::string *e
     }
     // Every stripe's WRITE_WITH_IMM has arrived, and each was the last WR on its QP for this
     // write: RC places a QP's requests in order, so all the data is in place, and so is the
-    // descriptor, written on the first stripe's QP before that stripe.
-    std::memcpy(&s.desc, &ring[full % slots_.size()], sizeof s.desc);
+    // descriptor, written on the first stripe's QP before that stripe (a message's descriptor
+    // is its one WRITE_WITH_IMM). The slot is the peer's memory: copied once, then only the
+    // copy is looked at, and no length in it is used before it is checked.
+    const WriteDescriptor &slot = ring[full % slots_.size()];
+    std::memcpy(static_cast<void *>(&s.desc), &slot, kDescHeaderBytes);  // the header alone
     if (s.desc.seq != full || s.desc.stripes != stripes ||
-        s.desc.check != descriptorCheck(s.desc) || s.desc.bytes == 0) {
+        s.desc.check != descriptorCheck(s.desc)) {
         *error = "write " + std::to_string(full) + " has no valid descriptor";
         return false;
+    }
+    if (!validDescriptorFields(s.desc, error)) {
+        return false;
+    }
+    if ((s.desc.flags & kDescMessage) != 0) {
+        std::memcpy(s.desc.message, slot.message, s.desc.message_bytes);  // <= 512: checked
+        if (messageCheck(full, s.desc.message, s.desc.message_bytes) != s.desc.message_check) {
+            *error = "message " + std::to_string(full) + " fails its check (a torn slot)";
+            return false;
+        }
     }
     s.ready = true;
     return true;
@@ -63,7 +78,11 @@ void RecvWindow::pop() {
     if (ready() == nullptr) {
         return;
     }
-    slots_[next_ % slots_.size()] = Slot{};
+    Slot &s = slots_[next_ % slots_.size()];
+    s.seq = 0;  // free (the descriptor's copy stays until the slot is used again)
+    s.count = 0;
+    s.stripes = 0;
+    s.ready = false;
     ++next_;
 }
 
@@ -72,7 +91,11 @@ Verdict judge(const WriteDescriptor &d, const Region *region, bool usable) {
         return Verdict::kDrop;
     }
     // The HCA kept the data inside the region's MR; a descriptor that claims more than the
-    // region holds is a lie (or a bug) of the sender's.
+    // region holds is a lie (or a bug) of the sender's. A message is checked as a write of 0
+    // bytes at its offset: at most the region's end.
+    if ((d.flags & kDescMessage) != 0) {
+        return d.offset <= region->bytes ? Verdict::kDeliver : Verdict::kRefuse;
+    }
     return region->contains(d.offset, d.bytes) ? Verdict::kDeliver : Verdict::kRefuse;
 }
 

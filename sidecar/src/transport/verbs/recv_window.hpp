@@ -21,7 +21,9 @@ public:
         uint32_t count = 0;
         uint32_t stripes = 0;
         bool ready = false;
-        WriteDescriptor desc;  ///< copied from the ring once every stripe came (ready)
+        /// Copied from the ring once every stripe came (ready): the header, and a message's
+        /// bytes (message_bytes of them; the rest is stale).
+        WriteDescriptor desc;
     };
 
     /// `slots`: the descriptor ring's size (at least the largest window a sender may use).
@@ -29,7 +31,8 @@ public:
 
     /// One stripe's wire immediate. `ring` is the descriptor ring (slots() entries), read once
     /// when the write has every stripe's. False with `*error` when the immediate or the
-    /// descriptor breaks the protocol (the session must end then).
+    /// descriptor breaks the protocol (the session must end then): a torn or stale slot,
+    /// unknown flags, a message of a bad length, with data, or whose bytes fail their check.
     bool onImm(uint32_t imm, const WriteDescriptor *ring, std::string *error);
     /// The next write in sequence order, once its stripes all came (nullptr: not yet).
     const Slot *ready() const;
@@ -53,7 +56,8 @@ enum class Verdict {
     kRefuse,   ///< it claims bytes outside its region: a lie, the session ends
 };
 /// `region`: the region the descriptor names (nullptr: none); `usable`: it is exposed to this
-/// peer and not being revoked.
+/// peer and not being revoked. A message (no bytes) is judged as a write of 0 bytes at its
+/// offset: inside when the offset is at most the region's size.
 Verdict judge(const WriteDescriptor &d, const Region *region, bool usable);
 
 }  // namespace tensorlane::sidecar

@@ -163,21 +163,30 @@ Status SendSession::post(const WriteOp &op) {
     if (!withinKey(key->second, op.dst_offset, op.bytes)) {
         return {Code::kInvalid, "the write is out of the remote region's bounds"};
     }
-    std::string error;
-    MrView src = mrs_.get(*op.src, 0, &error);
-    if (src.mr == nullptr) {
-        if (!error.empty()) {
-            return {Code::kInternal, error};
+    // A message reads no memory of ours (its bytes travel in the descriptor): no source MR.
+    MrView src;
+    if (op.message.empty()) {
+        std::string error;
+        src = mrs_.get(*op.src, 0, &error);
+        if (src.mr == nullptr) {
+            if (!error.empty()) {
+                return {Code::kInternal, error};
+            }
+            return {Code::kAgain, "registering the source"};
         }
-        return {Code::kAgain, "registering the source"};
     }
     Write w;
     w.seq = next_seq_++;
     w.op = op;
     w.key = key->second;
     w.src = src;
+    w.message = !op.message.empty();
     const uint32_t n = static_cast<uint32_t>(qps_.size());
-    if (op.bytes < kStripeMinBytes || n == 1) {
+    if (w.message) {
+        // One stripe of no data: the descriptor itself is the message's WRITE_WITH_IMM.
+        w.stripes.push_back(Stripe{static_cast<uint32_t>(next_qp_++ % n), 0, 0, 0});
+        ++messages_sent_;
+    } else if (op.bytes < kStripeMinBytes || n == 1) {
         w.stripes.push_back(Stripe{static_cast<uint32_t>(next_qp_++ % n), 0, op.bytes, 0});
     } else {
         const uint64_t per = ((op.bytes + n - 1) / n + 4095) & ~uint64_t{4095};
@@ -208,7 +217,7 @@ bool SendSession::postWrite(Write &w, std::string *error) {
     }
     // Small writes of host memory go inline: the HCA copies them at post time instead of
     // reading them by DMA afterwards (not CUDA memory: the CPU cannot read it).
-    const bool host_src = w.op.src->kind == MemoryKind::kHost;
+    const bool host_src = w.op.src && w.op.src->kind == MemoryKind::kHost;
     auto room = [&](uint32_t qp) {
         const QpState &q = qps_[qp];
         return params_.max_send_wr - q.outstanding - static_cast<uint32_t>(chains[qp].wrs.size());
@@ -231,7 +240,7 @@ bool SendSession::postWrite(Write &w, std::string *error) {
     const uint32_t imm = WireImm::encode(w.seq, static_cast<uint32_t>(w.stripes.size()));
     if (!w.descriptor_posted) {
         const uint32_t qp = w.stripes.front().qp;
-        if (room(qp) < 2) {
+        if (room(qp) < (w.message ? 1u : 2u)) {
             return true;  // later, when the queue has room
         }
         const uint32_t slot = static_cast<uint32_t>(w.seq % remote_.ring_slots);
@@ -242,17 +251,30 @@ bool SendSession::postWrite(Write &w, std::string *error) {
         d.bytes = w.op.bytes;
         d.imm = w.op.imm;
         d.stripes = static_cast<uint32_t>(w.stripes.size());
+        d.flags = (w.op.silent ? kDescSilent : 0u) | (w.message ? kDescMessage : 0u);
+        d.message_bytes = static_cast<uint32_t>(w.op.message.size());  // <= 512: post() checked
+        if (w.message) {
+            std::memcpy(d.message, w.op.message.data(), d.message_bytes);
+        }
+        d.message_check = w.message ? messageCheck(d.seq, d.message, d.message_bytes) : 0;
         d.check = descriptorCheck(d);
-        ibv_sge sge{reinterpret_cast<uint64_t>(&d), sizeof d, staging_mr_->lkey};
+        // A write sends the header alone; a message, the header and its bytes.
+        const uint32_t len = static_cast<uint32_t>(kDescHeaderBytes) + d.message_bytes;
+        ibv_sge sge{reinterpret_cast<uint64_t>(&d), len, staging_mr_->lkey};
         ibv_send_wr wr{};
-        wr.wr_id = wrId(w.seq, 0, kWrDescriptor);
-        wr.opcode = IBV_WR_RDMA_WRITE;
+        wr.wr_id = wrId(w.seq, 0, kWrDescriptor | (w.message ? kWrFinal : 0));
+        wr.opcode = w.message ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
         wr.num_sge = 1;
-        // Inline: the HCA copies it at post time, so the staging slot may change afterwards.
-        wr.send_flags = params_.max_inline >= sizeof d ? IBV_SEND_INLINE : 0;
+        // Inline where it fits (the header does: max_inline is 64): the HCA copies it at post
+        // time. A message that does not fit is read from the staging slot by DMA, at any time
+        // until its acknowledgement (retransmissions read it again): the slot is written again
+        // only for write seq + ring_slots, which the window (at most ring_slots writes from the
+        // oldest not ended) holds back until this one ended.
+        wr.send_flags = params_.max_inline >= len ? IBV_SEND_INLINE : 0;
+        wr.imm_data = htonl(imm);  // used by a message's WRITE_WITH_IMM only
         wr.wr.rdma.remote_addr = remote_.ring_addr + uint64_t{slot} * sizeof(WriteDescriptor);
         wr.wr.rdma.rkey = remote_.ring_rkey;
-        add(qp, wr, sge, false);
+        add(qp, wr, sge, w.message);
         w.descriptor_posted = true;
     }
     bool all = true;
@@ -355,15 +377,37 @@ bool SendSession::onCompletion(const ibv_wc &wc, std::vector<Completion> *done, 
     }
     if (++w->stripes_done == w->stripes.size() && !w->done) {
         // Every stripe's last WR is acknowledged: RC acknowledges a WRITE only once its
-        // data is placed at the responder, so the data is in place at the target.
-        w->done = true;
-        done->push_back(Completion{w->op.op_id, Code::kOk, {}, w->op.bytes});
-        ++completed_writes_;
-        if (--key_users_[w->op.remote_region] == 0) {
-            key_users_.erase(w->op.remote_region);
+        // data is placed at the responder, so the data is in place at the target. A message
+        // also waits for the receiver's verdict (its CREDIT): it may have been dropped.
+        if (w->message && w->seq > credited_) {
+            w->acked = true;
+        } else {
+            finish(*w, w->code, w->reason, done);
         }
     }
     return true;
+}
+
+void SendSession::finish(Write &w, Code code, std::string reason, std::vector<Completion> *done) {
+    w.done = true;
+    done->push_back(Completion{w.op.op_id, code, std::move(reason), w.op.bytes});
+    if (code == Code::kOk) {
+        ++completed_writes_;
+    }
+    if (--key_users_[w.op.remote_region] == 0) {
+        key_users_.erase(w.op.remote_region);
+    }
+}
+
+void SendSession::finishCredited(std::vector<Completion> *done) {
+    for (Write &w : writes_) {
+        if (w.seq > credited_) {
+            break;
+        }
+        if (w.message && w.acked && !w.done) {
+            finish(w, w.code, w.reason, done);
+        }
+    }
 }
 
 bool SendSession::poll(std::vector<Completion> *done, std::string *error) {
@@ -436,6 +480,20 @@ bool SendSession::onMessage(VerbsMsg m, std::span<const uint8_t> payload, std::s
                 return false;
             }
             credited_ = consumed;
+            finishCredited(&t_.completions());
+            return true;
+        }
+        case VerbsMsg::kMessageDropped: {
+            uint64_t seq = 0;
+            Write *w = decodeU64(payload, &seq) ? find(seq) : nullptr;
+            if (w == nullptr || !w->message || w->done || seq <= credited_ ||
+                w->code != Code::kOk) {
+                *error = "MESSAGE_DROPPED for no message in flight";
+                return false;
+            }
+            w->code = Code::kNotFound;
+            w->reason = "the peer's region " + std::to_string(w->op.remote_region) +
+                        " is not exposed to us any more: the message was not delivered";
             return true;
         }
         default:
@@ -449,8 +507,8 @@ void SendSession::failAll(Code code, const std::string &reason, std::vector<Comp
     for (Write &w : writes_) {
         if (!w.done) {
             w.done = true;
-            out->push_back(
-                Completion{w.op.op_id, w.code != Code::kOk ? w.code : code, reason, w.op.bytes});
+            out->push_back(Completion{w.op.op_id, w.code != Code::kOk ? w.code : code,
+                                      w.reason.empty() ? reason : w.reason, w.op.bytes});
         }
     }
     writes_.clear();
@@ -483,6 +541,7 @@ void SendSession::report(TransportPeerReport *r, nlohmann::json *out) const {
     j["sl"] = params_.sl;
     j["in_flight"] = r->in_flight;
     j["writes_completed"] = completed_writes_;
+    j["messages"] = messages_sent_;
     j["work_requests"] = r->work_requests;
     j["errors"] = r->completion_errors;
     j["keys"] = keys_.size();

@@ -57,7 +57,9 @@ public:
     /// Connects to the receiver's QPs (RTR, RTS) and takes its descriptor ring.
     Status connect(const VerbsBlob &remote);
     /// kAgain while the window, the ring's credits, the send queues, a key or a registration
-    /// is not there yet.
+    /// is not there yet. A silent write is a write whose descriptor says so; a message
+    /// (WriteOp::message, checked by VerbsTransport::post) is a descriptor with its bytes and
+    /// no data.
     Status post(const WriteOp &op);
     /// Polls the CQ (a batch); completed writes go to `done`. False with `*error` when a work
     /// completion failed (the session is dead then).
@@ -91,7 +93,12 @@ private:
         bool descriptor_posted = false;
         bool posted_all = false;
         bool done = false;
+        /// A message: it ends once its WRITE_WITH_IMM is acknowledged (`acked`) and the
+        /// receiver's CREDIT covers it (it judged it: delivered, or dropped and said so).
+        bool message = false;
+        bool acked = false;
         Code code = Code::kOk;
+        std::string reason;  ///< with a `code` the receiver gave (a message it dropped)
     };
     struct QpState {
         verbs_detail::QpPtr qp;
@@ -111,6 +118,10 @@ private:
     /// Posts what fits of `w` now; returns false when a post failed (then the session fails).
     bool postWrite(Write &w, std::string *error);
     Write *find(uint64_t seq);
+    /// Ends `w` (once): its completion into `done`, its key's use released.
+    void finish(Write &w, Code code, std::string reason, std::vector<Completion> *done);
+    /// Ends the messages the receiver's last CREDIT covers whose acknowledgement came.
+    void finishCredited(std::vector<Completion> *done);
     /// Takes one work completion; false when it failed (then `*error` says how, once).
     bool onCompletion(const ibv_wc &wc, std::vector<Completion> *done, std::string *error,
                       bool first_error);
@@ -138,7 +149,8 @@ private:
     uint64_t credited_ = 0;  ///< descriptors the receiver consumed (its last CREDIT)
     size_t next_qp_ = 0;
     uint64_t posted_wrs_ = 0;
-    uint64_t completed_writes_ = 0;
+    uint64_t completed_writes_ = 0;  ///< messages included
+    uint64_t messages_sent_ = 0;
     uint64_t errors_ = 0;
     std::vector<ibv_wc> stash_;  ///< completions arm() found after arming
     std::vector<Chain> chains_;  ///< postWrite()'s work requests per QP, reused
@@ -211,8 +223,10 @@ private:
     uint64_t consumed_ = 0;
     uint64_t credit_sent_ = 0;
     std::map<RegionId, Exposed> exposed_;
-    size_t revoking_ = 0;  ///< entries of exposed_ waiting for KEY_DEL_DONE
-    uint64_t writes_received_ = 0;
+    size_t revoking_ = 0;           ///< entries of exposed_ waiting for KEY_DEL_DONE
+    uint64_t writes_received_ = 0;  ///< silent ones included
+    uint64_t silent_received_ = 0;
+    uint64_t messages_received_ = 0;
     uint64_t bytes_received_ = 0;
     uint64_t dropped_ = 0;  ///< notifications for regions revoked meanwhile
     GdrFlusher flusher_;

@@ -1,5 +1,9 @@
 #include "transport/verbs/wire.hpp"
 
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
 #include "net/frame.hpp"
 #include "tensorlane/sidecar/transport.hpp"
 
@@ -7,8 +11,12 @@ namespace tensorlane::sidecar {
 
 namespace {
 constexpr uint64_t kDescriptorMagic = 0x544c564244455343ull;  // "TLVBDESC"
+constexpr uint64_t kMessageMagic = 0x544c56424d534721ull;     // "TLVBMSG!"
 constexpr size_t kMaxQps = 64;
 }  // namespace
+
+static_assert(kDescMaxMessageBytes == kMaxMessageBytes,
+              "a ring slot holds the largest message the transport seam allows");
 
 std::vector<uint8_t> encodeVerbsBlob(const VerbsBlob &b) {
     std::vector<uint8_t> out;
@@ -119,7 +127,57 @@ bool decodeU64(std::span<const uint8_t> payload, uint64_t *out) {
 
 uint64_t descriptorCheck(const WriteDescriptor &d) {
     return d.seq ^ (d.region * 0x9e3779b97f4a7c15ull) ^ (d.offset << 1) ^ (d.bytes << 7) ^
-           (uint64_t{d.imm} << 32 | d.stripes) ^ kDescriptorMagic;
+           (uint64_t{d.imm} << 32 | d.stripes) ^
+           ((uint64_t{d.flags} << 32 | d.message_bytes) * 0xc2b2ae3d27d4eb4full) ^
+           (d.message_check << 29 | d.message_check >> 35) ^ kDescriptorMagic;
+}
+
+uint64_t messageCheck(uint64_t seq, const uint8_t *message, size_t len) {
+    // Eight bytes a step (FNV-style multiply, then a fold), the tail zero-padded; the length
+    // and the sequence number are in the seed, so a stale message of another write (or the
+    // same bytes shorter) does not match.
+    uint64_t h = (seq * 0x9e3779b97f4a7c15ull) ^ (uint64_t{len} << 48) ^ kMessageMagic;
+    for (size_t i = 0; i < len; i += 8) {
+        uint64_t w = 0;
+        std::memcpy(&w, message + i, std::min<size_t>(8, len - i));
+        h = (h ^ w) * 0x100000001b3ull;
+        h ^= h >> 29;
+    }
+    return h;
+}
+
+bool validDescriptorFields(const WriteDescriptor &d, std::string *error) {
+    // Strings only on the way out: this runs for every write.
+    const auto fail = [&](const std::string &what) {
+        *error = "descriptor of write " + std::to_string(d.seq) + " " + what;
+        return false;
+    };
+    if ((d.flags & ~kDescKnownFlags) != 0) {
+        char hex[16];
+        std::snprintf(hex, sizeof hex, "0x%x", d.flags & ~kDescKnownFlags);
+        return fail(std::string("has unknown flags ") + hex);
+    }
+    if ((d.flags & kDescMessage) == 0) {
+        if (d.bytes == 0) {
+            return fail("has no bytes");
+        }
+        if (d.message_bytes != 0 || d.message_check != 0) {
+            return fail("carries message bytes but is no message");
+        }
+        return true;
+    }
+    if ((d.flags & kDescSilent) != 0) {
+        return fail("is a message and silent");
+    }
+    if (d.message_bytes == 0 || d.message_bytes > kDescMaxMessageBytes) {
+        return fail("claims a message of " + std::to_string(d.message_bytes) + " bytes (1 to " +
+                    std::to_string(kDescMaxMessageBytes) + ")");
+    }
+    if (d.bytes != 0 || d.stripes != 1) {
+        return fail("is a message with " + std::to_string(d.bytes) + " data bytes in " +
+                    std::to_string(d.stripes) + " stripes");
+    }
+    return true;
 }
 
 }  // namespace tensorlane::sidecar

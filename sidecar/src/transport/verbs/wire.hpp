@@ -5,6 +5,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -15,7 +16,8 @@
 
 namespace tensorlane::sidecar {
 
-inline constexpr uint16_t kVerbsWireVersion = 1;
+/// 2: the write descriptor has flags (silent, message) and room for a message (576-byte slots).
+inline constexpr uint16_t kVerbsWireVersion = 2;
 
 /// SELECT (sender -> receiver) and SELECTED (receiver -> sender) payloads.
 struct VerbsBlob {
@@ -46,6 +48,9 @@ enum class VerbsMsg : uint32_t {
     kKeyDel = 2,      ///< receiver -> sender: stop using that rkey
     kKeyDelDone = 3,  ///< sender -> receiver: no write of ours uses it any more
     kCredit = 4,      ///< receiver -> sender: descriptors consumed so far (slots free again)
+    /// receiver -> sender: the message with this sequence number was not delivered (its region
+    /// is not, or no longer, exposed to the sender); the CREDIT that covers it follows.
+    kMessageDropped = 5,
 };
 uint64_t verbsMsgArg(VerbsMsg m);
 /// The message type of a TRANSPORT frame's arg, or 0 when it is not the verbs transport's.
@@ -68,19 +73,44 @@ bool decodeRegionKey(std::span<const uint8_t> payload, RegionKey *out);
 std::vector<uint8_t> encodeU64(uint64_t v);
 bool decodeU64(std::span<const uint8_t> payload, uint64_t *out);
 
-/// One write's descriptor, in the receiver's ring at slot seq % slots, written (inline) on the
-/// QP that carries the write's first stripe, before that stripe.
+/// The descriptor's flags.
+inline constexpr uint32_t kDescSilent = 1u << 0;   ///< nobody is notified of this write
+inline constexpr uint32_t kDescMessage = 1u << 1;  ///< a message: no data, `message` is it
+inline constexpr uint32_t kDescKnownFlags = kDescSilent | kDescMessage;
+/// The most bytes a descriptor's message holds (transport.hpp's kMaxMessageBytes).
+inline constexpr size_t kDescMaxMessageBytes = 512;
+/// The fixed part of a descriptor, before the message: what a write's descriptor sends.
+inline constexpr size_t kDescHeaderBytes = 64;
+
+/// One write's descriptor, in the receiver's ring at slot seq % slots, written on the QP that
+/// carries the write's first stripe, before that stripe (the header alone: inline). A message's
+/// descriptor is the header and the message's bytes, written with the message's immediate (a
+/// WRITE_WITH_IMM to the ring itself: a message is one stripe and has no other work request).
+/// Everything in a slot is the peer's: the receiver checks each field (RecvWindow::onImm).
 struct WriteDescriptor {
     uint64_t seq = 0;  ///< the write's sequence number in the session (from 1)
     uint64_t region = 0;
     uint64_t offset = 0;
-    uint64_t bytes = 0;
-    uint32_t imm = 0;      ///< the writer's own immediate
-    uint32_t stripes = 0;  ///< how many QPs carry a part of the write, each ending in an imm
-    uint64_t check = 0;    ///< seq ^ region ^ offset ^ bytes ^ magic: catches a torn slot
+    uint64_t bytes = 0;          ///< 0 for a message, else at least 1
+    uint32_t imm = 0;            ///< the writer's own immediate
+    uint32_t stripes = 0;        ///< how many QPs carry a part of the write, each ending in an imm
+    uint32_t flags = 0;          ///< kDescSilent, kDescMessage; any other bit is a protocol error
+    uint32_t message_bytes = 0;  ///< a message's length (1..512); 0 for a write
+    uint64_t message_check = 0;  ///< messageCheck() of the message's bytes; 0 for a write
+    uint64_t check = 0;          ///< descriptorCheck(): over every field above, catches a torn slot
+    uint8_t message[kDescMaxMessageBytes]{};  ///< a message's bytes (message_bytes of them sent)
 };
-static_assert(sizeof(WriteDescriptor) == 48 && std::is_trivially_copyable_v<WriteDescriptor>);
+static_assert(sizeof(WriteDescriptor) == kDescHeaderBytes + kDescMaxMessageBytes &&
+              offsetof(WriteDescriptor, message) == kDescHeaderBytes &&
+              std::is_trivially_copyable_v<WriteDescriptor>);
+/// The check word of `d`'s header (every field before `check`).
 uint64_t descriptorCheck(const WriteDescriptor &d);
+/// The check word of a message's bytes, for write `seq`.
+uint64_t messageCheck(uint64_t seq, const uint8_t *message, size_t len);
+/// What a descriptor's fields say, once its check word matched; false with `*error` when they
+/// break the protocol (unknown flags, a message of a bad length or with data, a write of 0
+/// bytes or with message bytes). The message's own bytes are checked apart (messageCheck).
+bool validDescriptorFields(const WriteDescriptor &d, std::string *error);
 
 /// The wire immediate: which write a stripe belongs to and how many stripes it has.
 ///   bits 0-22   the write's sequence number modulo 2^23
