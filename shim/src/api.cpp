@@ -27,6 +27,7 @@ static_assert(TL_EPEER == static_cast<int>(Code::kPeer));
 static_assert(TL_ECONN == static_cast<int>(Code::kConnection));
 static_assert(TL_ECUDA == static_cast<int>(Code::kCuda));
 static_assert(TL_EINTERNAL == static_cast<int>(Code::kInternal));
+static_assert(TL_EDEADLINE == static_cast<int>(Code::kDeadline));
 static_assert(sizeof(tl_notification) == 96);
 static_assert(sizeof(tl_notification_ex) == 96 + 8 + 8 + 32);
 static_assert(sizeof(tl_access) == 32);

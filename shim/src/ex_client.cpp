@@ -124,6 +124,7 @@ tl_status Client::submitEx(ipc::ExKind kind, const tl_group_entry *entries, size
     }
     ipc::Request r{};
     r.op = static_cast<uint8_t>(ipc::Op::kWriteEx);
+    r.imm = opts.imm;
     r.src_region = block.region;
     r.src_offset = block.offset;
     r.bytes = len;

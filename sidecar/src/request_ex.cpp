@@ -47,7 +47,7 @@ void RequestPipeline::handleEx(Session &s, const ipc::Request &r, uint32_t slot)
         reject(s, r, Code::kInvalid, "a payload or grouped write cannot be stream-ordered");
         return;
     }
-    if (r.dst_remote != 0 || r.dst_offset != 0 || r.imm != 0) {
+    if (r.dst_remote != 0 || r.dst_offset != 0) {
         reject(s, r, Code::kInvalid, "kWriteEx request with fields it does not use");
         return;
     }
@@ -87,6 +87,9 @@ void RequestPipeline::handleEx(Session &s, const ipc::Request &r, uint32_t slot)
     }
     const uint64_t entries_offset = ipc::exEntriesOffset(h.payload_bytes);
     std::vector<WriteOp> parts(h.entries);
+    // An entry whose target is gone (revoked, or no longer allowed to this uid) fails alone,
+    // with its own status; one wrong on its face fails the request.
+    std::vector<Code> refused(h.entries, Code::kOk);
     uint64_t total = 0;
     for (uint32_t i = 0; i < h.entries; ++i) {
         ipc::ExEntry e;
@@ -94,9 +97,14 @@ void RequestPipeline::handleEx(Session &s, const ipc::Request &r, uint32_t slot)
         const char *why = "";
         Code code = buildWrite(s, e.src_region, e.src_offset, e.dst_remote, e.dst_offset, e.bytes,
                                0, &parts[i], &why);
-        if (code == Code::kOk && parts[i].peer != notify.peer) {
+        if ((code == Code::kOk || code == Code::kNotFound || code == Code::kPermission) &&
+            s.remotes.at(e.dst_remote).peer != notify.peer) {
             code = Code::kInvalid;
             why = "the entries of one request write to one peer (that of the notification)";
+        }
+        if (code == Code::kNotFound || code == Code::kPermission) {
+            refused[i] = code;
+            continue;
         }
         if (code != Code::kOk) {
             reject(s, r, code, why);
@@ -160,7 +168,7 @@ void RequestPipeline::handleEx(Session &s, const ipc::Request &r, uint32_t slot)
     rec.offset = kind == ipc::ExKind::kGroup ? 0 : h.notify_offset;
     rec.bytes = total;
     rec.payload.assign(copy.data() + sizeof h, copy.data() + sizeof h + h.payload_bytes);
-    carrier.imm = 0;
+    carrier.imm = r.imm;  // the request's immediate: the notification's
     x.carrier = carrier;
     ++s.in_flight;
     s.ex_parts += h.entries + 2;
@@ -180,6 +188,13 @@ void RequestPipeline::handleEx(Session &s, const ipc::Request &r, uint32_t slot)
         postPart(id, x, std::move(op), kExRecordPart, uid);
     }
     for (uint32_t i = 0; i < h.entries; ++i) {
+        if (refused[i] != Code::kOk) {
+            x.status[i] = static_cast<int32_t>(refused[i]);
+            if (x.first == Code::kOk) {
+                x.first = refused[i];
+            }
+            continue;
+        }
         postPart(id, x, std::move(parts[i]), i, uid);
     }
     if (!x.grouped) {
@@ -335,7 +350,7 @@ size_t RequestPipeline::pollDeadlines() {
     }
     next_deadline_ms_ = 0;
     size_t ended = 0;
-    // The writer's side: the ticket ends kTimedOut, the parts still queued here are dropped,
+    // The writer's side: the ticket ends kDeadline, the parts still queued here are dropped,
     // and the target hears of it (the end record, behind what is already on the wire).
     std::vector<uint64_t> due;
     for (auto &[id, x] : ex_ops_) {
@@ -368,13 +383,13 @@ size_t RequestPipeline::pollDeadlines() {
                 }
             }
             for (uint64_t op_id : dropped) {
-                completed(op_id, Code::kTimedOut, "the deadline passed");
+                completed(op_id, Code::kDeadline, "the deadline passed");
             }
         }
-        x.first = Code::kTimedOut;
-        endExTicket(x, Code::kTimedOut);
+        x.first = Code::kDeadline;
+        endExTicket(x, Code::kDeadline);
         if (!x.end_posted) {
-            postEnd(id, x, Code::kTimedOut);
+            postEnd(id, x, Code::kDeadline);
         }
         x.posting = false;
         ++ended;
@@ -386,7 +401,7 @@ size_t RequestPipeline::pollDeadlines() {
             continue;
         }
         if (g.deadline_ms <= now) {
-            failInGroup(g, Code::kTimedOut, key.first);
+            failInGroup(g, Code::kDeadline, key.first);
             ++ended;
         } else {
             noteDeadline(g.deadline_ms);

@@ -113,7 +113,8 @@ TEST(Control, SanitizeCodeMapsUntrustedValues) {
         EXPECT_EQ(static_cast<int32_t>(sanitizeCode(raw)), raw);
     }
     EXPECT_EQ(sanitizeCode(-1), Code::kInternal);
-    EXPECT_EQ(sanitizeCode(11), Code::kInternal);
+    EXPECT_EQ(sanitizeCode(11), Code::kDeadline);
+    EXPECT_EQ(sanitizeCode(12), Code::kInternal);
     EXPECT_EQ(sanitizeCode(INT32_MIN), Code::kInternal);
     EXPECT_EQ(sanitizeCode(INT32_MAX), Code::kInternal);
 }

@@ -45,7 +45,9 @@ typedef enum tl_status {
     TL_EPEER,     /* peer unreachable or failed */
     TL_ECONN,     /* sidecar gone */
     TL_ECUDA,     /* CUDA memory where it is not supported, or a CUDA call failed */
-    TL_EINTERNAL
+    TL_EINTERNAL,
+    TL_EDEADLINE /* a write's deadline (tl_send_opts.timeout_ms) passed: it failed (unlike
+                    TL_ETIMEDOUT from a wait, which leaves the ticket pending) */
 } tl_status;
 
 typedef struct tl_notification {
@@ -187,8 +189,8 @@ TL_API tl_status tl_wait_notification_ex(tl_client *c, tl_notification_ex *out, 
  * with its notification (request ids, block lists, a clear-to-send record); a message is a
  * payload alone (0 bytes written). A grouped write moves many (src, dst) ranges to one peer
  * under one ticket and one notification at the target, given once every entry is in place.
- * Either may carry a deadline: past it the writer's ticket ends TL_ETIMEDOUT and the target is
- * sent a failed notification (status TL_ETIMEDOUT), so neither side waits out a peer timeout;
+ * Either may carry a deadline: past it the writer's ticket ends TL_EDEADLINE and the target is
+ * sent a failed notification (status TL_EDEADLINE), so neither side waits out a peer timeout;
  * a peer that dies ends the writer's ticket TL_EPEER and, at the target, the groups it had in
  * flight with a TL_EPEER notification. The notifications of one writer's writes, messages and
  * groups to one peer arrive in the order they were submitted (docs/abi.md).
@@ -210,7 +212,7 @@ typedef struct tl_send_opts {
     int32_t timeout_ms;     /* > 0: the deadline, from submission; else none */
     uint32_t flags;         /* 0 */
     /* tl_write_group: n statuses, entry_status[i] for entries[i], written before the ticket
-     * ends (TL_OK; the status that ended the entry; TL_ETIMEDOUT for an entry the deadline
+     * ends (TL_OK; the status that ended the entry; TL_EDEADLINE for an entry the deadline
      * cut off). NULL: only the ticket's status (the first failure). */
     tl_status *entry_status;
     /* tl_write_group: the remote region whose owner is notified; 0: entries[0].dst. Must be
@@ -255,7 +257,7 @@ typedef struct tl_message {
     tl_notification_ex ex; /* region, imm, offset, bytes (a group: its entries' sum, offset 0),
                               peer, writer_uid, dropped */
     uint32_t kind;         /* TL_NOTIFY_* */
-    tl_status status;      /* TL_OK; a failed group or deadline: TL_ETIMEDOUT, TL_EPEER, ... */
+    tl_status status;      /* TL_OK; a failed group or deadline: TL_EDEADLINE, TL_EPEER, ... */
     uint32_t entries;      /* TL_NOTIFY_GROUP: the group's entry count */
     uint32_t payload_bytes;
     uint8_t payload[TL_MAX_PAYLOAD];

@@ -47,6 +47,24 @@ inline Error lastError(tl_status s) {
 
 class Client;
 
+/// What a write with a payload, a message or a grouped write carries besides its data
+/// (tl_send_opts).
+struct SendOptions {
+    uint32_t imm = 0;
+    std::span<const uint8_t> payload;  ///< at most TL_MAX_PAYLOAD bytes; read during the call
+    /// The deadline from submission; 0: none.
+    std::chrono::milliseconds timeout{0};
+};
+
+/// A notification with all it carries (tl_message), its payload as a vector.
+struct Message {
+    tl_notification_ex ex{};
+    uint32_t kind = TL_NOTIFY_WRITE;  ///< TL_NOTIFY_*
+    tl_status status = TL_OK;         ///< a failed group or deadline: why
+    uint32_t entries = 0;
+    std::vector<uint8_t> payload;
+};
+
 /// Who may write an exposed region besides its owner's uid and root (tl_access).
 struct Access {
     bool peers = true;           ///< TL_ACCESS_PEERS: offered to the configured peers
@@ -222,6 +240,61 @@ public:
         }
         return Ticket(c_, t);
     }
+    /// tl_write_msg: a write (bytes > 0) or a message (bytes 0) with a payload and deadline.
+    Result<Ticket> writeMsg(const Region &src, uint64_t src_off, const Remote &dst,
+                            uint64_t dst_off, uint64_t bytes, const SendOptions &o) {
+        tl_send_opts opts = toOpts(o);
+        tl_ticket t = 0;
+        tl_status s = tl_write_msg(c_, src.id(), src_off, dst.id, dst_off, bytes, &opts, &t);
+        if (s != TL_OK) {
+            return lastError(s);
+        }
+        return Ticket(c_, t);
+    }
+    /// tl_write_msg of 0 bytes: the payload alone, notified at `dst_off` of `dst`.
+    Result<Ticket> sendMessage(const Remote &dst, uint64_t dst_off, const SendOptions &o) {
+        tl_send_opts opts = toOpts(o);
+        tl_ticket t = 0;
+        tl_status s = tl_write_msg(c_, 0, 0, dst.id, dst_off, 0, &opts, &t);
+        if (s != TL_OK) {
+            return lastError(s);
+        }
+        return Ticket(c_, t);
+    }
+    /// tl_write_group. `statuses` (empty, or one per entry) is written when the ticket ends,
+    /// so it must outlive the ticket's wait. `notify` 0: entries[0]'s remote.
+    Result<Ticket> writeGroup(std::span<const tl_group_entry> entries, const SendOptions &o,
+                              std::span<tl_status> statuses = {}, tl_remote notify = 0) {
+        tl_send_opts opts = toOpts(o);
+        if (!statuses.empty()) {
+            if (statuses.size() != entries.size()) {
+                return Error{TL_EINVAL, "writeGroup: one status per entry, or none"};
+            }
+            opts.entry_status = statuses.data();
+        }
+        opts.notify = notify;
+        tl_ticket t = 0;
+        tl_status s = tl_write_group(c_, entries.data(), entries.size(), &opts, &t);
+        if (s != TL_OK) {
+            return lastError(s);
+        }
+        return Ticket(c_, t);
+    }
+    /// tl_wait_message: the next notification with its kind, status and payload.
+    Result<Message> waitMessage(std::chrono::milliseconds timeout = std::chrono::milliseconds(-1)) {
+        tl_message m{};
+        tl_status s = tl_wait_message(c_, &m, static_cast<int>(timeout.count()));
+        if (s != TL_OK) {
+            return lastError(s);
+        }
+        Message out;
+        out.ex = m.ex;
+        out.kind = m.kind;
+        out.status = m.status;
+        out.entries = m.entries;
+        out.payload.assign(m.payload, m.payload + m.payload_bytes);
+        return out;
+    }
     Result<tl_notification> waitNotification(
         std::chrono::milliseconds timeout = std::chrono::milliseconds(-1)) {
         tl_notification n{};
@@ -244,6 +317,14 @@ public:
 
 private:
     explicit Client(tl_client *c) : c_(c) {}
+    static tl_send_opts toOpts(const SendOptions &o) {
+        tl_send_opts opts{};
+        opts.imm = o.imm;
+        opts.payload = o.payload.data();
+        opts.payload_bytes = static_cast<uint32_t>(o.payload.size());
+        opts.timeout_ms = static_cast<int32_t>(o.timeout.count());
+        return opts;
+    }
     tl_client *c_ = nullptr;
 };
 

@@ -32,6 +32,7 @@ from ._client import (
 from ._errors import (
     ClientClosedError,
     CudaError,
+    DeadlineError,
     InternalError,
     InvalidArgumentError,
     NotFoundError,
@@ -70,6 +71,7 @@ __all__ = [
     "CudaError",
     "StreamUnsupportedError",
     "InternalError",
+    "DeadlineError",
     "ClientClosedError",
     "LibraryError",
     "library_path",

@@ -46,6 +46,7 @@ class Status(enum.IntEnum):
     ECONN = 8
     ECUDA = 9
     EINTERNAL = 10
+    EDEADLINE = 11
 
     @property
     def c_name(self) -> str:
@@ -133,6 +134,12 @@ class InternalError(TensorlaneError, RuntimeError):
     status = Status.EINTERNAL
 
 
+class DeadlineError(TensorlaneError, TimeoutError):
+    """TL_EDEADLINE: the write's deadline passed and it failed (its ticket is over)."""
+
+    status = Status.EDEADLINE
+
+
 class ClientClosedError(TensorlaneError, ValueError):
     """The Client (or the object's client) was closed by this process."""
 
@@ -150,6 +157,7 @@ _BY_STATUS = {
     Status.ECONN: SidecarGoneError,
     Status.ECUDA: CudaError,
     Status.EINTERNAL: InternalError,
+    Status.EDEADLINE: DeadlineError,
 }
 
 

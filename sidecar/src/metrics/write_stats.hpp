@@ -28,8 +28,8 @@
 
 namespace tensorlane::sidecar {
 
-/// Status codes a write can end with, indexed by their value (TL_OK .. TL_EINTERNAL).
-inline constexpr size_t kStatusCodes = static_cast<size_t>(ipc::Code::kInternal) + 1;
+/// Status codes a write can end with, indexed by their value (TL_OK .. TL_EDEADLINE).
+inline constexpr size_t kStatusCodes = static_cast<size_t>(ipc::kLastCode) + 1;
 
 /// Upper bounds of the latency histogram's buckets, in nanoseconds (1 us to 10 s, about three
 /// per decade); a last, implicit bucket is +Inf. RoCE writes take microseconds, TCP on a

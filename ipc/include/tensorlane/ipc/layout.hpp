@@ -37,7 +37,8 @@ enum class Op : uint32_t {
     kWrite = 2,  ///< write-with-immediate into a remote region
     /// A write with a payload, a message, or a grouped write, described by an ExHeader in the
     /// client's own host region: src_region names that region, src_offset the header's offset
-    /// in it and bytes the description's length (exDescriptionBytes); the other fields are 0.
+    /// in it, bytes the description's length (exDescriptionBytes) and imm the notification's
+    /// immediate; dst_remote and dst_offset are 0.
     kWriteEx = 3,
 };
 

@@ -20,7 +20,12 @@ enum class Code : int32_t {
     kConnection = 8,  ///< dooms the client: sidecar gone
     kCuda = 9,
     kInternal = 10,
+    /// A write's deadline (tl_send_opts.timeout_ms) passed before it ended: it failed, unlike
+    /// kTimedOut, which a wait returns when the ticket is still pending.
+    kDeadline = 11,
 };
+/// The largest code (sanitizeCode maps anything past it to kInternal).
+inline constexpr Code kLastCode = Code::kDeadline;
 
 /// A short fixed name for a code ("TL_EPEER"); never NULL.
 constexpr const char *codeName(Code c) {
@@ -47,14 +52,16 @@ constexpr const char *codeName(Code c) {
             return "TL_ECUDA";
         case Code::kInternal:
             return "TL_EINTERNAL";
+        case Code::kDeadline:
+            return "TL_EDEADLINE";
     }
     return "TL_EUNKNOWN";
 }
 
 /// Maps a code read from an untrusted source to a known one.
 constexpr Code sanitizeCode(int32_t raw) {
-    return (raw >= 0 && raw <= static_cast<int32_t>(Code::kInternal)) ? static_cast<Code>(raw)
-                                                                      : Code::kInternal;
+    return (raw >= 0 && raw <= static_cast<int32_t>(kLastCode)) ? static_cast<Code>(raw)
+                                                                : Code::kInternal;
 }
 
 }  // namespace tensorlane::ipc
