@@ -28,6 +28,11 @@ static_assert(TL_ECONN == static_cast<int>(Code::kConnection));
 static_assert(TL_ECUDA == static_cast<int>(Code::kCuda));
 static_assert(TL_EINTERNAL == static_cast<int>(Code::kInternal));
 static_assert(TL_EDEADLINE == static_cast<int>(Code::kDeadline));
+// The layouts the Python binding (shim/python/tensorlane/_lib.py) declares too.
+static_assert(sizeof(tl_send_opts) == 56 && sizeof(tl_group_entry) == 40);
+static_assert(sizeof(tl_message) == sizeof(tl_notification_ex) + 16 + TL_MAX_PAYLOAD);
+static_assert(TL_MAX_PAYLOAD == tensorlane::ipc::kMaxPayload &&
+              TL_GROUP_MAX_ENTRIES == tensorlane::ipc::kMaxGroupEntries);
 static_assert(sizeof(tl_notification) == 96);
 static_assert(sizeof(tl_notification_ex) == 96 + 8 + 8 + 32);
 static_assert(sizeof(tl_access) == 32);

@@ -81,15 +81,19 @@ TEST(Layout, GeometryIsAlignedRoundedAndDisjoint) {
         }
         EXPECT_EQ(g.total_bytes % 4096, 0u);
 
-        // [header][req ctl + slots][cmp ctl + slots][ntf ctl + slots][padding < page]
+        // [header][req ctl + slots][cmp ctl + slots][ntf ctl + slots][payload slab][padding
+        // < page]
         const uint64_t req_end = g.request_offset + sizeof(RingControl) + uint64_t{d} * 64;
         const uint64_t cmp_end = g.completion_offset + sizeof(RingControl) + uint64_t{d} * 32;
         const uint64_t ntf_end = g.notification_offset + sizeof(RingControl) + uint64_t{d} * 128;
         EXPECT_GE(g.request_offset, sizeof(SegmentHeader));
         EXPECT_LE(req_end, g.completion_offset);
         EXPECT_LE(cmp_end, g.notification_offset);
-        EXPECT_LE(ntf_end, g.total_bytes);
-        EXPECT_LT(g.total_bytes - ntf_end, 4096u);
+        const uint64_t slab_end = g.payload_offset + uint64_t{d} * kPayloadSlotBytes;
+        EXPECT_LE(ntf_end, g.payload_offset);
+        EXPECT_EQ(g.payload_offset % kCacheLine, 0u);
+        EXPECT_LE(slab_end, g.total_bytes);
+        EXPECT_LT(g.total_bytes - slab_end, 4096u);
     }
 }
 

@@ -2,6 +2,7 @@
 # runtime by tests/python/test_packaging.py (mypy.stubtest). torch and numpy objects are Any
 # here so that type-checking a worker never needs either installed.
 import enum
+import builtins
 import os
 from typing import Any, Iterable, NamedTuple, Optional, Sequence, Union
 
@@ -121,6 +122,30 @@ class Notification(NamedTuple):
     dropped: int = ...
     def view(self) -> memoryview: ...
 
+NOTIFY_WRITE: int
+NOTIFY_MESSAGE: int
+NOTIFY_GROUP: int
+
+class Message(NamedTuple):
+    region: Optional[Region]
+    region_id: int
+    imm: int
+    offset: int
+    bytes: int
+    peer: str
+    writer_uid: int
+    dropped: int
+    kind: int
+    status: Status
+    entries: int
+    payload: builtins.bytes
+    @property
+    def ok(self) -> bool: ...
+
+class GroupTicket(Ticket):
+    @property
+    def entry_status(self) -> Optional[list[Status]]: ...
+
 class Write(NamedTuple):
     src: _Buffer
     remote: Remote
@@ -149,6 +174,15 @@ class Client:
     def lookup(self, peer: str, name: str, timeout: float = ...) -> Remote: ...
     def write(self, src: _Buffer, remote: Remote, imm: int = ..., src_offset: int = ...,
               dst_offset: int = ..., nbytes: Optional[int] = ...) -> Ticket: ...
+    def write_msg(self, src: _Buffer, remote: Remote, payload: bytes = ..., imm: int = ...,
+                  src_offset: int = ..., dst_offset: int = ..., nbytes: Optional[int] = ...,
+                  timeout: Optional[float] = ...) -> Ticket: ...
+    def send_message(self, remote: Remote, payload: bytes = ..., imm: int = ...,
+                     offset: int = ..., timeout: Optional[float] = ...) -> Ticket: ...
+    def write_group(self, writes: Iterable[Union[Write, Sequence[Any], dict[str, Any]]],
+                    notify: Optional[Remote] = ..., imm: int = ..., payload: bytes = ...,
+                    timeout: Optional[float] = ...) -> GroupTicket: ...
+    def wait_message(self, timeout: Optional[float] = ...) -> Message: ...
     def write_batch(self, writes: Iterable[Union[Write, Sequence[Any], dict[str, Any]]]
                     ) -> list[Ticket]: ...
     def nop(self) -> Ticket: ...

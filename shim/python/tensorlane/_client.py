@@ -22,6 +22,7 @@ inherited Client raises ClientClosedError and nothing is sent to the parent's si
 from __future__ import annotations
 
 import bisect
+import builtins
 import collections
 import ctypes
 import functools
@@ -415,6 +416,50 @@ class Notification(NamedTuple):
         return self.region.view()[self.offset:self.offset + self.bytes]
 
 
+class Message(NamedTuple):
+    """A notification with all it carries (``wait_message``): the Notification's fields, and
+    ``kind`` (``NOTIFY_WRITE``, ``NOTIFY_MESSAGE``: a payload alone, ``NOTIFY_GROUP``: a
+    grouped write ended), ``status`` (Status.OK, or why the group or deadline failed:
+    Status.EDEADLINE, Status.EPEER, ...), ``entries`` (a group's count) and ``payload``."""
+
+    region: Optional[Region]
+    region_id: int
+    imm: int
+    offset: int
+    bytes: int
+    peer: str
+    writer_uid: int
+    dropped: int
+    kind: int
+    status: Status
+    entries: int
+    payload: builtins.bytes
+
+    @property
+    def ok(self) -> bool:
+        return self.status == Status.OK
+
+
+NOTIFY_WRITE = 0
+NOTIFY_MESSAGE = 1
+NOTIFY_GROUP = 2
+
+
+class GroupTicket(Ticket):
+    """The ticket of ``write_group``: once it has ended, ``entry_status`` holds each entry's
+    Status (the ticket's own error is the first failure)."""
+
+    __slots__ = ("_statuses",)
+    _statuses: Any
+
+    @property
+    def entry_status(self) -> Optional[list]:
+        """Each entry's Status once the ticket has ended; None before."""
+        if self._status is None:
+            return None
+        return [_status(s) for s in self._statuses]
+
+
 class Write(NamedTuple):
     """One entry of ``Client.write_batch`` (the arguments of ``Client.write``)."""
 
@@ -720,6 +765,105 @@ class Client:
         if len(self._abandoned) >= _REAP_BATCH:
             self._reap_abandoned()
         return Ticket(self, out.value, (remote, desc), src_region)
+
+    def write_msg(self, src: Any, remote: Remote, payload: bytes = b"", imm: int = 0,
+                  src_offset: int = 0, dst_offset: int = 0, nbytes: Optional[int] = None,
+                  timeout: Optional[float] = None) -> Ticket:
+        """``write`` with up to ``TL_MAX_PAYLOAD`` bytes of ``payload`` delivered with its
+        notification (``wait_message``), and a deadline of ``timeout`` seconds: past it the
+        ticket fails with DeadlineError and the target is told."""
+        desc, src_region = self._describe(src, remote, imm, src_offset, dst_offset, nbytes)
+        opts, keep = _send_opts(imm, payload, timeout)
+        return self._submit_msg(desc.src, desc.src_off, remote, desc.dst_off, desc.bytes, opts,
+                                (src_region, keep), (remote, desc))
+
+    def send_message(self, remote: Remote, payload: bytes = b"", imm: int = 0,
+                     offset: int = 0, timeout: Optional[float] = None) -> Ticket:
+        """A message: ``payload`` alone (no bytes written), notified at ``offset`` of
+        ``remote`` in order with this client's writes to that peer."""
+        if not isinstance(remote, Remote) or remote._client is not self:
+            raise InvalidArgumentError("remote must be a Remote this Client looked up")
+        opts, keep = _send_opts(imm, payload, timeout)
+        return self._submit_msg(0, 0, remote, offset, 0, opts, keep,
+                                f"message of {len(payload)} bytes to {remote.peer}/{remote.name}")
+
+    def _submit_msg(self, src: int, src_off: int, remote: Remote, dst_off: int, nbytes: int,
+                    opts: Any, keep: Any, what: Any) -> Ticket:
+        out = c_uint64()
+        self._enter()
+        try:
+            st = self._lib.tl_write_msg(self._h, src, src_off, remote.handle, dst_off, nbytes,
+                                        byref(opts), byref(out))
+            if st != Status.OK:
+                raise self._fail(st, "tl_write_msg", what if isinstance(what, str) else
+                                 _what(*what))
+        finally:
+            self._leave()
+        return Ticket(self, out.value, what, keep)
+
+    def write_group(self, writes: Iterable[Union[Write, Sequence[Any], dict]],
+                    notify: Optional[Remote] = None, imm: int = 0, payload: bytes = b"",
+                    timeout: Optional[float] = None) -> GroupTicket:
+        """One grouped write (``tl_write_group``): every entry (a :class:`Write`, a tuple of
+        ``write``'s arguments or a dict; their imm is not used) to one peer, under one ticket;
+        the target is notified once (``NOTIFY_GROUP``, with ``imm``, ``payload`` and the entry
+        count) after every entry is in place, at ``notify`` (None: the first entry's remote).
+        The ticket's ``entry_status`` says how each entry ended."""
+        entries = [w if isinstance(w, Write) else Write(**w) if isinstance(w, dict) else Write(*w)
+                   for w in writes]
+        if not entries:
+            raise InvalidArgumentError("write_group: no entries")
+        arr = (_lib.GroupEntry * len(entries))()
+        srcs = []
+        for i, w in enumerate(entries):
+            d, region = self._describe(w.src, w.remote, 0, w.src_offset, w.dst_offset, w.nbytes)
+            arr[i] = _lib.GroupEntry(d.src, d.src_off, d.dst, d.dst_off, d.bytes)
+            srcs.append(region)
+        if notify is not None and (not isinstance(notify, Remote) or notify._client is not self):
+            raise InvalidArgumentError("notify must be a Remote this Client looked up")
+        opts, keep = _send_opts(imm, payload, timeout)
+        statuses = (ctypes.c_int * len(entries))(*([-1] * len(entries)))
+        opts.entry_status = ctypes.cast(statuses, ctypes.POINTER(ctypes.c_int))
+        opts.notify = notify.handle if notify is not None else 0
+        out = c_uint64()
+        self._enter()
+        try:
+            st = self._lib.tl_write_group(self._h, arr, len(entries), byref(opts), byref(out))
+            if st != Status.OK:
+                raise self._fail(st, "tl_write_group", f"{len(entries)} entries")
+        finally:
+            self._leave()
+        # The statuses array is written when the ticket ends: it stays with the ticket (and
+        # with an abandoned one until it has ended).
+        t = GroupTicket(self, out.value, f"group of {len(entries)} entries",
+                        (srcs, keep, statuses))
+        t._statuses = statuses
+        return t
+
+    def wait_message(self, timeout: Optional[float] = None) -> Message:
+        """``wait_notification`` with the kind, status and payload (``tl_wait_message``);
+        the two take from one queue."""
+        deadline = _deadline(timeout)
+        m = _lib.MessageStruct()
+        while True:
+            ms = _timeout_ms(deadline)
+            self._enter()
+            try:
+                st = self._lib.tl_wait_message(self._h, byref(m), ms)
+                err = None
+                if st != Status.OK and (st != Status.ETIMEDOUT or (
+                        deadline is not None and time.monotonic() >= deadline)):
+                    err = self._fail(st, "tl_wait_message", _timeout_text(timeout))
+            finally:
+                self._leave()
+            if st == Status.OK:
+                n = m.ex.n
+                return Message(self._regions.get(n.region), n.region, n.imm, n.offset, n.bytes,
+                               n.peer.decode(errors="replace"), m.ex.writer_uid, m.ex.dropped,
+                               m.kind, _status(m.status), m.entries,
+                               bytes(m.payload[:m.payload_bytes]))
+            if err is not None:
+                raise err
 
     def write_batch(self, writes: Iterable[Union[Write, Sequence[Any], dict]]) -> list[Ticket]:
         """Submits several writes with one doorbell (``tl_write_batch``); notifications of one
@@ -1028,6 +1172,26 @@ def _status(st: int) -> Status:
         return Status(st)
     except ValueError:
         return Status.EINTERNAL
+
+
+def _send_opts(imm: int, payload: Any, timeout: Optional[float]) -> tuple:
+    """A tl_send_opts and what must stay alive while the call runs (the payload's buffer)."""
+    if not 0 <= imm <= 0xFFFFFFFF:
+        raise InvalidArgumentError("imm must be a 32-bit unsigned value")
+    data = bytes(payload)
+    if len(data) > _lib.TL_MAX_PAYLOAD:
+        raise InvalidArgumentError(f"payload of {len(data)} bytes (at most "
+                                   f"{_lib.TL_MAX_PAYLOAD})")
+    buf = ctypes.create_string_buffer(data, len(data)) if data else None
+    opts = _lib.SendOpts()
+    opts.imm = imm
+    opts.payload_bytes = len(data)
+    opts.payload = ctypes.cast(buf, ctypes.c_void_p) if buf is not None else None
+    if timeout is not None:
+        if timeout <= 0:
+            raise InvalidArgumentError("timeout must be > 0 seconds (None: no deadline)")
+        opts.timeout_ms = max(1, int(timeout * 1000))
+    return opts, buf
 
 
 def _what(remote: Remote, d: _lib.WriteDesc) -> str:

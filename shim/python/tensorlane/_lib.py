@@ -81,11 +81,58 @@ class WriteDesc(ctypes.Structure):
     ]
 
 
+TL_MAX_PAYLOAD = 256
+TL_GROUP_MAX_ENTRIES = 16384
+
+
+class SendOpts(ctypes.Structure):
+    """``tl_send_opts`` (56 bytes): a payload, a deadline, a group's statuses and target."""
+
+    _fields_ = [
+        ("imm", c_uint32),
+        ("payload_bytes", c_uint32),
+        ("payload", c_void_p),
+        ("timeout_ms", ctypes.c_int32),
+        ("flags", c_uint32),
+        ("entry_status", POINTER(ctypes.c_int)),
+        ("notify", c_uint64),
+        ("reserved", c_uint64 * 2),
+    ]
+
+
+class GroupEntry(ctypes.Structure):
+    """``tl_group_entry`` (40 bytes)."""
+
+    _fields_ = [
+        ("src", c_uint64),
+        ("src_off", c_uint64),
+        ("dst", c_uint64),
+        ("dst_off", c_uint64),
+        ("bytes", c_uint64),
+    ]
+
+
+class MessageStruct(ctypes.Structure):
+    """``tl_message``: a notification with its kind, status and payload."""
+
+    _fields_ = [
+        ("ex", NotificationExStruct),
+        ("kind", c_uint32),
+        ("status", ctypes.c_int),
+        ("entries", c_uint32),
+        ("payload_bytes", c_uint32),
+        ("payload", ctypes.c_uint8 * TL_MAX_PAYLOAD),
+    ]
+
+
 # The C header's layouts (tensorlane.h static_asserts sizeof(tl_notification) == 96).
 assert ctypes.sizeof(NotificationStruct) == 96
 assert ctypes.sizeof(WriteDesc) == 48
 assert ctypes.sizeof(NotificationExStruct) == 144
 assert ctypes.sizeof(AccessStruct) == 32
+assert ctypes.sizeof(SendOpts) == 56
+assert ctypes.sizeof(GroupEntry) == 40
+assert ctypes.sizeof(MessageStruct) == 144 + 16 + TL_MAX_PAYLOAD
 
 TL_ACCESS_PEERS = 0x1
 TL_ACCESS_LOCAL_ANY = 0x2
@@ -122,6 +169,14 @@ _REQUIRED = {
     "tl_sidecar_status": (c_int, [c_void_p, c_char_p, c_size_t, POINTER(c_size_t)]),
     "tl_expose_access": (c_int, [c_void_p, c_uint64, c_char_p, POINTER(AccessStruct)]),
     "tl_wait_notification_ex": (c_int, [c_void_p, POINTER(NotificationExStruct), c_int]),
+    "tl_write_msg": (
+        c_int,
+        [c_void_p, c_uint64, c_uint64, c_uint64, c_uint64, c_uint64, POINTER(SendOpts), _u64p],
+    ),
+    "tl_write_group": (
+        c_int, [c_void_p, POINTER(GroupEntry), c_size_t, POINTER(SendOpts), _u64p],
+    ),
+    "tl_wait_message": (c_int, [c_void_p, POINTER(MessageStruct), c_int]),
 }
 
 _OPTIONAL = {
