@@ -600,6 +600,196 @@ TEST(InProcessSessions, ClientsThatComeAndGoReturnEverythingTheyHeld) {
     }
 }
 
+// ---- kWriteEx descriptions from a hostile client ----
+
+TEST(InProcessRequests, HostileExDescriptionsEachEndWithTheirErrorAndNothingLands) {
+    // A client that writes kWriteEx requests and descriptions by hand: every malformed one ends
+    // with its error (never a crash, never a byte in the target), the good ones land, and the
+    // session goes on.
+    InProcessEngine e;
+    ASSERT_TRUE(e.ok()) << e.error();
+    auto owner = tensorlane::Client::connect(e.socket());
+    ASSERT_TRUE(owner.ok());
+    auto inbox = owner->allocHost(1 << 16);
+    ASSERT_TRUE(inbox.ok() && inbox->expose("inbox").ok());
+    auto other = tensorlane::Client::connect(e.socket());
+    ASSERT_TRUE(other.ok());
+    auto foreign = other->allocHost(1 << 16);
+    ASSERT_TRUE(foreign.ok());
+
+    RawClient raw;
+    ASSERT_TRUE(raw.connect(e.socket()));
+    ipc::UniqueFd desc_fd, src_fd;
+    ipc::Mapping desc_map, src_map;
+    constexpr uint64_t kSlot = 4096;  // one description per slot
+    const uint64_t desc = raw.allocHost(64 * kSlot, &desc_fd, &desc_map);
+    const uint64_t src = raw.allocHost(1 << 16, &src_fd, &src_map);
+    ASSERT_NE(desc, 0u);
+    ASSERT_NE(src, 0u);
+    std::memset(src_map.data(), 0x5a, 1 << 16);
+    const uint64_t dst = raw.lookup(e.name().c_str(), "inbox");
+    ASSERT_NE(dst, 0u);
+    auto *base = static_cast<unsigned char *>(desc_map.data());
+
+    struct Built {
+        ipc::ExHeader h{};
+        std::vector<uint8_t> payload;
+        std::vector<ipc::ExEntry> entries;
+        int64_t bytes_delta = 0;  // added to the request's length
+        uint64_t region = 0;      // 0: the description region
+        uint8_t flags = 0;
+        uint64_t dst_remote = 0;
+    };
+    auto good = [&](ipc::ExKind kind, uint32_t n) {
+        Built b;
+        b.h.magic = ipc::kExMagic;
+        b.h.kind = static_cast<uint32_t>(kind);
+        b.h.entries = n;
+        b.h.notify = dst;
+        for (uint32_t i = 0; i < n; ++i) {
+            b.entries.push_back(ipc::ExEntry{src, i * 256u, dst, 4096 + i * 256u, 256, -1, 0});
+        }
+        return b;
+    };
+    struct Case {
+        const char *what;
+        Built b;
+        tl_status want;
+    };
+    std::vector<Case> cases;
+    auto add = [&](const char *what, Built b, tl_status want) {
+        cases.push_back({what, std::move(b), want});
+    };
+    {
+        Built b = good(ipc::ExKind::kGroup, 2);
+        b.h.magic = 0x12345678;
+        add("bad magic", b, TL_EINVAL);
+        b = good(ipc::ExKind::kGroup, 2);
+        b.h.kind = 9;
+        add("unknown kind", b, TL_EINVAL);
+        b = good(ipc::ExKind::kGroup, 2);
+        b.h.entries = 3;  // the length says 2
+        add("entry count disagrees with the length", b, TL_EINVAL);
+        b = good(ipc::ExKind::kGroup, 2);
+        b.bytes_delta = -8;
+        add("length short of its entries", b, TL_EINVAL);
+        b = good(ipc::ExKind::kGroup, 2);
+        b.bytes_delta = int64_t{1} << 40;
+        add("length past the region", b, TL_EINVAL);
+        b = good(ipc::ExKind::kGroup, 1);
+        b.h.payload_bytes = ipc::kMaxPayload + 1;
+        add("payload over the limit", b, TL_EINVAL);
+        b = good(ipc::ExKind::kGroup, 1);
+        b.h.flags = 1;
+        add("unknown flags", b, TL_EINVAL);
+        b = good(ipc::ExKind::kGroup, 1);
+        b.h.timeout_ms = -5;
+        add("negative timeout", b, TL_EINVAL);
+        b = good(ipc::ExKind::kGroup, 1);
+        b.h.reserved[1] = 1;
+        add("reserved bits", b, TL_EINVAL);
+        b = good(ipc::ExKind::kGroup, 0);
+        add("a group of no entries", b, TL_EINVAL);
+        b = good(ipc::ExKind::kWrite, 2);
+        add("a write of two entries", b, TL_EINVAL);
+        b = good(ipc::ExKind::kGroup, 2);
+        b.h.notify = 999;
+        add("notification handle never issued", b, TL_EINVAL);
+        b = good(ipc::ExKind::kGroup, 2);
+        b.h.notify_offset = (1 << 16) + 1;
+        add("notification offset past the end", b, TL_EINVAL);
+        b = good(ipc::ExKind::kGroup, 2);
+        b.entries[1].src_region = foreign->id();
+        add("an entry from another client's region", b, TL_EINVAL);
+        b = good(ipc::ExKind::kGroup, 2);
+        b.entries[1].dst_remote = 4242;
+        add("an entry to a handle never issued", b, TL_EINVAL);
+        b = good(ipc::ExKind::kGroup, 2);
+        b.entries[0].bytes = 0;
+        add("an entry of no bytes", b, TL_EINVAL);
+        b = good(ipc::ExKind::kGroup, 2);
+        b.entries[1].dst_offset = (1 << 16) - 8;
+        add("an entry past the target's end", b, TL_EINVAL);
+        b = good(ipc::ExKind::kGroup, 2);
+        b.entries[0].src_offset = UINT64_MAX - 7;
+        add("an entry whose source offset wraps", b, TL_EINVAL);
+        b = good(ipc::ExKind::kGroup, 2);
+        b.region = foreign->id();
+        add("the description in another client's region", b, TL_EINVAL);
+        b = good(ipc::ExKind::kGroup, 2);
+        b.flags = ipc::kRequestGated | ipc::kRequestHasSlot;
+        add("stream-ordered", b, TL_EINVAL);
+        b = good(ipc::ExKind::kGroup, 2);
+        b.dst_remote = dst;
+        add("request fields it does not use", b, TL_EINVAL);
+        b = good(ipc::ExKind::kGroup, 4);
+        add("a good group", b, TL_OK);
+        b = good(ipc::ExKind::kWrite, 0);
+        b.payload = {1, 2, 3};
+        b.h.payload_bytes = 3;
+        add("a good message", b, TL_OK);
+    }
+    for (size_t i = 0; i < cases.size(); ++i) {
+        Built &b = cases[i].b;
+        unsigned char *at = base + i * kSlot;
+        std::memcpy(at, &b.h, sizeof b.h);
+        std::memcpy(at + sizeof b.h, b.payload.data(), b.payload.size());
+        const uint32_t real = static_cast<uint32_t>(b.entries.size());
+        const uint64_t eoff = ipc::exEntriesOffset(static_cast<uint32_t>(b.payload.size()));
+        std::memcpy(at + eoff, b.entries.data(), real * sizeof(ipc::ExEntry));
+        ipc::Request r{};
+        r.op = static_cast<uint8_t>(ipc::Op::kWriteEx);
+        r.flags = b.flags;
+        r.src_region = b.region != 0 ? b.region : desc;
+        r.src_offset = i * kSlot;
+        r.bytes = static_cast<uint64_t>(static_cast<int64_t>(ipc::exDescriptionBytes(
+                                            real, static_cast<uint32_t>(b.payload.size()))) +
+                                        b.bytes_delta);
+        r.dst_remote = b.dst_remote;
+        r.ticket = 5000 + i;
+        r.imm = static_cast<uint32_t>(i);
+        rawPublish(raw, i, r);
+    }
+    raw.doorbell();
+    std::map<uint64_t, int32_t> ended;
+    for (size_t i = 0; i < cases.size(); ++i) {
+        ipc::Completion c{};
+        ASSERT_TRUE(rawCompletion(raw, i, &c)) << "completion " << i << " never came";
+        EXPECT_TRUE(ended.emplace(c.ticket, c.status).second) << "ticket " << c.ticket << " twice";
+    }
+    for (size_t i = 0; i < cases.size(); ++i) {
+        EXPECT_EQ(ended[5000 + i], static_cast<int32_t>(cases[i].want)) << cases[i].what;
+    }
+    // Only the good group's four entries landed; their statuses came back into the description.
+    const auto *in = static_cast<const unsigned char *>(inbox->data());
+    EXPECT_EQ(std::count(in, in + 4096, 0), 4096);
+    EXPECT_EQ(std::count(in + 4096, in + 4096 + 1024, 0x5a), 1024);
+    EXPECT_EQ(std::count(in + 4096 + 1024, in + (1 << 16), 0), (1 << 16) - 4096 - 1024);
+    const size_t g = cases.size() - 2;
+    for (uint32_t i = 0; i < 4; ++i) {
+        ipc::ExEntry entry;
+        std::memcpy(&entry, base + g * kSlot + ipc::exEntriesOffset(0) + i * sizeof entry,
+                    sizeof entry);
+        EXPECT_EQ(entry.status, 0) << "entry " << i;
+    }
+    // Two notifications: the group's and the message's, with its payload.
+    tl_message m1{}, m2{};
+    ASSERT_EQ(tl_wait_message(owner->get(), &m1, 5000), TL_OK);
+    ASSERT_EQ(tl_wait_message(owner->get(), &m2, 5000), TL_OK);
+    if (m1.kind != TL_NOTIFY_GROUP) {
+        std::swap(m1, m2);
+    }
+    EXPECT_EQ(m1.kind, TL_NOTIFY_GROUP);
+    EXPECT_EQ(m1.entries, 4u);
+    EXPECT_EQ(m2.kind, TL_NOTIFY_MESSAGE);
+    ASSERT_EQ(m2.payload_bytes, 3u);
+    EXPECT_EQ(m2.payload[2], 3);
+    EXPECT_EQ(tl_wait_message(owner->get(), &m1, 100), TL_ETIMEDOUT);
+    EXPECT_FALSE(raw.hungUp(0));
+    const json mine = clientEntry(e.status(), raw.session_id);
+    EXPECT_EQ(mine.value("in_flight", UINT64_MAX), 0u);
+}
+
 // ---- Regions and handles ----
 
 TEST(InProcessRegions, AStaleHandleNeverReachesANewRegionOfTheSameName) {
