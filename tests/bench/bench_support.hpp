@@ -2,9 +2,12 @@
 // temp dir, CPU time from /proc, and percentiles. Benchmarks use only this and the shim's C ABI.
 #pragma once
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -108,6 +111,22 @@ inline double schedSeconds(pid_t pid) {
         }
     }
     return any ? total : -1;
+}
+
+/// A port nobody listens on now (bind to 0, read it back).
+inline int freePort() {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    int port = 0;
+    if (::bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len) == 0) {
+        port = ntohs(a.sin_port);
+    }
+    ::close(fd);
+    return port;
 }
 
 /// The value at quantile q (0..1) of `v` (sorted in place).

@@ -29,22 +29,6 @@ int usage() {
     return 2;
 }
 
-/// A port nobody listens on now (bind to 0, read it back).
-int freePort() {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    int port = 0;
-    if (::bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0 &&
-        ::getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len) == 0) {
-        port = ntohs(a.sin_port);
-    }
-    ::close(fd);
-    return port;
-}
-
 int idleVerbs(double seconds, const std::string &mode) {
     try {
         tlbench::TempDir dir;
@@ -62,7 +46,7 @@ int idleVerbs(double seconds, const std::string &mode) {
                 return 1;
             }
         }
-        const int pa = freePort(), pb = freePort();
+        const int pa = tlbench::freePort(), pb = tlbench::freePort();
         auto options = [&](int i, int port, int peer_port) {
             tlbench::SidecarOptions o;
             o.name = i == 0 ? "node-a" : "node-b";
