@@ -187,7 +187,16 @@ void RequestPipeline::handleEx(Session &s, const ipc::Request &r, uint32_t slot)
         op.message = encodeExMessage(begin);
         postPart(id, x, std::move(op), kExRecordPart, uid);
     }
+    // A transport that takes scatter lists gets one op per (source, target) pair of host
+    // regions, its entries as extents: a thousand entries cost about what their bytes do.
+    Transport *t =
+        notify.peer == kLocalPeer ? transports_.local() : transports_.boundTo(notify.peer);
+    const bool scatter = t != nullptr && t->caps().scatter && h.entries > 1;
+    std::map<std::pair<RegionId, RegionId>, uint32_t> merged_of;  // region pair -> merged op
+    std::vector<WriteOp> merged_ops;
+    std::vector<std::vector<Extent>> merged_extents;
     for (uint32_t i = 0; i < h.entries; ++i) {
+        parts[i].group_bytes = total;
         if (refused[i] != Code::kOk) {
             x.status[i] = static_cast<int32_t>(refused[i]);
             if (x.first == Code::kOk) {
@@ -195,7 +204,30 @@ void RequestPipeline::handleEx(Session &s, const ipc::Request &r, uint32_t slot)
             }
             continue;
         }
-        postPart(id, x, std::move(parts[i]), i, uid);
+        WriteOp &p = parts[i];
+        // Local: host at both ends; remote: from host memory (the target lands each extent
+        // where it says, in whatever memory its region is).
+        if (scatter && p.src->kind == MemoryKind::kHost &&
+            (p.dst ? p.dst->kind == MemoryKind::kHost : p.peer != kLocalPeer)) {
+            const auto key = std::make_pair(p.src->id, p.dst ? p.dst->id : p.remote_region);
+            auto [it, fresh] = merged_of.emplace(key, static_cast<uint32_t>(merged_ops.size()));
+            if (fresh) {
+                merged_ops.push_back(p);
+                merged_ops.back().bytes = 0;
+                merged_extents.emplace_back();
+                x.merged.emplace_back();
+            }
+            merged_ops[it->second].bytes += p.bytes;
+            merged_extents[it->second].push_back(Extent{p.src_offset, p.dst_offset, p.bytes});
+            x.merged[it->second].push_back(i);
+            continue;
+        }
+        postPart(id, x, std::move(p), i, uid);
+    }
+    for (size_t k = 0; k < merged_ops.size(); ++k) {
+        WriteOp &op = merged_ops[k];
+        op.extents = std::make_shared<const std::vector<Extent>>(std::move(merged_extents[k]));
+        postPart(id, x, std::move(op), x.entries + static_cast<uint32_t>(k), uid);
     }
     if (!x.grouped) {
         ExMessage payload = rec;
@@ -244,6 +276,12 @@ void RequestPipeline::partEnded(const PendingOp &op, Code status) {
     if (op.ex_part != kExRecordPart && op.ex_part < x.entries &&
         x.status[op.ex_part] == kPendingPart) {
         x.status[op.ex_part] = static_cast<int32_t>(status);
+    } else if (op.ex_part != kExRecordPart && op.ex_part - x.entries < x.merged.size()) {
+        for (uint32_t i : x.merged[op.ex_part - x.entries]) {  // a scattered op's entries
+            if (x.status[i] == kPendingPart) {
+                x.status[i] = static_cast<int32_t>(status);
+            }
+        }
     }
     if (status != Code::kOk && x.first == Code::kOk) {
         x.first = status;

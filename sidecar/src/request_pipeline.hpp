@@ -60,7 +60,8 @@ public:
         uint32_t slot = kNoSlot;  ///< its stream TicketSlot (Request.slot)
         uint32_t writer_uid = 0;  ///< the writer's uid, for the target's notification
         /// A part of a kWriteEx request (request_ex.cpp): its ExOp's id, and which part
-        /// (an entry's index, or kExRecordPart for a begin/payload/end record). 0: none.
+        /// (an entry's index, entries + k for its k-th scattered op, or kExRecordPart for a
+        /// begin/payload/end record). 0: none.
         uint64_t ex = 0;
         uint32_t ex_part = 0;
     };
@@ -176,6 +177,8 @@ private:
         uint64_t entries_offset = 0;
         uint32_t entries = 0;
         std::vector<int32_t> status;  ///< per entry; kPendingPart until it ends
+        /// The entries of each scattered op (part entries + k), in its extents' order.
+        std::vector<std::vector<uint32_t>> merged;
         uint32_t outstanding = 0;     ///< parts posted and not ended
         Code first = Code::kOk;       ///< the first failure
         bool grouped = false;         ///< begin/end records (a group, or a deadline)

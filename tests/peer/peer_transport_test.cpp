@@ -736,3 +736,67 @@ TEST_P(Peers, MessagesToRevokedRegionsOrPastTheEndFail) {
 
 }  // namespace
 }  // namespace tensorlane::peertest
+
+namespace tensorlane::peertest {
+namespace {
+
+TEST_F(PeerTcp, AScatteredWriteLandsEachExtentAndOneOutsideTheRegionIsRefused) {
+    // WriteOp::extents (a group's entries between two regions, as one op): each chunk says
+    // where it lands; the target checks every one against the region.
+    startNodes(2);
+    Node &a = node(0);
+    Node &b = node(1);
+    constexpr size_t kRegion = 1 << 20;
+    Linked l;
+    ASSERT_NO_FATAL_FAILURE(link(kRegion, "recv", 9, &l));
+    auto &[src, dst, remote] = l;
+    std::vector<unsigned char> before(dst->base, dst->base + kRegion);
+    auto postScatter = [&](std::vector<sidecar::Extent> ex) {
+        uint64_t op_id = 0;
+        Status st = a.call([&] {
+            auto id = a.pm().peerByName("node-b");
+            WriteOp op;
+            std::string why;
+            if (!id || !a.pm().resolveRemote(*id, remote.id, &op.remote_region, &why)) {
+                return Status{Code::kNotFound, why};
+            }
+            op.op_id = op_id = nextOpId();
+            op.peer = *id;
+            op.src = src;
+            op.dst_region = remote.id;
+            op.silent = true;
+            for (const auto &e : ex) {
+                op.bytes += e.bytes;
+            }
+            op.extents = std::make_shared<const std::vector<sidecar::Extent>>(std::move(ex));
+            return a.transports().post(op);
+        });
+        EXPECT_TRUE(st.isOk()) << st.message();
+        return op_id;
+    };
+    // 64 extents of 3000 bytes, landing in reverse order.
+    std::vector<sidecar::Extent> ex;
+    for (uint64_t i = 0; i < 64; ++i) {
+        ex.push_back({i * 3000, (63 - i) * 3000, 3000});
+    }
+    auto c = a.sink.completion(postScatter(ex), 10s);
+    ASSERT_TRUE(c.has_value());
+    EXPECT_EQ(c->code, Code::kOk) << c->reason;
+    for (uint64_t i = 0; i < 64; ++i) {
+        ASSERT_EQ(0, std::memcmp(dst->base + (63 - i) * 3000, src->base + i * 3000, 3000)) << i;
+    }
+    EXPECT_EQ(0,
+              std::memcmp(dst->base + 64 * 3000, before.data() + 64 * 3000, kRegion - 64 * 3000));
+    EXPECT_TRUE(b.sink.deliveries().empty()) << "a scattered write is silent";
+    // An extent past the region's end: the target refuses the write; the bytes of the good
+    // extent before it may land, but nothing lands outside.
+    std::vector<unsigned char> now(dst->base, dst->base + kRegion);
+    auto bad = a.sink.completion(postScatter({{0, 500000, 1000}, {1000, kRegion - 10, 1000}}), 10s);
+    ASSERT_TRUE(bad.has_value());
+    EXPECT_EQ(bad->code, Code::kNotFound) << bad->reason;
+    EXPECT_EQ(0, std::memcmp(dst->base + kRegion - 10, now.data() + kRegion - 10, 10));
+    EXPECT_EQ(peerStatus(a, "node-b")["state"], "up") << "the session survives";
+}
+
+}  // namespace
+}  // namespace tensorlane::peertest

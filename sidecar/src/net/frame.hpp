@@ -87,7 +87,10 @@ inline constexpr uint32_t kChunkSilent = 1u << 0;
 /// WriteOp::message: the chunk's data is the message (total_bytes is its length, one chunk at
 /// chunk_offset 0), delivered with messageArrived() and written nowhere.
 inline constexpr uint32_t kChunkMessage = 1u << 1;
-inline constexpr uint32_t kChunkFlagMask = kChunkSilent | kChunkMessage;
+/// A scattered write (WriteOp::extents; silent): write_offset is where this chunk lands in the
+/// region, chunk_offset its place in the write's bytes (which all its chunks fill once).
+inline constexpr uint32_t kChunkScatter = 1u << 2;
+inline constexpr uint32_t kChunkFlagMask = kChunkSilent | kChunkMessage | kChunkScatter;
 
 inline void storeLe16(uint8_t *p, uint16_t v) {
     std::memcpy(p, &v, sizeof v);

@@ -64,6 +64,8 @@ struct TransportCaps {
     /// (arrived()) before its completion. Every transport here is ordered; the engine relies on
     /// it for tl_deregister after a write and for stream-ordered writes.
     bool ordered = true;
+    /// Takes scattered writes (WriteOp::extents) between host regions.
+    bool scatter = false;
     uint64_t max_message = 0;  ///< the largest single write; 0: any size a region can hold
     uint32_t wire_id = 0;      ///< remote: its TransportWireId
 };
@@ -71,6 +73,13 @@ struct TransportCaps {
 /// The most bytes WriteOp::message may hold (the engine's group and payload records,
 /// request_pipeline's message.hpp; the payload itself is at most 256 of them).
 inline constexpr size_t kMaxMessageBytes = 512;
+
+/// One range of a scattered write (WriteOp::extents).
+struct Extent {
+    uint64_t src_offset = 0;
+    uint64_t dst_offset = 0;
+    uint64_t bytes = 0;
+};
 
 /// One write-with-immediate. The engine validated it; the transport moves it.
 struct WriteOp {
@@ -90,6 +99,15 @@ struct WriteOp {
     /// other, but the target reports no arrived() for it (an entry of a grouped write, or the
     /// data of a write whose payload follows it as a message).
     bool silent = false;
+    /// The bytes of the whole grouped write this op is an entry of (0: none): a transport that
+    /// picks how to copy by size (the local one streams copies past the cache when they are
+    /// large) looks at the group, whose entries together stream as one write.
+    uint64_t group_bytes = 0;
+    /// A scattered write, to a transport whose caps() say `scatter`, between host regions:
+    /// these ranges, in order, instead of (src_offset, dst_offset, bytes); `bytes` is their
+    /// sum (a grouped write's entries between one pair of regions, as one op). Shared: the
+    /// copies a transport makes of the op share the list.
+    std::shared_ptr<const std::vector<Extent>> extents;
     /// A message (`bytes` is 0 then, and `silent` false): at most kMaxMessageBytes that the
     /// transport carries verbatim, in order with the writes before and after it on the same
     /// peer, and the target reports with messageArrived() instead of arrived() (the region is

@@ -21,6 +21,21 @@ Code checkStart(const WriteOp &op, const char **why) {
         }
         return Code::kOk;
     }
+    if (op.extents) {
+        // Host regions at both ends (post() checked the kinds); every range inside both.
+        if (op.src->base == nullptr || op.dst->base == nullptr) {
+            *why = "write out of bounds";
+            return Code::kInvalid;
+        }
+        for (const Extent &e : *op.extents) {
+            if (!op.dst->contains(e.dst_offset, e.bytes) ||
+                !op.src->contains(e.src_offset, e.bytes)) {
+                *why = "write out of bounds";
+                return Code::kInvalid;
+            }
+        }
+        return Code::kOk;
+    }
     const auto usable = [](const Region &r) {
         return r.kind == MemoryKind::kCuda ? r.cuda.import != nullptr : r.base != nullptr;
     };

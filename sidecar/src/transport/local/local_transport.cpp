@@ -16,6 +16,9 @@ Status LocalTransport::post(const WriteOp &op) {
     if (Status st = checkMessage(op); !st.isOk()) {
         return st;
     }
+    if (op.extents && (op.src->kind != MemoryKind::kHost || op.dst->kind != MemoryKind::kHost)) {
+        return {Code::kInvalid, "a scattered write is between host regions"};
+    }
     if (in_flight_ >= max_queued_) {
         return {Code::kAgain, "the local copy queue is full"};
     }

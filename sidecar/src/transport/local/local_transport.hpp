@@ -65,6 +65,7 @@ public:
         c.cuda_memory = true;
         c.local = true;
         c.ordered = true;
+        c.scatter = true;
         return c;
     }
     Status registerRegion(Region &) override { return Status::ok(); }

@@ -194,15 +194,32 @@ int OutLink::pump(int64_t now_ms) {
                 ++cut_from_;
                 continue;
             }
-            const uint32_t len =
-                static_cast<uint32_t>(std::min<uint64_t>(chunk_bytes_, w.op.bytes - w.cut));
             h.total_bytes = w.op.bytes;
             h.chunk_offset = w.cut;
             h.flags = w.op.silent ? kChunkSilent : 0;
+            uint32_t len = 0;
+            const unsigned char *from = nullptr;
+            if (w.op.extents) {
+                // A scattered write: each chunk lies within one extent and says where it lands.
+                const Extent &e = (*w.op.extents)[w.extent];
+                len =
+                    static_cast<uint32_t>(std::min<uint64_t>(chunk_bytes_, e.bytes - w.extent_cut));
+                h.write_offset = e.dst_offset + w.extent_cut;
+                h.flags |= kChunkScatter;
+                from = w.op.src->base + e.src_offset + w.extent_cut;
+                w.extent_cut += len;
+                if (w.extent_cut == e.bytes) {
+                    ++w.extent;
+                    w.extent_cut = 0;
+                }
+            } else {
+                len = static_cast<uint32_t>(std::min<uint64_t>(chunk_bytes_, w.op.bytes - w.cut));
+                from = w.op.src->base + w.op.src_offset + w.cut;
+            }
             encodeChunkFrame(head, w.seq, h, len);
             // Chunks rotate over the connections so a large write streams over all of them;
             // the target puts the notifications back in sequence order.
-            conn->queueChunk(head, w.op.src->base + w.op.src_offset + w.cut, len, w.seq);
+            conn->queueChunk(head, from, len, w.seq);
             conn_slots_[indexOf(*conn)].push_back(-1);
             w.cut += len;
             ++w.unsent;
@@ -388,6 +405,11 @@ int InLink::beginChunk(Connection &c, std::string *error) {
         return EPROTO;
     }
     const bool message = (ch.flags & kChunkMessage) != 0;
+    const bool scatter = (ch.flags & kChunkScatter) != 0;
+    if (scatter && (ch.flags & kChunkSilent) == 0) {
+        *error = "a scattered write that is not silent";
+        return EPROTO;
+    }
     if (message && (ch.total_bytes > kMaxMessageBytes || ch.chunk_offset != 0 ||
                     chunk_len != ch.total_bytes)) {
         *error = "message chunk of " + std::to_string(chunk_len) + " bytes at " +
@@ -417,8 +439,9 @@ int InLink::beginChunk(Connection &c, std::string *error) {
         const bool usable =
             r && (message ||
                   (r->kind == MemoryKind::kCuda ? r->cuda.import != nullptr : r->base != nullptr));
-        const bool inside =
-            r && (message ? fresh.offset <= r->bytes : r->contains(fresh.offset, fresh.total));
+        const bool inside = r && (message   ? fresh.offset <= r->bytes
+                                  : scatter ? fresh.total <= r->bytes
+                                            : r->contains(fresh.offset, fresh.total));
         if (usable && r->exposed.load(std::memory_order_acquire) && r->access.peers &&
             !r->revoked.load(std::memory_order_acquire) && inside) {
             if (message) {
@@ -433,7 +456,7 @@ int InLink::beginChunk(Connection &c, std::string *error) {
         } else {
             fresh.code = Code::kNotFound;
         }
-    } else if (w->region_id != ch.region || w->offset != ch.write_offset ||
+    } else if (w->region_id != ch.region || (!scatter && w->offset != ch.write_offset) ||
                w->total != ch.total_bytes || w->imm != ch.imm || w->flags != ch.flags || message) {
         *error = "chunk of write " + std::to_string(seq) + " disagrees with its first chunk";
         return EPROTO;
@@ -447,6 +470,12 @@ int InLink::beginChunk(Connection &c, std::string *error) {
                  " outside write " + std::to_string(seq) + " of " + std::to_string(w->total) +
                  " bytes (" + std::to_string(w->claimed) + " already claimed)";
         return EPROTO;
+    }
+    // Where the chunk lands in the region: a scattered write's chunk says so itself, and must
+    // lie inside it (a write whose chunk does not is refused, its bytes read off the stream).
+    const uint64_t land = scatter ? ch.write_offset : w->offset + ch.chunk_offset;
+    if (scatter && w->code == Code::kOk && !w->region->contains(land, chunk_len)) {
+        w->code = Code::kNotFound;  // (the region stays held: another chunk may be landing)
     }
     const bool gpu = w->code == Code::kOk && !message && w->region->kind == MemoryKind::kCuda;
     // A host chunk whose tag must verify first is read into a staging buffer (a GPU one is read
@@ -506,16 +535,16 @@ int InLink::beginChunk(Connection &c, std::string *error) {
     c.rx.land = nullptr;
     if (gpu) {
         const Region &r = *w->region;
-        rx_slots_[&c] = RxSlot{slot, r.cuda.alloc_offset + w->offset + ch.chunk_offset, seq};
+        rx_slots_[&c] = RxSlot{slot, r.cuda.alloc_offset + land, seq};
         c.rx.dest = staging_.data(slot);
     } else if (staged) {
         c.rx.dest = buf.get();
-        c.rx.land = w->region->base + w->offset + ch.chunk_offset;
+        c.rx.land = w->region->base + land;
         rx_bufs_[&c] = std::move(buf);
     } else if (message) {
         c.rx.dest = w->code == Code::kOk ? w->message.data() : nullptr;
     } else {
-        c.rx.dest = w->code == Code::kOk ? w->region->base + w->offset + ch.chunk_offset : nullptr;
+        c.rx.dest = w->code == Code::kOk ? w->region->base + land : nullptr;
     }
     c.rx.start = c.rx.dest;
     if (job) {

@@ -79,6 +79,8 @@ private:
         WriteOp op;
         uint64_t cut = 0;     ///< bytes cut into chunks so far
         uint32_t unsent = 0;  ///< chunks cut and not yet written out (staged ones included)
+        size_t extent = 0;    ///< a scattered write: the extent being cut
+        uint64_t extent_cut = 0;
     };
     /// A chunk of a GPU write, from its cut until it goes on a connection.
     struct Staged {

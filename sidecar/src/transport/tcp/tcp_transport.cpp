@@ -118,6 +118,7 @@ TransportCaps TcpTransport::caps() const {
     c.cuda_memory = true;  // staged through host memory (staging.hpp)
     c.remote = true;
     c.ordered = true;
+    c.scatter = true;  // silent writes from host memory (kChunkScatter)
     c.wire_id = kTransportTcp;
     return c;
 }
@@ -137,7 +138,16 @@ Status TcpTransport::post(const WriteOp &op) {
     const bool readable =
         op.src && (op.src->kind == MemoryKind::kCuda ? op.src->cuda.import != nullptr
                                                      : op.src->base != nullptr);
-    if (op.bytes != 0 && (!readable || !op.src->contains(op.src_offset, op.bytes))) {
+    if (op.extents) {
+        const bool host = readable && op.src->kind == MemoryKind::kHost && op.silent;
+        for (const Extent &e : *op.extents) {
+            if (!host || e.bytes == 0 || !op.src->contains(e.src_offset, e.bytes)) {
+                return {Code::kInvalid,
+                        "a scattered write is silent, from host memory, and "
+                        "every extent inside its source"};
+            }
+        }
+    } else if (op.bytes != 0 && (!readable || !op.src->contains(op.src_offset, op.bytes))) {
         return {Code::kInvalid, "the source range is not readable memory of the source region"};
     }
     Status st = it->second.out->link->post(op, monotonicMs());
