@@ -6,6 +6,7 @@
 // both ways; tensors that do not start at the beginning of their allocations.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -488,6 +489,80 @@ TEST_F(CudaTransfer, VerbsGpuAndHostBothWays) {
     TwoNodes nodes("verbs");
     ASSERT_TRUE(nodes.ready()) << nodes.logs();
     acrossNodesBothWays(nodes, "verbs", (3 << 20) + 44, 8192, 4096 + 512, 51);
+}
+
+/// A group of 256 GPU entries of 64 KiB (GPU to GPU, within one allocation each) and a
+/// payload, from node-a's client to `target`'s: one ticket, one notification after all of it
+/// landed, checked on the GPU.
+void gpuGroup(Cuda &cuda, tl_client *w, tl_client *r, const char *node, const std::string &name) {
+    constexpr uint64_t kEntries = 256, kLen = 64 * 1024, kBytes = kEntries * kLen;
+    DeviceSpan src, dst;
+    ASSERT_TRUE(src.make(cuda, kBytes, 4096));
+    ASSERT_TRUE(dst.make(cuda, kBytes, 8192));
+    ASSERT_EQ(cuda.fill(src.ptr, src.words(), 91), CUDA_SUCCESS);
+    ASSERT_EQ(cuda.fill(dst.ptr, dst.words(), 92), CUDA_SUCCESS);
+    ASSERT_EQ(cuda.cuCtxSynchronize(), CUDA_SUCCESS);
+    tl_region rs = 0, rd = 0;
+    ASSERT_EQ(tl_register(w, src.p(), kBytes, &rs), TL_OK) << tl_last_error();
+    ASSERT_EQ(tl_register(r, dst.p(), kBytes, &rd), TL_OK) << tl_last_error();
+    ASSERT_EQ(tl_expose(r, rd, name.c_str()), TL_OK) << tl_last_error();
+    tl_remote remote = 0;
+    ASSERT_EQ(
+        tltest::lookupEventually(w, node, name.c_str(), &remote, nullptr, std::chrono::seconds(20)),
+        TL_OK)
+        << tl_last_error();
+    std::vector<tl_group_entry> entries;
+    for (uint64_t i = 0; i < kEntries; ++i) {
+        const uint64_t k = (i * 37) % kEntries;  // submitted out of order, each to its place
+        entries.push_back({rs, k * kLen, remote, k * kLen, kLen});
+    }
+    std::vector<tl_status> st(kEntries, TL_EINTERNAL);
+    const char payload[] = "gpu blocks";
+    tl_send_opts o{};
+    o.imm = 93;
+    o.payload = payload;
+    o.payload_bytes = sizeof payload;
+    o.entry_status = st.data();
+    tl_ticket t = 0;
+    ASSERT_EQ(tl_write_group(w, entries.data(), entries.size(), &o, &t), TL_OK) << tl_last_error();
+    ASSERT_EQ(tl_wait(w, t, kWaitMs), TL_OK) << tl_last_error();
+    EXPECT_EQ(std::count(st.begin(), st.end(), TL_OK), static_cast<long>(kEntries));
+    tl_message m{};
+    ASSERT_EQ(tl_wait_message(r, &m, kWaitMs), TL_OK) << tl_last_error();
+    EXPECT_EQ(m.kind, TL_NOTIFY_GROUP);
+    EXPECT_EQ(m.status, TL_OK);
+    EXPECT_EQ(m.entries, kEntries);
+    EXPECT_EQ(m.ex.n.imm, 93u);
+    EXPECT_STREQ(reinterpret_cast<const char *>(m.payload), payload);
+    EXPECT_EQ(cuda.mismatches(dst.ptr, dst.words(), 91), 0u);
+    EXPECT_EQ(tl_wait_message(r, &m, 100), TL_ETIMEDOUT);
+    EXPECT_EQ(tl_deregister(w, rs), TL_OK);
+    EXPECT_EQ(tl_deregister(r, rd), TL_OK);
+}
+
+TEST_F(CudaTransfer, LocalGroupOfGpuEntriesIsNotifiedOnceWhenAllLanded) {
+    tltest::Sidecar sc;
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    tl_client *w = nullptr, *r = nullptr;
+    ASSERT_EQ(tl_connect(sc.socket().c_str(), &w), TL_OK);
+    ASSERT_EQ(tl_connect(sc.socket().c_str(), &r), TL_OK);
+    gpuGroup(cuda, w, r, "node-a", "gpu-group");
+    tl_disconnect(w);
+    tl_disconnect(r);
+}
+
+TEST_F(CudaTransfer, TcpAndVerbsGroupsOfGpuEntriesAreNotifiedOnceWhenAllLanded) {
+    for (const char *transport : {"tcp", "verbs"}) {
+        SCOPED_TRACE(transport);
+        TwoNodes nodes(transport);
+        ASSERT_TRUE(nodes.ready()) << nodes.logs();
+        tl_client *w = nullptr, *r = nullptr;
+        ASSERT_EQ(tl_connect(nodes.a->socket().c_str(), &w), TL_OK);
+        ASSERT_EQ(tl_connect(nodes.b->socket().c_str(), &r), TL_OK);
+        gpuGroup(cuda, w, r, "node-b", std::string("gpu-group-") + transport);
+        tl_disconnect(w);
+        tl_disconnect(r);
+    }
 }
 
 }  // namespace

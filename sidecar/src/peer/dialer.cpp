@@ -223,7 +223,7 @@ bool PeerDialer::handleControlFrame(Peer &p, const FrameHeader &h, std::span<con
         return false;
     };
     if (h.type == FrameType::kRefuse) {
-        failOut(p, "refused by '" + p.name + "': " + printableText(payload), true, now);
+        failOut(p, "refused by '" + p.name + "': " + printableText(payload), true, now, true);
         return false;
     }
     if (h.type == FrameType::kHeartbeat) {
@@ -243,7 +243,7 @@ bool PeerDialer::handleControlFrame(Peer &p, const FrameHeader &h, std::span<con
                 // Tell the server why, so the refusal shows in both nodes' logs.
                 s.control->queueFrame(FrameType::kRefuse, 0, bytesOf(st.message()));
                 (void)s.control->flush(now);
-                failOut(p, st.message(), true, now);
+                failOut(p, st.message(), true, now, true);
                 return false;
             }
             s.control->queueFrame(FrameType::kAuth, 0, auth);
@@ -514,7 +514,8 @@ Transport *PeerDialer::chooseTransport(const Peer &p, const PeerCaps &remote, st
     return nullptr;
 }
 
-void PeerDialer::failOut(Peer &p, const std::string &reason, bool reconnect, int64_t now) {
+void PeerDialer::failOut(Peer &p, const std::string &reason, bool reconnect, int64_t now,
+                         bool refused) {
     if (!p.out) {
         return;
     }
@@ -565,13 +566,20 @@ void PeerDialer::failOut(Peer &p, const std::string &reason, bool reconnect, int
     }
     loop_.retire(std::move(dead));
 
-    for (PendingLookup &l : p.lookups) {
-        loop_.defer([done = std::move(l.done),
+    // A lookup whose deadline comes after the retry waits for it (an attempt that failed once,
+    // a connection the peer closed to make room for others, is often followed by one that
+    // works, 30-50 ms later); the others fail now, with the reason.
+    for (auto it = p.lookups.begin(); it != p.lookups.end();) {
+        if (retry && !refused && now + delay < it->deadline_ms) {
+            ++it;
+            continue;
+        }
+        loop_.defer([done = std::move(it->done),
                      msg = "peer '" + p.name + "' (" + p.address + ") is unreachable: " + reason] {
             done(Status{Code::kPeer, msg}, RemoteRegion{});
         });
+        it = p.lookups.erase(it);
     }
-    p.lookups.clear();
     loop_.setState(p, PeerState::kFailed, reason);
     if (retry) {
         p.next_attempt_ms = now + delay;

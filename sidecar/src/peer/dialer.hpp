@@ -37,9 +37,13 @@ public:
 
     /// Starts a connect attempt to `p` (nothing while not running or when one is under way).
     void startAttempt(Peer &p, int64_t now);
-    /// Fails our session to `p` (if any), unbinds its transport, fails its lookups, and
+    /// Fails our session to `p` (if any), unbinds its transport, fails its lookups (those whose
+    /// deadline comes after the retry wait for it, unless `refused`), and
     /// schedules a reconnect with backoff when `reconnect` and the peer is wanted.
-    void failOut(Peer &p, const std::string &reason, bool reconnect, int64_t now);
+    /// `refused`: the peer said no (REFUSE, a failed handshake): retrying the same way will not
+    /// help, so waiting lookups fail now rather than wait for the retry.
+    void failOut(Peer &p, const std::string &reason, bool reconnect, int64_t now,
+                 bool refused = false);
     /// `p` restarted: fails our session to it and, if a reconnect waits, makes it now.
     void peerRestarted(Peer &p, int64_t now);
 

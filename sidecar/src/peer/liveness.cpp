@@ -175,8 +175,11 @@ void PeerLiveness::checkIn(Peer &p, int64_t now, const Due &due) {
 void PeerLiveness::checkLookups(Peer &p, int64_t now, const Due &due) {
     for (auto it = p.lookups.begin(); it != p.lookups.end();) {
         if (now >= it->deadline_ms) {
-            loop_.defer([done = std::move(it->done),
-                         msg = "peer '" + p.name + "' (" + p.address + ") did not answer in time"] {
+            std::string msg = "peer '" + p.name + "' (" + p.address + ") did not answer in time";
+            if (!p.last_error.empty() && p.state != PeerState::kUp) {
+                msg += " (last attempt: " + p.last_error + ")";
+            }
+            loop_.defer([done = std::move(it->done), msg = std::move(msg)] {
                 done(Status{Code::kPeer, msg}, RemoteRegion{});
             });
             it = p.lookups.erase(it);
