@@ -13,7 +13,8 @@ usage() {
 usage: scripts/device-run.sh fetch
        scripts/device-run.sh run [--out DIR] [--jobs N] [--budget SECONDS] [--bench-min-time S]
                                  [--bench-filter REGEX] [--verbs-bench] [--simhca-bench] [--tcp-compare]
-                                 [--latency-rounds N] [--host-latency] [--gpu-repeat N] [--no-rest]
+                                 [--latency-rounds N] [--host-latency] [--group-bench]
+                                 [--gpu-repeat N] [--no-rest]
                                  [--no-gpu] [--verbs-args "ARGS"] [--targets "T1 T2 ..."]
                                  [--gpu-filter REGEX] [--dry-run]
 
@@ -37,6 +38,8 @@ usage: scripts/device-run.sh fetch
                        times, each in a process of its own (the machine moves between runs)
   --host-latency       host round trips through a sidecar, 3 repetitions each: ring_bench's
                        RingNop and LocalWrite/busy/4096, metrics_bench's LocalWrite64 (metrics off, on)
+  --group-bench        build/release/tests/bench/group_bench (a 1,000-entry group against one
+                       16 MiB write, local and tcp), 3 repetitions
   --gpu-repeat N       run each gpu test up to N times, stopping at its first failure
   --simhca-bench       tests/simhca/tools/bench.sh: the simulator alone (perftest over it) against
                        UDP ping-pong and stream on the same loopback
@@ -82,6 +85,7 @@ verbs_bench=0
 simhca_bench=0
 tcp_compare=0
 host_latency=0
+group_bench=0
 gpu_repeat=1
 latency_rounds=0
 dry_run=0
@@ -101,6 +105,7 @@ while [ $# -gt 0 ]; do
         --simhca-bench) simhca_bench=1 ;;
         --tcp-compare) tcp_compare=1 ;;
         --host-latency) host_latency=1 ;;
+        --group-bench) group_bench=1 ;;
         --gpu-repeat) gpu_repeat=$2; shift ;;
         --latency-rounds) latency_rounds=$2; shift ;;
         --dry-run) dry_run=1 ;;
@@ -261,6 +266,16 @@ if [ "$host_latency" -eq 1 ] && [ "$(left)" -gt 30 ]; then
         note "${b%% *}: exit $?"
     done
     grep -E '_(median|mean) ' "$out/host-latency.txt" | tee -a "$summary"
+    set -e
+fi
+
+if [ "$group_bench" -eq 1 ] && [ "$(left)" -gt 20 ]; then
+    note "== group_bench ($(left) s left)"
+    set +e
+    run timeout "$(left)" build/release/tests/bench/group_bench --benchmark_repetitions=3 \
+        >"$out/group_bench.txt" 2>&1
+    note "group_bench: exit $?"
+    grep -E '^Group' "$out/group_bench.txt" | tee -a "$summary"
     set -e
 fi
 
