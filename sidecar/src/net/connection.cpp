@@ -184,8 +184,8 @@ void Connection::queueFrame(FrameType type, uint64_t arg, std::span<const uint8_
     out_.push_back(std::move(item));
 }
 
-void Connection::queueChunk(const uint8_t *head, const uint8_t *data, uint32_t len,
-                            uint64_t tag_id) {
+void Connection::queueChunk(const uint8_t *head, const uint8_t *data, uint32_t len, uint64_t tag_id,
+                            bool bulk) {
     OutItem item;
     std::copy(head, head + kChunkFrameOverhead, item.head.begin());
     item.head_len = static_cast<uint32_t>(kChunkFrameOverhead);
@@ -194,7 +194,7 @@ void Connection::queueChunk(const uint8_t *head, const uint8_t *data, uint32_t l
     item.tag_id = tag_id;
     if (tx_auth_.enabled()) {
         item.tag_len = kFrameTagBytes;
-        if (tags_ != nullptr && tags_->offloads(kChunkFrameOverhead + len)) {
+        if (tags_ != nullptr && tags_->offloads(kChunkFrameOverhead + len, bulk)) {
             // The frame number is taken now, in queue order; a worker computes the tag while
             // the socket takes the headers and the data.
             auto job = std::make_shared<TagJob>();

@@ -129,7 +129,8 @@ public:
     /// stay valid until sent or dropOutput()). `tag_id` (non-zero) is reported by takeSent()
     /// once the whole frame has been written to the socket. A big frame's tag is computed by
     /// the tag pool: flush() sends up to it and goes on once it is there.
-    void queueChunk(const uint8_t *head, const uint8_t *data, uint32_t len, uint64_t tag_id = 0);
+    void queueChunk(const uint8_t *head, const uint8_t *data, uint32_t len, uint64_t tag_id = 0,
+                    bool bulk = false);
     /// The tag_ids of chunks written out completely since the last call.
     std::vector<uint64_t> takeSent() { return std::exchange(sent_, {}); }
     /// Writes queued bytes until the socket is full or `budget` bytes went. Returns 0 or errno.

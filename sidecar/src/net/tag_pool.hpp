@@ -59,6 +59,11 @@ public:
     /// Frames smaller than this are tagged where they are: handing them over costs more than
     /// the tag.
     static constexpr size_t kOffloadFrom = 64 * 1024;
+    /// The same for the chunks of a scattered write (a grouped write's entries, one chunk per
+    /// entry of often 16 KiB): they come in a stream, so the workers tag them side by side
+    /// while the engine moves on (on the 16-core GPU machine a 1,000-entry group took 2.6x a
+    /// 16 MiB write with every tag on the engine thread).
+    static constexpr size_t kBulkOffloadFrom = 8 * 1024;
     /// The most workers one pool runs.
     static constexpr unsigned kMaxThreads = 16;
 
@@ -77,9 +82,9 @@ public:
     TagPool &operator=(const TagPool &) = delete;
 
     unsigned threads() const { return static_cast<unsigned>(workers_.size()); }
-    /// Whether a frame of `frame_bytes` goes to the workers.
-    bool offloads(size_t frame_bytes) const {
-        return !workers_.empty() && frame_bytes >= kOffloadFrom;
+    /// Whether a frame of `frame_bytes` goes to the workers (`bulk`: a scattered write's).
+    bool offloads(size_t frame_bytes, bool bulk = false) const {
+        return !workers_.empty() && frame_bytes >= (bulk ? kBulkOffloadFrom : kOffloadFrom);
     }
 
     /// Queues `job`. When a worker has done it, `done` is set and wakeFd() becomes readable.

@@ -219,7 +219,7 @@ int OutLink::pump(int64_t now_ms) {
             encodeChunkFrame(head, w.seq, h, len);
             // Chunks rotate over the connections so a large write streams over all of them;
             // the target puts the notifications back in sequence order.
-            conn->queueChunk(head, from, len, w.seq);
+            conn->queueChunk(head, from, len, w.seq, w.op.extents != nullptr);
             conn_slots_[indexOf(*conn)].push_back(-1);
             w.cut += len;
             ++w.unsent;
@@ -508,7 +508,8 @@ int InLink::beginChunk(Connection &c, std::string *error) {
         // The tag covers both headers and the data. A big chunk that lands in memory is checked
         // by the pool once it is all there; else the data is added as it lands.
         const bool lands = w->code == Code::kOk;
-        if (lands && tags_ != nullptr && tags_->offloads(kChunkFrameOverhead + chunk_len) &&
+        if (lands && tags_ != nullptr &&
+            tags_->offloads(kChunkFrameOverhead + chunk_len, scatter) &&
             verifying_.size() < kMaxVerifying) {
             job = std::make_shared<TagJob>();
             job->verify = true;
