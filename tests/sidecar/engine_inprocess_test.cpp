@@ -733,10 +733,14 @@ TEST(InProcessRequests, HostileExDescriptionsEachEndWithTheirErrorAndNothingLand
         Built &b = cases[i].b;
         unsigned char *at = base + i * kSlot;
         std::memcpy(at, &b.h, sizeof b.h);
-        std::memcpy(at + sizeof b.h, b.payload.data(), b.payload.size());
+        if (!b.payload.empty()) {
+            std::memcpy(at + sizeof b.h, b.payload.data(), b.payload.size());
+        }
         const uint32_t real = static_cast<uint32_t>(b.entries.size());
         const uint64_t eoff = ipc::exEntriesOffset(static_cast<uint32_t>(b.payload.size()));
-        std::memcpy(at + eoff, b.entries.data(), real * sizeof(ipc::ExEntry));
+        if (real != 0) {
+            std::memcpy(at + eoff, b.entries.data(), real * sizeof(ipc::ExEntry));
+        }
         ipc::Request r{};
         r.op = static_cast<uint8_t>(ipc::Op::kWriteEx);
         r.flags = b.flags;
