@@ -218,7 +218,13 @@ void RequestPipeline::handleEx(Session &s, const ipc::Request &r, uint32_t slot)
                 x.merged.emplace_back();
             }
             merged_ops[it->second].bytes += p.bytes;
-            merged_extents[it->second].push_back(Extent{p.src_offset, p.dst_offset, p.bytes});
+            std::vector<Extent> &ext = merged_extents[it->second];
+            if (!ext.empty() && ext.back().src_offset + ext.back().bytes == p.src_offset &&
+                ext.back().dst_offset + ext.back().bytes == p.dst_offset) {
+                ext.back().bytes += p.bytes;  // contiguous at both ends: one range
+            } else {
+                ext.push_back(Extent{p.src_offset, p.dst_offset, p.bytes});
+            }
             x.merged[it->second].push_back(i);
             continue;
         }

@@ -1,8 +1,9 @@
 // What a grouped write costs beyond its bytes (issue 21: "1,000 x 16 KiB entries vs one 16 MiB
 // write, local and tcp; goal within 1.5x"), through real sidecars.
 //
-//   Group/TRANSPORT/ENTRIES   one tl_write_group of ENTRIES entries (1000: of 16 KiB each, the
-//                             issue's figure; 16: of 1 MiB), scattered over the target region,
+//   Group/TRANSPORT/entries:N/scattered:S   one tl_write_group of N entries (1000: of 16 KiB
+//                             each, the issue's figure; 16: of 1 MiB), scattered over the target
+//                             region (S = 1) or in order (S = 0: the sidecar coalesces them),
 //                             and one tl_write of 16 MiB, alternated in the same run; each
 //                             iteration times both, from submission until the target's
 //                             notification is in its hands. Counters: p50 of each, ratio_p50 =
@@ -94,12 +95,13 @@ public:
         check(tl_write_group(w_, entries.data(), entries.size(), &o, &t), "tl_write_group");
         return finish(t0, t);
     }
-    std::vector<tl_group_entry> entries(size_t n) const {
+    std::vector<tl_group_entry> entries(size_t n, bool scattered) const {
         const uint64_t len = n == 1000 ? 16384 : kBytes / n;
         std::vector<tl_group_entry> e;
         for (size_t i = 0; i < n; ++i) {
-            // Scattered at the target (a KV cache's blocks are not contiguous).
-            const size_t to = (i * 7919) % n;
+            // Scattered at the target (a KV cache's free blocks), or in order (a run of them,
+            // which the sidecar coalesces into one range).
+            const size_t to = scattered ? (i * 7919) % n : i;
             e.push_back({src_, i * len, remote_, to * len, len});
         }
         return e;
@@ -129,7 +131,7 @@ private:
 void Group(benchmark::State &state, const std::string &transport) {
     try {
         Setup s(transport);
-        const auto entries = s.entries(static_cast<size_t>(state.range(0)));
+        const auto entries = s.entries(static_cast<size_t>(state.range(0)), state.range(1) != 0);
         uint64_t group_bytes = 0;
         for (const auto &e : entries) {
             group_bytes += e.bytes;
@@ -158,13 +160,17 @@ void Group(benchmark::State &state, const std::string &transport) {
 }
 
 BENCHMARK_CAPTURE(Group, local, std::string("local"))
-    ->Arg(1000)
-    ->Arg(16)
+    ->ArgNames({"entries", "scattered"})
+    ->Args({1000, 1})
+    ->Args({1000, 0})
+    ->Args({16, 1})
     ->Iterations(40)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(Group, tcp, std::string("tcp"))
-    ->Arg(1000)
-    ->Arg(16)
+    ->ArgNames({"entries", "scattered"})
+    ->Args({1000, 1})
+    ->Args({1000, 0})
+    ->Args({16, 1})
     ->Iterations(20)
     ->Unit(benchmark::kMillisecond);
 

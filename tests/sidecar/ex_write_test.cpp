@@ -224,6 +224,43 @@ TEST_P(ExWrites, AGroupOfAThousandEntriesIsNotifiedOnceWhenAllAreIn) {
     }
 }
 
+TEST_P(ExWrites, RunsOfContiguousEntriesLandAsWrittenWithTheirGapsUntouched) {
+    // Entries in order, in runs that are contiguous at both ends (the sidecar may move each run
+    // as one range) separated by gaps at the target that nothing may touch.
+    std::optional<tensorlane::Region> dst, src;
+    tensorlane::Remote remote;
+    ASSERT_NO_FATAL_FAILURE(expose(1 << 20, "runs", &dst, &remote));
+    ASSERT_NO_FATAL_FAILURE(source(1 << 20, 12, &src));
+    std::vector<tl_group_entry> entries;
+    uint64_t at = 0;
+    for (uint64_t i = 0; i < 300; ++i) {
+        if (i % 10 == 0) {
+            at += 1000;  // a gap every ten entries
+        }
+        entries.push_back({src->id(), i * 2048, remote.id, at, 2048});
+        at += 2048;
+    }
+    std::vector<tl_status> statuses(entries.size(), TL_EINTERNAL);
+    auto t = writer_->writeGroup(entries, {.imm = 3}, statuses);
+    ASSERT_TRUE(t.ok()) << t.error().detail;
+    ASSERT_EQ(t->wait(20s), TL_OK) << tl_last_error();
+    EXPECT_EQ(std::count(statuses.begin(), statuses.end(), TL_OK),
+              static_cast<long>(entries.size()));
+    auto m = target_->waitMessage(10s);
+    ASSERT_TRUE(m.ok());
+    EXPECT_EQ(m->entries, entries.size());
+    const auto *to = static_cast<const unsigned char *>(dst->data());
+    const auto *from = static_cast<const unsigned char *>(src->data());
+    uint64_t prev_end = 0;
+    for (const auto &e : entries) {
+        ASSERT_EQ(0, std::memcmp(to + e.dst_off, from + e.src_off, e.bytes)) << e.dst_off;
+        EXPECT_EQ(std::count(to + prev_end, to + e.dst_off, 0),
+                  static_cast<long>(e.dst_off - prev_end))
+            << "a gap before " << e.dst_off << " was written";
+        prev_end = e.dst_off + e.bytes;
+    }
+}
+
 TEST_P(ExWrites, AnEntryIntoARevokedRegionFailsThatEntryAndTheGroupAtBothEnds) {
     std::optional<tensorlane::Region> keep, gone, src;
     tensorlane::Remote rkeep, rgone;
