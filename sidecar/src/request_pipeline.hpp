@@ -179,10 +179,10 @@ private:
         std::vector<int32_t> status;  ///< per entry; kPendingPart until it ends
         /// The entries of each scattered op (part entries + k), in its extents' order.
         std::vector<std::vector<uint32_t>> merged;
-        uint32_t outstanding = 0;     ///< parts posted and not ended
-        Code first = Code::kOk;       ///< the first failure
-        bool grouped = false;         ///< begin/end records (a group, or a deadline)
-        bool posting = true;          ///< its parts are being posted (nothing ends it meanwhile)
+        uint32_t outstanding = 0;  ///< parts posted and not ended
+        Code first = Code::kOk;    ///< the first failure
+        bool grouped = false;      ///< begin/end records (a group, or a deadline)
+        bool posting = true;       ///< its parts are being posted (nothing ends it meanwhile)
         bool end_posted = false;
         bool ticket_ended = false;
         int64_t deadline_ms = 0;  ///< steady ms; 0: none
