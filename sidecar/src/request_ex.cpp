@@ -117,28 +117,12 @@ void RequestPipeline::handleEx(Session &s, const ipc::Request &r, uint32_t slot)
     // there, of 0 bytes); their source is the description's region, so the local transport
     // keeps them in this session's order.
     WriteOp carrier;
-    carrier.peer = notify.peer;
     carrier.src = desc;
-    carrier.dst_region = notify.region;
     carrier.dst_offset = h.notify_offset;
-    if (notify.peer == kLocalPeer) {
-        carrier.dst = regions_.find(notify.region);
-        if (!carrier.dst || !carrier.dst->exposed.load(std::memory_order_acquire)) {
-            reject(s, r, Code::kNotFound, "target region was deregistered");
-            return;
-        }
-        if (!carrier.dst->access.allows(s.cred.uid, s.groups)) {
-            reject(s, r, Code::kPermission,
-                   "the target's access list does not allow this uid (tl_expose_access)");
-            return;
-        }
-    } else {
-        std::string why;
-        if (!peers_ ||
-            !peers_->resolveRemote(notify.peer, notify.region, &carrier.remote_region, &why)) {
-            reject(s, r, Code::kNotFound, "target region is not valid at the peer");
-            return;
-        }
+    const char *why = "";
+    if (Code code = resolveTarget(s, notify, &carrier, &why); code != Code::kOk) {
+        reject(s, r, code, why);
+        return;
     }
 
     // Accepted: from here on the request ends exactly once, through endExTicket().

@@ -171,13 +171,18 @@ Code RequestPipeline::buildWrite(Session &s, uint64_t src_region, uint64_t src_o
         *why = "target offset + length past the end of the region";
         return Code::kInvalid;
     }
-    op->peer = dst.peer;
     op->src = std::move(src);
     op->src_offset = src_offset;
-    op->dst_region = dst.region;
     op->dst_offset = dst_offset;
     op->bytes = bytes;
     op->imm = imm;
+    return resolveTarget(s, dst, op, why);
+}
+
+Code RequestPipeline::resolveTarget(Session &s, const RemoteRef &dst, WriteOp *op,
+                                    const char **why) {
+    op->peer = dst.peer;
+    op->dst_region = dst.region;
     if (dst.peer == kLocalPeer) {
         op->dst = regions_.find(dst.region);
         if (!op->dst || !op->dst->exposed.load(std::memory_order_acquire)) {

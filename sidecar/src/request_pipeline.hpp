@@ -230,6 +230,9 @@ private:
     Code buildWrite(Session &s, uint64_t src_region, uint64_t src_offset, uint64_t dst_remote,
                     uint64_t dst_offset, uint64_t bytes, uint32_t imm, WriteOp *op,
                     const char **why);
+    /// The target half of buildWrite (also a kWriteEx request's notification target): the
+    /// local region, exposed and allowing this client, or the peer's region id.
+    Code resolveTarget(Session &s, const RemoteRef &dst, WriteOp *op, const char **why);
     /// A kWriteEx request (request_ex.cpp): accepted (its parts posted) or rejected.
     void handleEx(Session &s, const ipc::Request &r, uint32_t slot);
     /// Whether `s` has as many kWriteEx parts in flight as it may: its ring waits.

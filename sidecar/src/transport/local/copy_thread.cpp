@@ -115,24 +115,10 @@ bool LocalCopyThread::turn(std::vector<LocalDone> *done) {
                 issueGpuCopy(j, *copier_, static_cast<uint32_t>(sid), &pins_);
                 moved = true;
             } else if (!j.gpu && k == 0) {
-                // A slice's worth of bytes per session and turn: one slice of a large write,
-                // or as many small host writes (a group's entries) as fit in one, so a
-                // thousand small writes cost a few turns, not a thousand.
-                uint64_t budget = kHostSliceBytes;
-                while (!q.empty() && !q.front().gpu) {
-                    LocalJob &h = q.front();
-                    const uint64_t left = h.op.bytes - h.copied;
-                    LocalDone d;
-                    const bool finished = copyHostSlice(h, sid, &d);
-                    if (finished) {
-                        done->push_back(std::move(d));
-                        q.pop_front();
-                    }
-                    const uint64_t used = std::min(left, kHostSliceBytes);
-                    if (!finished || used >= budget) {
-                        break;
-                    }
-                    budget -= used;
+                LocalDone d;
+                if (copyHostSlice(j, sid, &d)) {
+                    done->push_back(std::move(d));
+                    q.pop_front();
                 }
                 moved = true;
             }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <span>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -97,45 +98,31 @@ bool copyHostSlice(LocalJob &job, SessionId sid, LocalDone *done) {
         return true;
     }
     const bool streaming = std::max(op.bytes, op.group_bytes) >= streamingThreshold();
-    if (op.extents) {
-        // A scattered write: up to a slice's worth of bytes, across as many ranges as it takes.
-        uint64_t budget = kHostSliceBytes;
-        const std::vector<Extent> &ex = *op.extents;
-        while (budget != 0 && job.extent < ex.size()) {
-            const Extent &e = ex[job.extent];
-            const uint64_t n = std::min(e.bytes - job.extent_copied, budget);
-            unsigned char *to = op.dst->base + e.dst_offset + job.extent_copied;
-            const unsigned char *from = op.src->base + e.src_offset + job.extent_copied;
-            if (streaming) {
-                copyStreaming(to, from, n);
-            } else {
-                std::memcpy(to, from, n);
-            }
-            job.extent_copied += n;
-            job.copied += n;
-            budget -= n;
-            if (job.extent_copied == e.bytes) {
-                ++job.extent;
-                job.extent_copied = 0;
-            }
+    // Up to a slice's worth of bytes per call: of the one range of a write, or across as many
+    // ranges of a scattered write as it takes.
+    const Extent whole{op.src_offset, op.dst_offset, op.bytes};
+    const std::span<const Extent> ex =
+        op.extents ? std::span<const Extent>(*op.extents) : std::span<const Extent>(&whole, 1);
+    uint64_t budget = kHostSliceBytes;
+    while (budget != 0 && job.extent < ex.size()) {
+        const Extent &e = ex[job.extent];
+        const uint64_t n = std::min(e.bytes - job.extent_copied, budget);
+        unsigned char *to = op.dst->base + e.dst_offset + job.extent_copied;
+        const unsigned char *from = op.src->base + e.src_offset + job.extent_copied;
+        if (streaming) {
+            copyStreaming(to, from, n);
+        } else {
+            std::memcpy(to, from, n);
         }
-        if (job.extent < ex.size()) {
-            return false;
+        job.extent_copied += n;
+        job.copied += n;
+        budget -= n;
+        if (job.extent_copied == e.bytes) {
+            ++job.extent;
+            job.extent_copied = 0;
         }
-        storeFence();
-        *done = landed(op, sid);
-        return true;
     }
-    const uint64_t n = std::min(op.bytes - job.copied, kHostSliceBytes);
-    unsigned char *to = op.dst->base + op.dst_offset + job.copied;
-    const unsigned char *from = op.src->base + op.src_offset + job.copied;
-    if (streaming) {
-        copyStreaming(to, from, n);
-    } else {
-        std::memcpy(to, from, n);
-    }
-    job.copied += n;
-    if (job.copied < op.bytes) {
+    if (job.extent < ex.size()) {
         return false;
     }
     storeFence();

@@ -23,7 +23,7 @@ struct LocalPin {
 struct LocalJob {
     WriteOp op;
     uint64_t copied = 0;                ///< host copies: bytes done
-    size_t extent = 0;                  ///< scattered writes: the extent being copied
+    size_t extent = 0;                  ///< host copies: the range being copied (0 but scattered)
     uint64_t extent_copied = 0;         ///< and its bytes done
     bool gpu = false;                   ///< a CUDA region at either end
     bool issued = false;                ///< GPU: queued on a stream (or failed: `error`)

@@ -369,17 +369,8 @@ void VerbsTransport::pumpChannels(int64_t now) {
 }
 
 Status VerbsTransport::post(const WriteOp &op) {
-    if (!op.message.empty()) {
-        if (op.message.size() > kMaxMessageBytes) {
-            return {Code::kInvalid, "a message of " + std::to_string(op.message.size()) +
-                                        " bytes (at most " + std::to_string(kMaxMessageBytes) +
-                                        ")"};
-        }
-        if (op.bytes != 0 || op.silent) {
-            return {Code::kInvalid, "a message carries no data and is never silent"};
-        }
-    } else if (op.bytes == 0) {
-        return {Code::kInvalid, "a write of no bytes"};  // its descriptor would be refused
+    if (Status st = checkMessage(op); !st.isOk()) {
+        return st;  // a write of no bytes would have its descriptor refused
     }
     auto it = peers_.find(op.peer);
     if (it == peers_.end() || !it->second.out || !it->second.out_connected) {
