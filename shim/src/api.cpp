@@ -121,6 +121,15 @@ TL_API tl_status tl_register(tl_client *c, void *ptr, size_t bytes, tl_region *o
     return guarded([&] { return c->impl.registerMemory(ptr, bytes, out); });
 }
 
+TL_API tl_status tl_register_dmabuf(tl_client *c, int fd, uint64_t offset, uint64_t bytes,
+                                    tl_region *out) {
+    TL_REQUIRE_CLIENT(c);
+    if (!out) {
+        return fail(Code::kInvalid, "tl_register_dmabuf: out is NULL");
+    }
+    return guarded([&] { return c->impl.registerDmabuf(fd, offset, bytes, out); });
+}
+
 TL_API tl_status tl_deregister(tl_client *c, tl_region r) {
     TL_REQUIRE_CLIENT(c);
     return guarded([&] { return c->impl.deregister(r); });

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "cuda_probe.hpp"
@@ -99,6 +100,36 @@ tl_status Client::registerMemory(void *ptr, size_t bytes, tl_region *out) {
         return toStatus(c);
     }
     regions_.addRange(reply.value0, ptr, bytes, parent);
+    *out = reply.value0;
+    return TL_OK;
+}
+
+tl_status Client::registerDmabuf(int fd, uint64_t offset, uint64_t bytes, tl_region *out) {
+    if (fd < 0 || bytes == 0) {
+        return fail(Code::kInvalid, "tl_register_dmabuf: a negative fd or zero bytes");
+    }
+    if (offset > UINT64_MAX - bytes) {
+        return fail(Code::kInvalid, "tl_register_dmabuf: offset + bytes overflows");
+    }
+    ipc::RegisterMsg m{};
+    m.h = messageHeader(ipc::MsgType::kRegister);
+    m.kind = static_cast<uint32_t>(ipc::RegionKind::kCuda);
+    m.flags = ipc::kRegisterDmabufOnly | ipc::kRegisterDmabuf;
+    m.offset = offset;
+    m.bytes = bytes;
+    m.device_ordinal = -1;  // the sidecar takes the size from the fd; no device is known
+    ipc::ReplyMsg reply{};
+    {
+        std::lock_guard lock(cuda_mu_);
+        m.parent = kVmmKeyBit | next_vmm_key_++;
+        // SCM_RIGHTS gives the sidecar its own reference: the caller may close `fd` after this.
+        if (Code c = control_.call(&m, sizeof(m), &reply, nullptr, nullptr,
+                                   std::span<const int>(&fd, 1));
+            c != Code::kOk) {
+            return toStatus(c);
+        }
+    }
+    regions_.addCuda(reply.value0, nullptr, bytes, m.parent);
     *out = reply.value0;
     return TL_OK;
 }

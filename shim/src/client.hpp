@@ -33,6 +33,8 @@ public:
 
     tl_status allocHost(size_t bytes, void **ptr, tl_region *out);
     tl_status registerMemory(void *ptr, size_t bytes, tl_region *out);
+    /// tl_register_dmabuf: [offset, offset + bytes) of the dma-buf `fd` (client.cpp).
+    tl_status registerDmabuf(int fd, uint64_t offset, uint64_t bytes, tl_region *out);
     tl_status deregister(tl_region r);
     tl_status expose(tl_region r, const char *name);
     /// tl_expose_access; access null: tl_expose.
@@ -71,6 +73,8 @@ private:
                        tl_ticket *out);
     /// tl_register of device memory (cuda_client.cpp).
     tl_status registerCuda(void *ptr, size_t bytes, tl_region *out);
+    /// tl_register of VMM memory: its pieces' fds, or the dma-buf of their span alone.
+    tl_status registerVmm(void *ptr, size_t bytes, const CudaAllocation &a, tl_region *out);
     /// Creates the stream segment on first use and starts the keeper. TL_OK when it exists.
     tl_status ensureStreams();
     /// The keeper thread: releases every waiting stream when the sidecar goes away.
@@ -90,6 +94,10 @@ private:
     // CUDA (cuda_client.cpp).
     std::mutex cuda_mu_;        ///< serialises CUDA registrations and stream setup
     CudaExports cuda_exports_;  ///< cuda_mu_
+    /// The keys of VMM and dma-buf registrations: this bit and a count (cuda_mu_), apart from
+    /// the CUDA buffer ids that key allocations exported with IPC handles.
+    static constexpr uint64_t kVmmKeyBit = uint64_t{1} << 63;
+    uint64_t next_vmm_key_ = 1;
     std::atomic<bool> streams_ready_{false};
     ipc::UniqueFd keeper_stop_;
     std::thread keeper_;

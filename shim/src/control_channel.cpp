@@ -57,7 +57,7 @@ Code ControlChannel::connect(const std::string &path, Greeting *out) {
 }
 
 Code ControlChannel::call(void *msg, size_t bytes, ipc::ReplyMsg *reply, ipc::UniqueFd *fd_out,
-                          std::string *text_out, int send_fd) {
+                          std::string *text_out, std::span<const int> send_fds) {
     std::lock_guard lock(mu_);
     if (dead_.load(std::memory_order_acquire)) {
         setLastErrorText("sidecar connection lost: " + dead_reason_);
@@ -65,10 +65,7 @@ Code ControlChannel::call(void *msg, size_t bytes, ipc::ReplyMsg *reply, ipc::Un
     }
     auto *h = static_cast<ipc::MsgHeader *>(msg);
     h->seq = seq_++;
-    const int out_fds[1] = {send_fd};
-    if (int rc = ipc::sendMessage(
-            sock_.get(), msg, bytes,
-            send_fd >= 0 ? std::span<const int>(out_fds, 1) : std::span<const int>())) {
+    if (int rc = ipc::sendMessage(sock_.get(), msg, bytes, send_fds)) {
         markDead(std::string("send: ") + std::strerror(rc));
         setLastErrorText("sidecar connection lost: " + dead_reason_);
         return Code::kConnection;

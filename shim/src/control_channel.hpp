@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include <span>
 #include <string>
 
 #include "tensorlane/ipc/control.hpp"
@@ -38,10 +39,11 @@ public:
     /// why.
     Code connect(const std::string &path, Greeting *out);
 
-    /// One control call: send `msg` (with `send_fd` if >= 0), wait for the reply with the same
-    /// sequence number. A reply's error text goes to tl_last_error.
+    /// One control call: send `msg` (with `send_fds`, at most ipc::kMaxFdsPerMessage), wait
+    /// for the reply with the same sequence number. A reply's error text goes to
+    /// tl_last_error.
     Code call(void *msg, size_t bytes, ipc::ReplyMsg *reply, ipc::UniqueFd *fd_out,
-              std::string *text_out = nullptr, int send_fd = -1);
+              std::string *text_out = nullptr, std::span<const int> send_fds = {});
 
     /// True once the connection is lost (markDead()).
     bool dead() const { return dead_.load(std::memory_order_acquire); }

@@ -2,8 +2,9 @@
 // (DESIGN.md, "Stream-ordered calls"; docs/gpu.md).
 #include <poll.h>
 
-#include <cstdio>
+#include <algorithm>
 #include <cstring>
+#include <span>
 
 #include "client.hpp"
 #include "cuda_context.hpp"
@@ -12,16 +13,6 @@
 namespace tensorlane::shim {
 
 #ifdef TENSORLANE_HAVE_CUDA
-
-namespace {
-
-std::string hexAddress(uint64_t a) {
-    char buf[32];
-    std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(a));
-    return buf;
-}
-
-}  // namespace
 
 tl_status Client::registerCuda(void *ptr, size_t bytes, tl_region *out) {
     CudaAllocation a;
@@ -32,6 +23,8 @@ tl_status Client::registerCuda(void *ptr, size_t bytes, tl_region *out) {
                         "tl_register: host memory must lie inside a buffer from tl_alloc_host");
         case CudaPointer::kRefused:
             return fail(Code::kCuda, why);
+        case CudaPointer::kVmm:
+            return registerVmm(ptr, bytes, a, out);
         case CudaPointer::kDevice:
             break;
     }
@@ -79,7 +72,9 @@ tl_status Client::registerCuda(void *ptr, size_t bytes, tl_region *out) {
             m.dmabuf_error = ex.dmabuf_error;
             // The fd goes to the sidecar; ours closes when `ex` goes (the sidecar's copy keeps
             // the memory's dma-buf alive for as long as it needs it).
-            c = control_.call(&m, sizeof(m), &reply, nullptr, nullptr, ex.dmabuf.get());
+            const int fd = ex.dmabuf.get();
+            c = control_.call(&m, sizeof(m), &reply, nullptr, nullptr,
+                              fd >= 0 ? std::span<const int>(&fd, 1) : std::span<const int>());
         }
         if (c != Code::kOk) {
             return toStatus(c);
@@ -90,6 +85,75 @@ tl_status Client::registerCuda(void *ptr, size_t bytes, tl_region *out) {
     *out = reply.value0;
     // This process uses CUDA: from now on its writes carry stream slots, so tl_stream_wait_ticket
     // works on any ticket. A failure here is not this call's (the stream calls report it).
+    if (!streams_ready_.load(std::memory_order_acquire)) {
+        const std::string saved = lastErrorText();
+        (void)ensureStreams();
+        setLastErrorText(saved);
+    }
+    return TL_OK;
+}
+
+tl_status Client::registerVmm(void *ptr, size_t bytes, const CudaAllocation &a, tl_region *out) {
+    const auto addr = reinterpret_cast<uint64_t>(ptr);
+    VmmExport ex;
+    std::string why;
+    if (Code c = exportVmmRange(a, addr, bytes, &ex, &why); c != Code::kOk) {
+        return fail(c, why);
+    }
+    ipc::RegisterMsg m{};
+    m.h = messageHeader(ipc::MsgType::kRegister);
+    m.kind = static_cast<uint32_t>(ipc::RegionKind::kCuda);
+    m.offset = addr - ex.base;
+    m.bytes = bytes;
+    m.address = addr;
+    m.alloc_bytes = ex.bytes;
+    m.alloc_address = ex.base;
+    std::memcpy(m.device_uuid, a.uuid.data(), sizeof(m.device_uuid));
+    m.device_ordinal = a.ordinal;
+    m.dmabuf_error = ex.dmabuf_error;
+    m.flags = ex.dmabuf ? static_cast<uint32_t>(ipc::kRegisterDmabuf) : 0u;
+    ipc::ReplyMsg reply{};
+    {
+        std::lock_guard lock(cuda_mu_);
+        // Each VMM registration exports its pieces afresh (no reuse record): its key only
+        // ties the staged pieces to the registration, and never meets a CUDA buffer id.
+        m.parent = kVmmKeyBit | next_vmm_key_++;
+        if (ex.fds.empty()) {
+            // No shareable handle: the span's dma-buf alone (the verbs transport can reach it).
+            m.flags |= ipc::kRegisterDmabufOnly;
+        } else {
+            m.flags |= ipc::kRegisterVmm;
+            for (size_t first = 0; first < ex.pieces.size();
+                 first += ipc::kMaxVmmPiecesPerMessage) {
+                ipc::VmmPiecesMsg pm{};
+                pm.h = messageHeader(ipc::MsgType::kVmmPieces);
+                pm.key = m.parent;
+                pm.first = static_cast<uint32_t>(first);
+                pm.count = static_cast<uint32_t>(
+                    std::min<size_t>(ipc::kMaxVmmPiecesPerMessage, ex.pieces.size() - first));
+                int fds[ipc::kMaxVmmPiecesPerMessage];
+                for (uint32_t i = 0; i < pm.count; ++i) {
+                    pm.pieces[i] = ex.pieces[first + i];
+                    fds[i] = ex.fds[first + i].get();
+                }
+                if (Code c = control_.call(&pm, sizeof(pm), &reply, nullptr, nullptr,
+                                           std::span<const int>(fds, pm.count));
+                    c != Code::kOk) {
+                    return toStatus(c);  // the sidecar dropped what it had staged
+                }
+            }
+        }
+        const int dmabuf = ex.dmabuf.get();
+        if (Code c = control_.call(
+                &m, sizeof(m), &reply, nullptr, nullptr,
+                dmabuf >= 0 ? std::span<const int>(&dmabuf, 1) : std::span<const int>());
+            c != Code::kOk) {
+            return toStatus(c);
+        }
+    }
+    // Our fds close with `ex`: the sidecar's copies (and its mapping) keep the memory.
+    regions_.addCuda(reply.value0, ptr, bytes, m.parent);
+    *out = reply.value0;
     if (!streams_ready_.load(std::memory_order_acquire)) {
         const std::string saved = lastErrorText();
         (void)ensureStreams();
@@ -353,6 +417,9 @@ tl_status Client::streamWaitNotification(tl_region r, uint32_t imm, void *stream
 #else  // built without the CUDA toolkit
 
 tl_status Client::registerCuda(void *, size_t, tl_region *) {
+    return fail(Code::kCuda, "this libtensorlane was built without the CUDA toolkit");
+}
+tl_status Client::registerVmm(void *, size_t, const CudaAllocation &, tl_region *) {
     return fail(Code::kCuda, "this libtensorlane was built without the CUDA toolkit");
 }
 tl_status Client::ensureStreams() {

@@ -2,11 +2,18 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 
 #include "cuda_context.hpp"
 
 namespace tensorlane::shim {
+
+std::string hexAddress(uint64_t a) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(a));
+    return buf;
+}
 
 #ifdef TENSORLANE_HAVE_CUDA
 
@@ -55,16 +62,32 @@ CudaPointer probeCudaPointer(const void *ptr, CudaAllocation *out, std::string *
             "is not shared with the sidecar; use tl_alloc_host, which is pinned for CUDA";
         return CudaPointer::kRefused;
     }
-    if (as_u32(5) == 0) {
-        *why =
-            "tl_register: this device memory cannot be exported with CUDA IPC (a cuMemCreate "
-            "allocation? PyTorch: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False)";
-        return CudaPointer::kRefused;
-    }
     CudaAllocation a;
     a.ordinal = static_cast<int>(as_u32(1));
     a.buffer_id = values[2];
     std::memcpy(&a.context, &values[4], sizeof(a.context));
+    CUdevice dev = 0;
+    CUuuid uuid{};
+    if (d.cuDeviceGet(&dev, a.ordinal) != CUDA_SUCCESS ||
+        d.cuDeviceGetUuid(&uuid, dev) != CUDA_SUCCESS) {
+        *why = "tl_register: cannot read the UUID of CUDA device " + std::to_string(a.ordinal);
+        return CudaPointer::kRefused;
+    }
+    std::memcpy(a.uuid.data(), uuid.bytes, a.uuid.size());
+    if (as_u32(5) == 0) {
+        // No legacy IPC: memory mapped with the VMM calls has a physical allocation behind the
+        // address, which cuMemRetainAllocationHandle finds (it fails for everything else).
+        CUmemGenericAllocationHandle h = 0;
+        if (d.cuMemRetainAllocationHandle(&h, const_cast<void *>(ptr)) == CUDA_SUCCESS) {
+            d.cuMemRelease(h);
+            *out = a;
+            return CudaPointer::kVmm;
+        }
+        *why =
+            "tl_register: this device memory can be exported neither with CUDA IPC nor as VMM "
+            "memory (cuMemRetainAllocationHandle refused it)";
+        return CudaPointer::kRefused;
+    }
     CUdeviceptr base = 0;
     size_t bytes = 0;
     CUresult arc;
@@ -78,17 +101,50 @@ CudaPointer probeCudaPointer(const void *ptr, CudaAllocation *out, std::string *
     }
     a.base = base;
     a.bytes = bytes;
-    CUdevice dev = 0;
-    CUuuid uuid{};
-    if (d.cuDeviceGet(&dev, a.ordinal) != CUDA_SUCCESS ||
-        d.cuDeviceGetUuid(&uuid, dev) != CUDA_SUCCESS) {
-        *why = "tl_register: cannot read the UUID of CUDA device " + std::to_string(a.ordinal);
-        return CudaPointer::kRefused;
-    }
-    std::memcpy(a.uuid.data(), uuid.bytes, a.uuid.size());
     *out = a;
     return CudaPointer::kDevice;
 }
+
+namespace {
+
+/// The dma-buf fd of [base, base + bytes rounded up to whole host pages) on device `ordinal`
+/// (the current context's), or the CUresult that says why not. It must be taken here, by the
+/// owner: the driver refuses it for an IPC-imported pointer (DESIGN.md, data path step 2).
+int32_t takeDmabuf(const cuda::Driver &d, int ordinal, uint64_t base, uint64_t bytes,
+                   ipc::UniqueFd *out) {
+    CUdevice dev = 0;
+    int supported = 0;
+    if (d.cuDeviceGet(&dev, ordinal) != CUDA_SUCCESS ||
+        d.cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, dev) !=
+            CUDA_SUCCESS ||
+        supported == 0) {
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+    const uint64_t span = (bytes + page - 1) & ~(page - 1);
+    int fd = -1;
+    const CUresult rc =
+        d.cuMemGetHandleForAddressRange(&fd, base, span, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+    if (rc != CUDA_SUCCESS || fd < 0) {
+        return rc != CUDA_SUCCESS ? static_cast<int32_t>(rc) : CUDA_ERROR_UNKNOWN;
+    }
+    out->reset(fd);
+    return 0;
+}
+
+/// The allocation's context current for a scope, else any context of the process (VMM memory
+/// belongs to no context, and its pointers may report none).
+class AllocationContext {
+public:
+    AllocationContext(const cuda::Driver &d, void *ctx)
+        : guard_(d, static_cast<CUcontext>(ctx)), any_(d) {}
+
+private:
+    cuda::ContextGuard guard_;
+    AnyContextGuard any_;  ///< finds the one just pushed when there was one
+};
+
+}  // namespace
 
 ipc::Code exportCudaAllocation(const CudaAllocation &a, CudaExport *out, std::string *why) {
     const cuda::Driver &d = cuda::driver();
@@ -100,27 +156,89 @@ ipc::Code exportCudaAllocation(const CudaAllocation &a, CudaExport *out, std::st
     }
     static_assert(sizeof(h.reserved) == 64);
     std::memcpy(out->ipc_handle.data(), h.reserved, out->ipc_handle.size());
-    // The dma-buf fd must be taken here, by the owner: the driver refuses it for an IPC-imported
-    // pointer (DESIGN.md, data path step 2). Its range must be whole host pages.
-    CUdevice dev = 0;
-    int supported = 0;
-    if (d.cuDeviceGet(&dev, a.ordinal) != CUDA_SUCCESS ||
-        d.cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, dev) !=
-            CUDA_SUCCESS ||
-        supported == 0) {
-        out->dmabuf_error = CUDA_ERROR_NOT_SUPPORTED;
-        return ipc::Code::kOk;
+    out->dmabuf_error = takeDmabuf(d, a.ordinal, a.base, a.bytes, &out->dmabuf);
+    return ipc::Code::kOk;
+}
+
+ipc::Code exportVmmRange(const CudaAllocation &a, uint64_t ptr, uint64_t bytes, VmmExport *out,
+                         std::string *why) {
+    const cuda::Driver &d = cuda::driver();
+    AllocationContext ctx(d, a.context);
+    // The pieces, from the one that holds `ptr` to the one that holds the range's last byte:
+    // cuMemGetAddressRange of VMM memory answers with the one mapping (one physical
+    // allocation) around an address, so the next piece starts where this one ends; an
+    // address with nothing mapped ends the walk with an error.
+    const uint64_t last = ptr + (bytes == 0 ? 0 : bytes - 1);
+    uint64_t at = ptr;
+    bool shareable = true;
+    for (;;) {
+        CUdeviceptr pbase = 0;
+        size_t pbytes = 0;
+        if (CUresult rc = d.cuMemGetAddressRange(&pbase, &pbytes, at); rc != CUDA_SUCCESS) {
+            *why = "tl_register: [" + hexAddress(ptr) + ", +" + std::to_string(bytes) +
+                   ") is not all mapped VMM memory: cuMemGetAddressRange(" + hexAddress(at) +
+                   "): " + d.errorText(rc);
+            return ipc::Code::kCuda;
+        }
+        if (out->pieces.empty()) {
+            out->base = pbase;
+        } else if (pbase != out->base + out->bytes || pbytes == 0) {
+            *why = "tl_register: the VMM mapping around " + hexAddress(at) +
+                   " does not follow the one before it";
+            return ipc::Code::kCuda;
+        }
+        if (out->pieces.size() >= ipc::kMaxVmmPieces) {
+            *why = "tl_register: the range spans more than " + std::to_string(ipc::kMaxVmmPieces) +
+                   " VMM allocations";
+            return ipc::Code::kCuda;
+        }
+        out->pieces.push_back({out->bytes, pbytes});
+        out->bytes += pbytes;
+        // Its fd, where the allocation was made with a POSIX-fd handle type.
+        CUmemGenericAllocationHandle h = 0;
+        if (shareable) {
+            CUresult rc = d.cuMemRetainAllocationHandle(&h, reinterpret_cast<void *>(pbase));
+            CUmemAllocationProp prop{};
+            if (rc == CUDA_SUCCESS) {
+                rc = d.cuMemGetAllocationPropertiesFromHandle(&prop, h);
+            }
+            int fd = -1;
+            if (rc == CUDA_SUCCESS &&
+                (prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0) {
+                out->no_fd_reason =
+                    "the cuMemCreate allocation was made without "
+                    "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR in requestedHandleTypes";
+                shareable = false;
+            } else if (rc == CUDA_SUCCESS) {
+                rc = d.cuMemExportToShareableHandle(&fd, h,
+                                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+            }
+            if (h != 0) {
+                d.cuMemRelease(h);  // the retain's reference; the mapping keeps its own
+            }
+            if (shareable && (rc != CUDA_SUCCESS || fd < 0)) {
+                out->no_fd_reason = "cuMemExportToShareableHandle: " + d.errorText(rc);
+                shareable = false;
+            }
+            if (shareable) {
+                out->fds.emplace_back(fd);
+            }
+        }
+        if (pbase + pbytes > last) {
+            break;
+        }
+        at = pbase + pbytes;
     }
-    const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-    const uint64_t span = (a.bytes + page - 1) & ~(page - 1);
-    int fd = -1;
-    const CUresult rc =
-        d.cuMemGetHandleForAddressRange(&fd, a.base, span, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
-    if (rc != CUDA_SUCCESS || fd < 0) {
-        out->dmabuf_error = rc != CUDA_SUCCESS ? static_cast<int32_t>(rc) : CUDA_ERROR_UNKNOWN;
-        return ipc::Code::kOk;
+    if (!shareable) {
+        out->fds.clear();
     }
-    out->dmabuf.reset(fd);
+    out->dmabuf_error = takeDmabuf(d, a.ordinal, out->base, out->bytes, &out->dmabuf);
+    if (!shareable && !out->dmabuf) {
+        *why = "tl_register: this VMM memory cannot be shared: " + out->no_fd_reason +
+               ", and its dma-buf cannot be taken (cuMemGetHandleForAddressRange: " +
+               d.errorText(static_cast<CUresult>(out->dmabuf_error)) + ")";
+        return ipc::Code::kCuda;
+    }
     return ipc::Code::kOk;
 }
 
@@ -152,6 +270,11 @@ CudaPointer probeCudaPointer(const void *, CudaAllocation *, std::string *) {
     return CudaPointer::kNotCuda;
 }
 ipc::Code exportCudaAllocation(const CudaAllocation &, CudaExport *, std::string *why) {
+    *why = "this libtensorlane was built without the CUDA toolkit";
+    return ipc::Code::kCuda;
+}
+ipc::Code exportVmmRange(const CudaAllocation &, uint64_t, uint64_t, VmmExport *,
+                         std::string *why) {
     *why = "this libtensorlane was built without the CUDA toolkit";
     return ipc::Code::kCuda;
 }

@@ -22,6 +22,11 @@ std::string writeFailure(int32_t st) {
         return "write refused (TL_EPERM): the target's owner does not let this uid write it; "
                "the owner names who may with tl_expose_access";
     }
+    if (c == Code::kCuda) {
+        return "write failed (TL_ECUDA): the sidecar cannot reach the device memory at one end "
+               "(no CUDA in the sidecar, or a dma-buf region, which only the verbs transport "
+               "reaches); the sidecar's log says which";
+    }
     return std::string("write failed: ") + ipc::codeName(c);
 }
 

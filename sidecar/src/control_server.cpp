@@ -406,10 +406,14 @@ void ControlServer::handleControl(Session &s, const unsigned char *msg, size_t b
         reply(s, h.seq, Code::kInvalid, 0, 0, "control protocol mismatch");
         return;
     }
-    // Only the registration of CUDA memory carries an fd (the allocation's dma-buf); anything
-    // else with fds is refused, and the UniqueFds that received them close them.
-    const bool may_carry_fd = static_cast<ipc::MsgType>(h.type) == ipc::MsgType::kRegister;
-    if (nfds > (may_carry_fd ? 1u : 0u)) {
+    // Only the registration of CUDA memory carries an fd (the allocation's dma-buf), and a VMM
+    // registration's pieces one each; anything else with fds is refused, and the UniqueFds
+    // that received them close them.
+    const auto type = static_cast<ipc::MsgType>(h.type);
+    const size_t max_fds = type == ipc::MsgType::kRegister    ? 1u
+                           : type == ipc::MsgType::kVmmPieces ? ipc::kMaxVmmPiecesPerMessage
+                                                              : 0u;
+    if (nfds > max_fds) {
         reply(s, h.seq, Code::kInvalid, 0, 0, "unexpected file descriptors");
         return;
     }
@@ -430,6 +434,14 @@ void ControlServer::handleControl(Session &s, const unsigned char *msg, size_t b
                 return;
             }
             return onRegister(s, m);
+        }
+        case ipc::MsgType::kVmmPieces: {
+            ipc::VmmPiecesMsg m;
+            if (!readAs(msg, bytes, &m)) {
+                reply(s, h.seq, Code::kInvalid, 0, 0, "VMM pieces message has the wrong size");
+                return;
+            }
+            return cuda_.stagePieces(s, m, fds, nfds);
         }
         case ipc::MsgType::kStreamSetup:
             if (bytes != sizeof(ipc::MsgHeader)) {

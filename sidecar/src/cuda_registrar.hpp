@@ -1,9 +1,11 @@
 // The registration handshake of CUDA memory (docs/gpu.md): a range of a client's
 // cuMemAlloc/cudaMalloc allocation, with the allocation's IPC handle and dma-buf fd the first
 // time, and only the allocation's key for every later range in it (no export; the import is
-// shared). A first registration is verified on the import checker's thread before the client
-// is answered; the region itself is made by the region lifecycle. The control server hands the
-// kRegister messages of CUDA memory here. Engine thread only.
+// shared); VMM memory, its pieces' fds staged by kVmmPieces messages before the registration;
+// and dma-buf-only memory (tl_register_dmabuf), which the sidecar does not map. A first
+// registration is verified on the import checker's thread before the client is answered; the region
+// itself is made by the region lifecycle. The control server hands the kRegister messages of CUDA
+// memory here. Engine thread only.
 #pragma once
 
 #include "spdlog_headers.hpp"  // first: fmt under its pragma
@@ -12,7 +14,9 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "cuda/vmm_piece.hpp"
 #include "session_table.hpp"
 #include "tensorlane/ipc/control.hpp"
 #include "tensorlane/ipc/fd.hpp"
@@ -40,10 +44,23 @@ public:
     /// A kRegister of CUDA memory, with the dma-buf fd it carried (if any). Answered now, or
     /// once the checker has verified a first import (finishChecks()).
     void registerCuda(Session &s, const ipc::RegisterMsg &m, ipc::UniqueFd dmabuf);
+    /// A kVmmPieces message and its fds: staged in the session for the kRegisterVmm that
+    /// follows (answered at once).
+    void stagePieces(Session &s, const ipc::VmmPiecesMsg &m, ipc::UniqueFd *fds, size_t nfds);
     /// Answers the registrations whose imports the checker has verified (or refused).
     void finishChecks();
 
 private:
+    /// kRegisterVmm: the staged pieces become an import, verified by mapping them.
+    void registerVmm(Session &s, const ipc::RegisterMsg &m, std::vector<VmmPieceFd> pieces,
+                     ipc::UniqueFd dmabuf);
+    /// kRegisterDmabufOnly: a region of a dma-buf the sidecar does not map.
+    void registerDmabufOnly(Session &s, const ipc::RegisterMsg &m, ipc::UniqueFd dmabuf);
+    /// Checks a dma-buf fd's size against a claimed allocation of `alloc_bytes` (kInvalid).
+    static Status checkDmabufSize(int fd, uint64_t alloc_bytes);
+    /// Hands a new import to the checker (created on first use); the reply waits for it.
+    void submitCheck(Session &s, const ipc::RegisterMsg &m, std::shared_ptr<CudaImport> imp);
+
     /// The region of a registration whose import is verified; replies to the client.
     void addRegion(Session &s, const ipc::RegisterMsg &m, const std::shared_ptr<CudaImport> &imp);
 

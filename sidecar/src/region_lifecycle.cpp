@@ -191,6 +191,27 @@ Status RegionLifecycle::addCuda(const Session &s, const ipc::RegisterMsg &m,
     return Status::ok();
 }
 
+Status RegionLifecycle::addCudaDmabuf(const Session &s, const ipc::RegisterMsg &m,
+                                      std::shared_ptr<ipc::UniqueFd> dmabuf, uint64_t dmabuf_bytes,
+                                      RegionId *id) {
+    auto r = std::make_shared<Region>();
+    r->owner = s.id;
+    r->kind = MemoryKind::kCuda;
+    r->bytes = m.bytes;
+    r->cuda.device = m.device_ordinal;
+    r->cuda.dmabuf = std::move(dmabuf);
+    r->cuda.alloc_bytes = dmabuf_bytes;
+    r->cuda.alloc_offset = m.offset;
+    // The NIC's address of the region (its MR's iova follows the owner's addresses): a
+    // tl_register_dmabuf region has none, so its dma-buf starts at 0.
+    r->cuda.client_address = m.address != 0 ? m.address : m.offset;
+    if (Status st = registerWithTransports(*r); !st.isOk()) {
+        return st;
+    }
+    *id = table_.add(r);
+    return Status::ok();
+}
+
 Status RegionLifecycle::exposeProbe() {
     ipc::SharedSegment seg;
     std::string error;

@@ -76,6 +76,12 @@ public:
     /// checked before the import was.
     Status addCuda(const Session &s, const ipc::RegisterMsg &m,
                    const std::shared_ptr<CudaImport> &imp, RegionId *id);
+    /// A region of a dma-buf the sidecar does not map (tl_register_dmabuf, or VMM memory
+    /// without a shareable handle): `dmabuf_bytes` is the dma-buf's real size. Only transports
+    /// that register dma-bufs reach it (Region::dmabufOnly()).
+    Status addCudaDmabuf(const Session &s, const ipc::RegisterMsg &m,
+                         std::shared_ptr<ipc::UniqueFd> dmabuf, uint64_t dmabuf_bytes,
+                         RegionId *id);
     /// Creates and exposes kProbeRegionName (engine.hpp), the sidecar's own region.
     Status exposeProbe();
     /// The probe region's id; 0 when there is none (no peers).

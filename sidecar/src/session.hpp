@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cuda/vmm_piece.hpp"
 #include "stream_sync.hpp"
 #include "tensorlane/ipc/fd.hpp"
 #include "tensorlane/ipc/layout.hpp"
@@ -101,6 +102,10 @@ struct Session {
     /// The CUDA allocations this client exported, by its key (the allocation's CUDA buffer id):
     /// a second region in one of them reuses the import. Weak: the regions own it.
     std::unordered_map<uint64_t, std::weak_ptr<CudaImport>> cuda_allocs;
+    /// VMM pieces (with their fds) staged by kVmmPieces for the registration that follows, by
+    /// its key; that registration takes them, whether it succeeds or not.
+    std::unordered_map<uint64_t, std::vector<VmmPieceFd>> vmm_staged;
+    size_t vmm_staged_pieces = 0;  ///< over every key (at most ipc::kMaxVmmPieces)
 
     /// Writes a completion (or backlogs it). False when the backlog bound is exceeded.
     bool complete(uint64_t ticket, Code status, uint64_t bytes);

@@ -78,9 +78,30 @@ TL_API tl_status tl_alloc_host(tl_client *c, size_t bytes, void **ptr, tl_region
  *  device memory anywhere inside a cuMemAlloc/cudaMalloc allocation (a tensor of PyTorch's
  *  caching allocator is a piece of a larger one). The first region in an allocation exports it
  *  to the sidecar (CUDA IPC handle and a dma-buf fd of all of it); later ones in the same
- *  allocation only name it. TL_ECUDA for CUDA memory that cannot be shared (managed memory,
- *  cuMemCreate allocations) or when the sidecar cannot use CUDA, with the reason. */
+ *  allocation only name it.
+ *
+ *  VMM memory (cuMemCreate + cuMemMap: PyTorch's expandable segments, NCCL's buffers) is
+ *  exported by its pieces: each physical allocation under the range goes to the sidecar as a
+ *  POSIX fd (the allocations must be made with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR in
+ *  requestedHandleTypes, as PyTorch's are) with a dma-buf of their span, and the sidecar maps
+ *  them itself; each such registration exports afresh (pieces of 20 MiB to 2 GiB; at most
+ *  4096). VMM memory without a shareable handle type goes as the dma-buf of its span alone,
+ *  which only the verbs transport can reach (local and tcp writes to or from it fail with
+ *  TL_ECUDA and the reason). TL_ECUDA for CUDA memory that cannot be shared (managed memory,
+ *  cudaMallocHost memory) or when the sidecar cannot use CUDA, with the reason.
+ *
+ *  Thread-safe; CUDA registrations of one client are serialised. The memory must stay
+ *  allocated (and, for VMM memory, mapped) until tl_deregister of the region. */
 TL_API tl_status tl_register(tl_client *c, void *ptr, size_t bytes, tl_region *out);
+/** Registers [offset, offset + bytes) of the dma-buf `fd` as a region: what NCCL hands a net
+ *  plugin's regMrDmaBuf, or any exporter's dma-buf. The sidecar takes its own reference to the
+ *  fd (the caller may close it after the call) and checks the range against the dma-buf's
+ *  size. The sidecar does not map the memory: only transports that register dma-bufs with the
+ *  NIC (verbs: ibv_reg_dmabuf_mr) reach the region; local and tcp writes to or from it fail
+ *  with TL_ECUDA and the reason. Works without CUDA in the process. TL_EINVAL for a negative
+ *  fd, zero bytes or a range past the dma-buf's end. Thread-safe. */
+TL_API tl_status tl_register_dmabuf(tl_client *c, int fd, uint64_t offset, uint64_t bytes,
+                                    tl_region *out);
 /** Releases a region. Later writes into it from peers fail with TL_ENOENT at the writer. */
 TL_API tl_status tl_deregister(tl_client *c, tl_region r);
 /** Makes a region writable under `name` by the configured peers and, on this node, by clients

@@ -223,6 +223,16 @@ public:
         }
         return Region(c_, r, p, bytes);
     }
+    /// Registers [offset, offset + bytes) of a dma-buf (tl_register_dmabuf; the region has no
+    /// pointer: data() is null). The caller keeps `fd`.
+    Result<Region> registerDmabuf(int fd, uint64_t offset, uint64_t bytes) {
+        tl_region r = 0;
+        tl_status s = tl_register_dmabuf(c_, fd, offset, bytes, &r);
+        if (s != TL_OK) {
+            return lastError(s);
+        }
+        return Region(c_, r, nullptr, bytes);
+    }
     Result<Remote> lookup(const std::string &peer, const std::string &name) {
         Remote out;
         tl_status s = tl_lookup(c_, peer.c_str(), name.c_str(), &out.id, &out.bytes);

@@ -1,5 +1,6 @@
-// What a client exported of one CUDA allocation, as the sidecar keeps it: the IPC handle, the
-// dma-buf fd of the whole allocation, its size and device, and the sidecar's own mapping of it,
+// What a client exported of one CUDA allocation, as the sidecar keeps it: the IPC handle (or,
+// for VMM memory, its pieces' fds), the dma-buf fd of the whole allocation, its size and
+// device, and the sidecar's own mapping of it,
 // made on first use by a transport that needs CUDA access (local copies, tcp staging) and
 // shared by every region registered in the allocation.
 //
@@ -14,8 +15,10 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "cuda/runtime.hpp"
+#include "cuda/vmm_piece.hpp"
 #include "tensorlane/ipc/fd.hpp"
 
 namespace tensorlane::sidecar {
@@ -27,6 +30,11 @@ public:
     /// `uid` the owner's (CudaRuntime::openIpc binds the import to it).
     CudaImport(const CudaIpcHandle &handle, int ordinal, uint64_t alloc_bytes,
                std::shared_ptr<ipc::UniqueFd> dmabuf, uint32_t uid);
+    /// VMM memory: `pieces` (contiguous from 0, summing to `alloc_bytes`) are mapped by base()
+    /// into a reservation of the sidecar's own, and their fds closed then. No uid binding: the
+    /// fds are the capability, and only their holder could send them.
+    CudaImport(std::vector<VmmPieceFd> pieces, int ordinal, uint64_t alloc_bytes,
+               uint64_t owner_address, std::shared_ptr<ipc::UniqueFd> dmabuf);
     ~CudaImport();
     CudaImport(const CudaImport &) = delete;
     CudaImport &operator=(const CudaImport &) = delete;
@@ -37,6 +45,8 @@ public:
     /// The device, as the sidecar numbers it.
     int ordinal() const { return ordinal_; }
     uint64_t allocBytes() const { return alloc_bytes_; }
+    /// Whether this is VMM memory (its pieces mapped by the sidecar), not a CUDA IPC import.
+    bool vmm() const { return vmm_; }
     const CudaIpcHandle &handle() const { return handle_; }
     /// The owner's dma-buf fd of the whole allocation (empty when the owner could not take one).
     const std::shared_ptr<ipc::UniqueFd> &dmabuf() const { return dmabuf_; }
@@ -57,9 +67,14 @@ private:
     const uint64_t alloc_bytes_;
     const std::shared_ptr<ipc::UniqueFd> dmabuf_;
     const uint32_t uid_;
+    const bool vmm_ = false;
     std::atomic<bool> verified_{false};
     mutable std::mutex mu_;
     std::shared_ptr<CudaIpcMapping> mapping_;
+    std::vector<VmmPieceFd> pieces_;     ///< VMM: until base() has mapped them
+    std::shared_ptr<void> vmm_mapping_;  ///< VMM: the reservation, unmapped when dropped
+    uint64_t vmm_base_ = 0;
+    uint64_t owner_address_ = 0;  ///< VMM: the owner's address of the span (a mapping hint)
     Status failed_;  ///< a failed import is not retried (each try may cost milliseconds)
 };
 

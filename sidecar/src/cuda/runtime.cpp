@@ -221,6 +221,93 @@ void CudaRuntime::closeIpc(CudaIpcMapping *m) {
     open_mappings_.fetch_sub(1, std::memory_order_relaxed);
 }
 
+Status CudaRuntime::mapVmm(const std::vector<VmmPieceFd> &pieces, int ordinal, uint64_t span,
+                           uint64_t hint, std::shared_ptr<void> *mapping, uint64_t *base) {
+    void *ctx = nullptr;
+    if (Status st = context(ordinal, &ctx); !st.isOk()) {
+        return st;
+    }
+    const cuda::Driver &d = cuda::driver();
+    cuda::ContextGuard g(d, static_cast<CUcontext>(ctx));
+    CUdeviceptr va = 0;
+    // At the owner's address where it is free here (a hint the driver may ignore): peers and
+    // the NIC then see one number for the memory, as for the owner's own MRs.
+    CUresult reserved = d.cuMemAddressReserve(&va, span, 0, hint, 0);
+    if (reserved != CUDA_SUCCESS && hint != 0) {
+        reserved = d.cuMemAddressReserve(&va, span, 0, 0, 0);
+    }
+    if (CUresult rc = reserved; rc != CUDA_SUCCESS) {
+        return {Code::kCuda, "cuMemAddressReserve(" + std::to_string(span) + " bytes) on " +
+                                 deviceName(ordinal) + ": " + d.errorText(rc)};
+    }
+    size_t mapped = 0;  // pieces mapped so far
+    const auto undo = [&] {
+        for (size_t i = 0; i < mapped; ++i) {
+            d.cuMemUnmap(va + pieces[i].offset, pieces[i].bytes);
+        }
+        d.cuMemAddressFree(va, span);
+    };
+    for (const VmmPieceFd &p : pieces) {
+        const std::string which = "piece " + std::to_string(mapped) + " (" +
+                                  std::to_string(p.bytes) + " bytes at " +
+                                  std::to_string(p.offset) + ")";
+        CUmemGenericAllocationHandle h = 0;
+        CUresult rc = d.cuMemImportFromShareableHandle(
+            &h, reinterpret_cast<void *>(static_cast<intptr_t>(p.fd.get())),
+            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        if (rc != CUDA_SUCCESS) {
+            undo();
+            return {Code::kCuda, "the VMM " + which +
+                                     " is not a CUDA allocation's fd "
+                                     "(cuMemImportFromShareableHandle: " +
+                                     d.errorText(rc) + ")"};
+        }
+        rc = d.cuMemMap(va + p.offset, p.bytes, 0, h, 0);
+        d.cuMemRelease(h);  // the mapping, if made, holds the memory from here
+        if (rc != CUDA_SUCCESS) {
+            undo();
+            // The driver maps an allocation whole: a piece claimed larger or smaller than the
+            // allocation behind its fd is refused here.
+            const bool size = rc == CUDA_ERROR_NOT_SUPPORTED || rc == CUDA_ERROR_INVALID_VALUE;
+            return {size ? Code::kInvalid : Code::kCuda,
+                    "the VMM " + which + " cannot be mapped" +
+                        (size ? std::string(": its allocation is not the size the client says")
+                              : std::string()) +
+                        " (cuMemMap: " + d.errorText(rc) + ")"};
+        }
+        ++mapped;
+    }
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = ordinal;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if (CUresult rc = d.cuMemSetAccess(va, span, &access, 1); rc != CUDA_SUCCESS) {
+        undo();
+        return {Code::kCuda, "cuMemSetAccess of a VMM registration on " + deviceName(ordinal) +
+                                 ": " + d.errorText(rc)};
+    }
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;
+    ranges.reserve(pieces.size());
+    for (const VmmPieceFd &p : pieces) {
+        ranges.emplace_back(p.offset, p.bytes);
+    }
+    open_mappings_.fetch_add(1, std::memory_order_relaxed);
+    imports_opened_.fetch_add(1, std::memory_order_relaxed);
+    *base = va;
+    *mapping = std::shared_ptr<void>(reinterpret_cast<void *>(va),
+                                     [this, ctx, span, ranges = std::move(ranges)](void *p) {
+                                         const cuda::Driver &drv = cuda::driver();
+                                         cuda::ContextGuard cg(drv, static_cast<CUcontext>(ctx));
+                                         const auto at = reinterpret_cast<CUdeviceptr>(p);
+                                         for (const auto &[offset, bytes] : ranges) {
+                                             drv.cuMemUnmap(at + offset, bytes);
+                                         }
+                                         drv.cuMemAddressFree(at, span);
+                                         open_mappings_.fetch_sub(1, std::memory_order_relaxed);
+                                     });
+    return Status::ok();
+}
+
 Status CudaRuntime::pinHost(void *base, size_t bytes, std::shared_ptr<void> *out) {
     void *ctx = nullptr;
     if (Status st = context(0, &ctx); !st.isOk()) {
@@ -261,6 +348,10 @@ Status CudaRuntime::openIpc(const CudaIpcHandle &, int, uint32_t,
     return {Code::kCuda, why_};
 }
 void CudaRuntime::closeIpc(CudaIpcMapping *) {}
+Status CudaRuntime::mapVmm(const std::vector<VmmPieceFd> &, int, uint64_t, uint64_t,
+                           std::shared_ptr<void> *, uint64_t *) {
+    return {Code::kCuda, why_};
+}
 Status CudaRuntime::pinHost(void *, size_t, std::shared_ptr<void> *) {
     return {Code::kCuda, why_};
 }

@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "cuda/vmm_piece.hpp"
 #include "tensorlane/sidecar/status.hpp"
 
 namespace tensorlane::sidecar {
@@ -63,13 +64,22 @@ public:
     /// must not reach another's memory through the sidecar's import).
     Status openIpc(const CudaIpcHandle &handle, int ordinal, uint32_t uid,
                    std::shared_ptr<CudaIpcMapping> *out);
+    /// Maps a client's VMM pieces (their fds) back to back into a reservation of `span`
+    /// bytes on device `ordinal` (at `hint`, the owner's address, where it is free), readable
+    /// and writable from it: `*base` is the first byte,
+    /// `*mapping` unmaps and frees the reservation when dropped (hand it to defer()). Each piece
+    /// is mapped whole, so a piece whose real size is not what the client says fails here
+    /// (kInvalid: the driver maps an allocation whole or not at all); an fd that is no CUDA
+    /// allocation is kCuda. The fds may be closed afterwards: the mapping holds the memory.
+    Status mapVmm(const std::vector<VmmPieceFd> &pieces, int ordinal, uint64_t span, uint64_t hint,
+                  std::shared_ptr<void> *mapping, uint64_t *base);
     /// Page-locks [base, base + bytes) for DMA (cuMemHostRegister, portable); the memory must
     /// stay mapped until the returned handle is dropped (which unregisters it).
     Status pinHost(void *base, size_t bytes, std::shared_ptr<void> *out);
     /// Runs `fn` on the release thread; `fn` and whatever it captured are destroyed there too.
     void defer(std::function<void()> fn);
 
-    /// IPC imports open now (status, tests).
+    /// IPC imports and VMM mappings open now (status, tests).
     uint64_t openMappings() const { return open_mappings_.load(std::memory_order_relaxed); }
     uint64_t importsOpened() const { return imports_opened_.load(std::memory_order_relaxed); }
 

@@ -13,7 +13,8 @@ namespace tensorlane::ipc {
 
 inline constexpr uint32_t kControlMagic = 0x4c43544cu;  // "TLCL"
 /// 2: RegisterMsg for CUDA memory (allocation, device UUID, dma-buf fd), stream messages.
-inline constexpr uint16_t kControlVersion = 2;
+/// 3: VMM memory (kVmmPieces, kRegisterVmm) and dma-buf registrations (kRegisterDmabufOnly).
+inline constexpr uint16_t kControlVersion = 3;
 inline constexpr size_t kErrorBytes = 256;
 /// The largest datagram either side sends or accepts (status replies carry JSON text).
 inline constexpr size_t kMaxControlMessage = 64 * 1024;
@@ -34,6 +35,8 @@ enum class MsgType : uint16_t {
     /// ExposeAccessMsg: tl_expose_access (an expose with an access list). kExpose stays
     /// tl_expose's message with the default access (kAccessPeers, nobody else).
     kExposeAccess = 19,
+    /// VmmPiecesMsg with `count` fds: pieces of a VMM registration that follows (kRegisterVmm).
+    kVmmPieces = 20,
 };
 
 struct MsgHeader {
@@ -71,7 +74,43 @@ enum RegisterFlag : uint32_t {
     kRegisterReuse = 1u << 0,
     /// A dma-buf fd of the whole allocation comes with the message (SCM_RIGHTS).
     kRegisterDmabuf = 1u << 1,
+    /// VMM memory (cuMemCreate, mapped with cuMemMap): the allocation is the span of pieces
+    /// that kVmmPieces messages with key `parent` staged before this message, `alloc_bytes`
+    /// their sum, `alloc_address` the client's address of the first. No IPC handle; never a
+    /// reuse (each VMM registration exports its pieces).
+    kRegisterVmm = 1u << 2,
+    /// Memory known only by the dma-buf fd that comes with the message (kRegisterDmabuf set
+    /// too): tl_register_dmabuf, or VMM memory made without a shareable handle type. The
+    /// sidecar cannot map it; only transports that register dma-bufs (verbs) reach it. The
+    /// allocation is the whole dma-buf (its size is the kernel's); `offset` is where the
+    /// region starts in it.
+    kRegisterDmabufOnly = 1u << 3,
 };
+
+/// The most pieces one kVmmPieces message carries (each with its fd).
+inline constexpr uint32_t kMaxVmmPiecesPerMessage = 32;
+/// The most pieces one VMM registration may span, and the most a session may have staged
+/// (each is an fd in the sidecar until the registration maps it): 80 GiB of PyTorch's 20 MiB
+/// expandable-segment pieces.
+inline constexpr uint32_t kMaxVmmPieces = 4096;
+
+/// One piece of VMM memory: a physical allocation (cuMemCreate) mapped whole at `offset` in
+/// the registered span; its POSIX fd (cuMemExportToShareableHandle) travels alongside.
+struct VmmPiece {
+    uint64_t offset;  ///< in the span; the pieces are contiguous from 0
+    uint64_t bytes;   ///< the physical allocation's size, all of which is mapped there
+};
+
+/// kVmmPieces: pieces [first, first + count) of the VMM registration `key`, in order, with one
+/// fd each. The kRegister with kRegisterVmm and parent = key that follows consumes them.
+struct VmmPiecesMsg {
+    MsgHeader h;
+    uint64_t key;
+    uint32_t first;  ///< pieces staged before for `key` (batches come in order)
+    uint32_t count;  ///< 1..kMaxVmmPiecesPerMessage, and as many fds
+    VmmPiece pieces[kMaxVmmPiecesPerMessage];
+};
+static_assert(sizeof(VmmPiecesMsg) == 16 + 16 + 16 * kMaxVmmPiecesPerMessage);
 
 struct AllocHostMsg {
     MsgHeader h;

@@ -14,7 +14,8 @@
 
 namespace tensorlane::ipc {
 
-inline constexpr size_t kMaxFdsPerMessage = 4;
+/// A control message's fds: a VMM registration's pieces travel 32 to a message (control.hpp).
+inline constexpr size_t kMaxFdsPerMessage = 32;
 
 /// Credentials of the process at the other end of a Unix socket (SO_PEERCRED).
 struct PeerCred {

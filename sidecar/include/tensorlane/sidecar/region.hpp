@@ -51,6 +51,12 @@ struct CudaMemory {
     std::shared_ptr<CudaImport> import;
 };
 
+/// Why a transport that copies through the sidecar's own mappings (local, tcp) refuses a
+/// write from or to a Region::dmabufOnly() region.
+inline constexpr const char *kDmabufOnlyReason =
+    "a region registered from a dma-buf alone (tl_register_dmabuf, or VMM memory made without a "
+    "shareable handle type) is reachable only by the verbs transport";
+
 /// "[1000, 1001]": uids or gids in an access list or a reservation, for refusals' texts.
 std::string idList(const std::vector<uint32_t> &ids);
 
@@ -91,6 +97,10 @@ struct Region {
     std::atomic<bool> exposed{false};  ///< what transport threads check instead of the name
     std::atomic<bool> revoked{false};  ///< deregistered: no transfer may start on it
     RegionAccess access;               ///< who may write it once exposed (engine thread)
+
+    /// CUDA (or other device) memory known only by its dma-buf: the sidecar has no mapping of
+    /// it, so only a transport that registers dma-bufs with the NIC reaches it.
+    bool dmabufOnly() const { return kind == MemoryKind::kCuda && cuda.import == nullptr; }
 
     /// True when [offset, offset + len) lies inside the region, overflow-safe, len > 0.
     bool contains(uint64_t offset, uint64_t len) const {

@@ -36,6 +36,10 @@ Code checkStart(const WriteOp &op, const char **why) {
         }
         return Code::kOk;
     }
+    if (op.dst->dmabufOnly() || op.src->dmabufOnly()) {
+        *why = kDmabufOnlyReason;
+        return Code::kCuda;
+    }
     const auto usable = [](const Region &r) {
         return r.kind == MemoryKind::kCuda ? r.cuda.import != nullptr : r.base != nullptr;
     };

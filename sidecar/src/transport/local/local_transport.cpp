@@ -16,6 +16,9 @@ Status LocalTransport::post(const WriteOp &op) {
     if (Status st = checkMessage(op); !st.isOk()) {
         return st;
     }
+    if (op.bytes != 0 && (op.src->dmabufOnly() || op.dst->dmabufOnly())) {
+        return {Code::kCuda, std::string("local: ") + kDmabufOnlyReason};
+    }
     if (op.extents && (op.src->kind != MemoryKind::kHost || op.dst->kind != MemoryKind::kHost)) {
         return {Code::kInvalid, "a scattered write is between host regions"};
     }

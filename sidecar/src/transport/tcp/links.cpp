@@ -454,7 +454,10 @@ int InLink::beginChunk(Connection &c, std::string *error) {
                 fresh.region = std::move(r);
             }
         } else {
-            fresh.code = Code::kNotFound;
+            // A region only the verbs transport reaches is there, but not for tcp.
+            const bool offered = r && r->exposed.load(std::memory_order_acquire) &&
+                                 r->access.peers && !r->revoked.load(std::memory_order_acquire);
+            fresh.code = offered && !message && r->dmabufOnly() ? Code::kCuda : Code::kNotFound;
         }
     } else if (w->region_id != ch.region || (!scatter && w->offset != ch.write_offset) ||
                w->total != ch.total_bytes || w->imm != ch.imm || w->flags != ch.flags || message) {

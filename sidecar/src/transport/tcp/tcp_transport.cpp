@@ -135,6 +135,9 @@ Status TcpTransport::post(const WriteOp &op) {
     if (Status st = checkMessage(op); !st.isOk()) {
         return st;
     }
+    if (op.bytes != 0 && op.src && op.src->dmabufOnly()) {
+        return {Code::kCuda, std::string("tcp: ") + kDmabufOnlyReason};
+    }
     const bool readable =
         op.src && (op.src->kind == MemoryKind::kCuda ? op.src->cuda.import != nullptr
                                                      : op.src->base != nullptr);
