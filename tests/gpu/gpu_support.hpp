@@ -129,7 +129,16 @@ inline bool waitFor(const std::function<bool()> &cond,
     X(cuEventQuery)                  \
     X(cuEventSynchronize)            \
     X(cuEventElapsedTime)            \
-    X(cuEventDestroy)
+    X(cuEventDestroy)                \
+    X(cuMemCreate)                   \
+    X(cuMemRelease)                  \
+    X(cuMemAddressReserve)           \
+    X(cuMemAddressFree)              \
+    X(cuMemMap)                      \
+    X(cuMemUnmap)                    \
+    X(cuMemSetAccess)                \
+    X(cuMemGetAllocationGranularity) \
+    X(cuMemExportToShareableHandle)
 
 #define TL_TEST_CUDA_SYMBOL_(x) #x
 #define TL_TEST_CUDA_SYMBOL(x) TL_TEST_CUDA_SYMBOL_(x)

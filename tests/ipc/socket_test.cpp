@@ -314,7 +314,7 @@ TEST_F(Socket, TruncatedDatagramIsEmsgsizeAndLeaksNoFd) {
 TEST_F(Socket, TooManyFdsFromPeerAreClosed) {
     UniqueFd client, server;
     connectPair(&client, &server);
-    constexpr int kSent = 8;
+    constexpr int kSent = static_cast<int>(kMaxFdsPerMessage) + 4;
     std::array<int, kSent> raw;
     std::vector<UniqueFd> owners;
     for (int i = 0; i < kSent; ++i) {

@@ -98,3 +98,37 @@ def test_stream_ordered_write_and_waits(client_a, client_b, name):
         total = recv.sum()  # runs only after the data has landed
     r.synchronize()
     assert total.item() == 7 * (1 << 20)
+
+
+_EXPANDABLE = r"""
+import os, sys, torch, tensorlane
+a = tensorlane.Client(os.environ["TL_A"])
+b = tensorlane.Client(os.environ["TL_B"])
+# 64 MiB tensors: several of the allocator's VMM pieces (20 MiB on an H200) each.
+src = torch.randn(16 << 20, device="cuda")
+recv = torch.zeros(16 << 20, device="cuda")
+held = [a.register(src), b.register(recv)]
+b.expose(held[1], sys.argv[1])
+torch.cuda.synchronize()
+a.write(src, a.lookup("node-b", sys.argv[1], timeout=5), imm=5).wait(60)
+note = b.wait_notification(60)
+assert note.bytes == src.numel() * 4, note.bytes
+assert torch.equal(src, recv), "the data differs"
+print("expandable segments: ok")
+"""
+
+
+def test_expandable_segments_tensors_cross_nodes(cluster, name):
+    """PyTorch's expandable segments allocate with cuMemCreate/cuMemMap: a 64 MiB tensor spans
+    several VMM pieces, which the shim exports as fds (TL_ECUDA before VMM support). Run in a
+    process of its own: the allocator setting is read when CUDA is first used."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True",
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+               TL_A=cluster.socket("node-a"), TL_B=cluster.socket("node-b"))
+    out = subprocess.run([sys.executable, "-c", _EXPANDABLE, name], env=env, capture_output=True,
+                         text=True, timeout=180)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "expandable segments: ok" in out.stdout

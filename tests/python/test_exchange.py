@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import mmap
+import os
 import threading
 import time
 
@@ -205,3 +207,28 @@ def test_sidecar_status_is_parsed_json(client_a):
     st = client_a.sidecar_status()
     assert st["node"] == "node-a" and isinstance(st["clients"], list)
     assert any(p.get("name") == "node-b" for p in st["peers"])
+
+
+def test_dmabuf_region_is_checked_and_tcp_refuses_it(client_a, client_b, name):
+    """register_dmabuf takes a dma-buf's range (a memfd stands in for one); the sidecar does not
+    map it, so a write over tcp into it ends with CudaError and leaves it untouched."""
+    fd = os.memfd_create("tl-dmabuf")
+    os.ftruncate(fd, 65536)
+    with pytest.raises(tensorlane.InvalidArgumentError, match="runs past the end"):
+        client_a.register_dmabuf(fd, 61440, 8192)
+    with pytest.raises(tensorlane.InvalidArgumentError):
+        client_a.register_dmabuf(fd, 0, 0)
+    r = client_a.register_dmabuf(fd, 4096, 8192)
+    assert isinstance(r, tensorlane.DeviceRegion)
+    assert (r.device, r.address, r.nbytes) == ("dmabuf", 0, 8192)
+    client_a.expose(r, name)
+    with mmap.mmap(fd, 65536) as view:
+        os.close(fd)  # the sidecar holds its own reference
+        remote = client_b.lookup("node-a", name, timeout=5)
+        src = client_b.alloc_host_array(8192, np.uint8)
+        src[:] = pattern(8192, 3)
+        ticket = client_b.write(src, remote)
+        with pytest.raises(tensorlane.CudaError, match="only the verbs transport"):
+            ticket.wait(10)
+        assert view[:] == bytes(65536)
+    r.close()

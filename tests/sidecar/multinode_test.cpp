@@ -3,6 +3,8 @@
 // restart, or lose their link.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 
 #include <atomic>
@@ -11,9 +13,11 @@
 #include <thread>
 
 #include "harness.hpp"
+#include "tensorlane/ipc/fd.hpp"
 #include "tensorlane/tensorlane.hpp"
 
 using namespace tltest;
+namespace ipc = tensorlane::ipc;
 
 namespace {
 
@@ -544,4 +548,163 @@ TEST(MultiNodeTcp, VerbsByNameWithoutADeviceIsRefusedNotSilentlyReplaced) {
     EXPECT_FALSE(sc.ready());
     EXPECT_FALSE(sc.alive());
     EXPECT_TRUE(sc.logHas("transport = \"verbs\", but the fabric is unusable")) << sc.log();
+}
+
+namespace {
+
+/// A memfd of `bytes` zeros, mapped: the stand-in for a device's dma-buf (the simulated HCA
+/// registers memfd-backed dma-bufs as the kernel registers udmabufs).
+struct MemfdBuffer {
+    ipc::UniqueFd fd;
+    void *map = MAP_FAILED;
+    size_t bytes = 0;
+    explicit MemfdBuffer(size_t n) : fd(::memfd_create("tl-dmabuf", MFD_CLOEXEC)), bytes(n) {
+        if (fd && ::ftruncate(fd.get(), static_cast<off_t>(n)) == 0) {
+            map = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+        }
+    }
+    ~MemfdBuffer() {
+        if (map != MAP_FAILED) {
+            ::munmap(map, bytes);
+        }
+    }
+    bool ok() const { return map != MAP_FAILED; }
+    unsigned char *data() const { return static_cast<unsigned char *>(map); }
+};
+
+}  // namespace
+
+// tl_register_dmabuf (what NCCL's regMrDmaBuf hands a net plugin): the sidecar never maps the
+// memory, so a write lands in it over verbs (the NIC registers the dma-buf) and nowhere else,
+// and a write out of it leaves over verbs only; over tcp both fail with TL_ECUDA, and the
+// memory is untouched.
+TEST_P(MultiNode, DmabufRegionIsReachedByVerbsOnly) {
+    const bool verbs = GetParam() == "verbs";
+    Cluster cluster(2, GetParam());
+    for (int i = 0; i < 2; ++i) {
+        ASSERT_TRUE(cluster.node(i).ready()) << cluster.node(i).log();
+    }
+    constexpr size_t kBuf = 64 * 1024, kOffset = 4096 + 100, kRegion = 16384, kWrite = 8192;
+    MemfdBuffer buf(kBuf);
+    ASSERT_TRUE(buf.ok());
+    fillRandom(buf.data() + kBuf - 4096, 4096, 77);  // the source of the outbound write
+    auto ca = tensorlane::Client::connect(cluster.node(0).socket());
+    auto cb = tensorlane::Client::connect(cluster.node(1).socket());
+    ASSERT_TRUE(ca.ok() && cb.ok());
+    tensorlane::Client &a = *ca, &b = *cb;
+    auto in = a.registerDmabuf(buf.fd.get(), kOffset, kRegion);
+    ASSERT_TRUE(in.ok()) << in.error().detail;
+    EXPECT_EQ(in->data(), nullptr);
+    ASSERT_TRUE(in->expose("dmabuf-in").ok());
+    auto out = a.registerDmabuf(buf.fd.get(), kBuf - 4096, 4096);
+    ASSERT_TRUE(out.ok()) << out.error().detail;
+    auto src_r = b.allocHost(kWrite);
+    ASSERT_TRUE(src_r.ok());
+    tensorlane::Region &src = *src_r;
+    fillRandom(src.data(), kWrite, 5);
+    auto inbox_r = b.allocHost(4096);
+    ASSERT_TRUE(inbox_r.ok());
+    tensorlane::Region &inbox = *inbox_r;
+    ASSERT_TRUE(inbox.expose("host-in").ok());
+
+    tl_remote dst = 0;
+    ASSERT_EQ(lookupRemote(b.get(), cluster.name(0), "dmabuf-in", &dst), TL_OK) << tl_last_error();
+    tl_ticket t = 0;
+    ASSERT_EQ(tl_write(b.get(), src.id(), 0, dst, 100, kWrite, 7, &t), TL_OK);
+    const tl_status landed = tl_wait(b.get(), t, 20000);
+    std::vector<unsigned char> expect(kWrite);
+    fillRandom(expect.data(), kWrite, 5);
+    if (verbs) {
+        ASSERT_EQ(landed, TL_OK) << tl_last_error() << cluster.logs();
+        tl_notification n{};
+        ASSERT_EQ(tl_wait_notification(a.get(), &n, 20000), TL_OK);
+        EXPECT_EQ(n.imm, 7u);
+        EXPECT_EQ(n.offset, 100u);
+        EXPECT_EQ(n.bytes, kWrite);
+        EXPECT_EQ(std::memcmp(buf.data() + kOffset + 100, expect.data(), kWrite), 0);
+    } else {
+        EXPECT_EQ(landed, TL_ECUDA) << tl_last_error();
+    }
+    // Not a byte outside the write (over tcp: not a byte at all).
+    for (size_t i = 0; i < kBuf - 4096; ++i) {
+        const bool written = verbs && i >= kOffset + 100 && i < kOffset + 100 + kWrite;
+        if (!written) {
+            ASSERT_EQ(buf.data()[i], 0) << "byte " << i;
+        }
+    }
+
+    // Out of the dma-buf region, into a host region of the other node.
+    tl_remote host_in = 0;
+    ASSERT_EQ(lookupRemote(a.get(), cluster.name(1), "host-in", &host_in), TL_OK)
+        << tl_last_error();
+    ASSERT_EQ(tl_write(a.get(), out->id(), 0, host_in, 0, 4096, 8, &t), TL_OK);
+    const tl_status sent = tl_wait(a.get(), t, 20000);
+    if (verbs) {
+        ASSERT_EQ(sent, TL_OK) << tl_last_error();
+        EXPECT_EQ(std::memcmp(inbox.data(), buf.data() + kBuf - 4096, 4096), 0);
+    } else {
+        EXPECT_EQ(sent, TL_ECUDA) << tl_last_error();
+        EXPECT_NE(std::string(tl_last_error()).find("only the verbs transport reaches"),
+                  std::string::npos)
+            << tl_last_error();
+    }
+}
+
+// On one node the local transport copies through the sidecar's own mappings, which a dma-buf
+// region does not have: writes into or out of it fail with TL_ECUDA, and bad registrations are
+// refused with the reason. Its fd is the sidecar's until the region goes.
+TEST(DmabufRegion, LocalWritesAndBadRangesAreRefused) {
+    Sidecar sc;
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    // The harness's readiness probe must be gone before the baseline: only the keeper remains.
+    auto keeper = tensorlane::Client::connect(sc.socket());
+    ASSERT_TRUE(keeper.ok());
+    ASSERT_TRUE(eventually([&] { return clientCount(keeper->get()) == 1; }));
+    const int fds_before = sc.openFds();
+    {
+        MemfdBuffer buf(8192);
+        ASSERT_TRUE(buf.ok());
+        auto cr = tensorlane::Client::connect(sc.socket());
+        ASSERT_TRUE(cr.ok());
+        tensorlane::Client &c = *cr;
+        tl_region r = 0;
+        EXPECT_EQ(tl_register_dmabuf(c.get(), -1, 0, 4096, &r), TL_EINVAL);
+        EXPECT_EQ(tl_register_dmabuf(c.get(), buf.fd.get(), 0, 0, &r), TL_EINVAL);
+        EXPECT_EQ(tl_register_dmabuf(c.get(), buf.fd.get(), UINT64_MAX - 10, 100, &r), TL_EINVAL);
+        EXPECT_EQ(tl_register_dmabuf(c.get(), buf.fd.get(), 4096, 8192, &r), TL_EINVAL);
+        EXPECT_NE(std::string(tl_last_error()).find("runs past the end of the 8192-byte dma-buf"),
+                  std::string::npos)
+            << tl_last_error();
+        ipc::UniqueFd ev(::eventfd(0, EFD_CLOEXEC));
+        EXPECT_EQ(tl_register_dmabuf(c.get(), ev.get(), 0, 4096, &r), TL_EINVAL);
+        EXPECT_NE(std::string(tl_last_error()).find("no dma-buf"), std::string::npos)
+            << tl_last_error();
+
+        auto dm = c.registerDmabuf(buf.fd.get(), 0, 8192);
+        ASSERT_TRUE(dm.ok()) << dm.error().detail;
+        ASSERT_TRUE(dm->expose("dm").ok());
+        auto host_r = c.allocHost(8192);
+        ASSERT_TRUE(host_r.ok());
+        tensorlane::Region &host = *host_r;
+        fillRandom(host.data(), 8192, 3);
+        ASSERT_TRUE(host.expose("host").ok());
+        tl_remote to_dm = 0, to_host = 0;
+        ASSERT_EQ(tl_lookup(c.get(), "node-a", "dm", &to_dm, nullptr), TL_OK) << tl_last_error();
+        ASSERT_EQ(tl_lookup(c.get(), "node-a", "host", &to_host, nullptr), TL_OK);
+        tl_ticket t = 0;
+        ASSERT_EQ(tl_write(c.get(), host.id(), 0, to_dm, 0, 4096, 1, &t), TL_OK);
+        EXPECT_EQ(tl_wait(c.get(), t, 10000), TL_ECUDA) << tl_last_error();
+        ASSERT_EQ(tl_write(c.get(), dm->id(), 0, to_host, 0, 4096, 2, &t), TL_OK);
+        EXPECT_EQ(tl_wait(c.get(), t, 10000), TL_ECUDA) << tl_last_error();
+        for (size_t i = 0; i < 8192; ++i) {
+            ASSERT_EQ(buf.data()[i], 0) << "byte " << i;
+        }
+        std::vector<unsigned char> expect(8192);
+        fillRandom(expect.data(), expect.size(), 3);
+        EXPECT_EQ(std::memcmp(host.data(), expect.data(), expect.size()), 0);
+    }
+    // The client is gone: every fd it gave the sidecar is closed again.
+    EXPECT_TRUE(eventually([&] { return sc.openFds() == fds_before; }))
+        << sc.openFds() << " fds, " << fds_before << " before";
+    EXPECT_TRUE(sc.alive());
 }

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 
 #include <grp.h>
 #include <sys/stat.h>
@@ -531,4 +532,182 @@ TEST(DeadSidecar, BlockedWaitReturnsEconnPromptly) {
     EXPECT_EQ(tl_nop(c->get(), &t), TL_ECONN);
     tl_remote r;
     EXPECT_EQ(tl_lookup(c->get(), "node-a", "x", &r, nullptr), TL_ECONN);
+}
+
+namespace {
+
+/// A kVmmPieces message of `count` pieces of `piece` bytes from piece `first` on, every fd
+/// `fd` (the sidecar checks the pieces' fds only when it maps them, with CUDA).
+ipc::VmmPiecesMsg vmmPieces(uint64_t key, uint32_t first, uint32_t count, uint64_t piece) {
+    ipc::VmmPiecesMsg m{};
+    m.h.type = static_cast<uint16_t>(ipc::MsgType::kVmmPieces);
+    m.key = key;
+    m.first = first;
+    m.count = count;
+    for (uint32_t i = 0; i < count && i < ipc::kMaxVmmPiecesPerMessage; ++i) {
+        m.pieces[i] = {(first + i) * piece, piece};
+    }
+    return m;
+}
+
+ipc::RegisterMsg vmmRegister(uint64_t key, uint64_t span) {
+    ipc::RegisterMsg m{};
+    m.h.type = static_cast<uint16_t>(ipc::MsgType::kRegister);
+    m.kind = static_cast<uint32_t>(ipc::RegionKind::kCuda);
+    m.flags = ipc::kRegisterVmm;
+    m.parent = key;
+    m.bytes = 4096;
+    m.alloc_bytes = span;
+    return m;
+}
+
+}  // namespace
+
+// A client lying about a VMM registration's pieces (the fds the sidecar will map): every lie is
+// refused with the reason, a refused batch drops what was staged, a registration consumes its
+// pieces whatever becomes of it, and none of the fds outlives the session.
+TEST(HostileClient, VmmPieceLiesAreRefusedAndTheirFdsClosed) {
+    Sidecar sc;
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    // The harness's readiness probe must be gone before the baseline: only the keeper remains.
+    auto keeper = tensorlane::Client::connect(sc.socket());
+    ASSERT_TRUE(keeper.ok());
+    ASSERT_TRUE(eventually([&] { return clientCount(keeper->get()) == 1; }));
+    const int fds_before = sc.openFds();
+    {
+        RawClient raw;
+        ASSERT_TRUE(raw.connect(sc.socket()));
+        ipc::UniqueFd piece(::memfd_create("tl-piece", MFD_CLOEXEC));
+        ASSERT_TRUE(piece);
+        std::vector<int> fds(ipc::kMaxVmmPiecesPerMessage, piece.get());
+        const auto code = [](const ipc::ReplyMsg &r) { return static_cast<ipc::Code>(r.status); };
+        constexpr uint64_t kPiece = 2 << 20;
+
+        // Fewer fds than pieces, and no piece at all.
+        ipc::VmmPiecesMsg m = vmmPieces(1, 0, 2, kPiece);
+        ipc::ReplyMsg r = raw.call(m, nullptr, std::span<const int>(fds.data(), 1));
+        EXPECT_EQ(code(r), ipc::Code::kInvalid) << r.error;
+        EXPECT_NE(std::string(r.error).find("one fd each"), std::string::npos) << r.error;
+        m = vmmPieces(1, 0, 0, kPiece);
+        r = raw.call(m);
+        EXPECT_EQ(code(r), ipc::Code::kInvalid) << r.error;
+        // A gap between pieces, an empty piece, a span past 2^48.
+        m = vmmPieces(2, 0, 3, kPiece);
+        m.pieces[2].offset += 4096;
+        r = raw.call(m, nullptr, std::span<const int>(fds.data(), 3));
+        EXPECT_EQ(code(r), ipc::Code::kInvalid) << r.error;
+        EXPECT_NE(std::string(r.error).find("piece 2"), std::string::npos) << r.error;
+        m = vmmPieces(2, 0, 1, 0);
+        r = raw.call(m, nullptr, std::span<const int>(fds.data(), 1));
+        EXPECT_EQ(code(r), ipc::Code::kInvalid) << r.error;
+        m = vmmPieces(2, 0, 1, uint64_t{1} << 49);
+        r = raw.call(m, nullptr, std::span<const int>(fds.data(), 1));
+        EXPECT_EQ(code(r), ipc::Code::kInvalid) << r.error;
+
+        // Two good batches, then one that skips ahead: refused, and the staging is gone (a
+        // batch that would follow the first two no longer does).
+        for (uint32_t first : {0u, 32u}) {
+            m = vmmPieces(3, first, 32, kPiece);
+            r = raw.call(m, nullptr, fds);
+            ASSERT_EQ(code(r), ipc::Code::kOk) << r.error;
+            EXPECT_EQ(r.value0, first + 32);
+            EXPECT_EQ(r.value1, (first + 32) * kPiece);
+        }
+        m = vmmPieces(3, 65, 1, kPiece);
+        r = raw.call(m, nullptr, std::span<const int>(fds.data(), 1));
+        EXPECT_EQ(code(r), ipc::Code::kInvalid) << r.error;
+        EXPECT_NE(std::string(r.error).find("64 are staged"), std::string::npos) << r.error;
+        m = vmmPieces(3, 64, 1, kPiece);
+        r = raw.call(m, nullptr, std::span<const int>(fds.data(), 1));
+        EXPECT_EQ(code(r), ipc::Code::kInvalid) << r.error;
+        EXPECT_NE(std::string(r.error).find("0 are staged"), std::string::npos) << r.error;
+
+        // A registration with nothing staged; one whose span disagrees with its pieces; one
+        // that matches (this sidecar has no CUDA, so it is refused for that): each takes the
+        // pieces with it.
+        ipc::RegisterMsg reg = vmmRegister(4, kPiece);
+        r = raw.call(reg);
+        EXPECT_EQ(code(r), ipc::Code::kNotFound) << r.error;
+        m = vmmPieces(5, 0, 2, kPiece);
+        ASSERT_EQ(code(raw.call(m, nullptr, std::span<const int>(fds.data(), 2))), ipc::Code::kOk);
+        reg = vmmRegister(5, 3 * kPiece);
+        r = raw.call(reg);
+        EXPECT_EQ(code(r), ipc::Code::kInvalid) << r.error;
+        EXPECT_NE(std::string(r.error).find("span 4194304 bytes"), std::string::npos) << r.error;
+        reg = vmmRegister(5, 2 * kPiece);
+        EXPECT_EQ(code(raw.call(reg)), ipc::Code::kNotFound);
+        m = vmmPieces(6, 0, 2, kPiece);
+        ASSERT_EQ(code(raw.call(m, nullptr, std::span<const int>(fds.data(), 2))), ipc::Code::kOk);
+        reg = vmmRegister(6, 2 * kPiece);
+        reg.flags |= ipc::kRegisterReuse;  // flags that cannot go together
+        r = raw.call(reg);
+        EXPECT_EQ(code(r), ipc::Code::kInvalid) << r.error;
+        reg = vmmRegister(6, 2 * kPiece);
+        EXPECT_EQ(code(raw.call(reg)), ipc::Code::kNotFound);
+        m = vmmPieces(7, 0, 2, kPiece);
+        ASSERT_EQ(code(raw.call(m, nullptr, std::span<const int>(fds.data(), 2))), ipc::Code::kOk);
+        reg = vmmRegister(7, 2 * kPiece);
+        r = raw.call(reg);
+        EXPECT_EQ(code(r), ipc::Code::kCuda) << r.error;
+        EXPECT_NE(std::string(r.error).find("cannot use CUDA memory"), std::string::npos)
+            << r.error;
+
+        // Fds on messages that carry none, and two on a registration.
+        ipc::LookupMsg lm{};
+        lm.h.type = static_cast<uint16_t>(ipc::MsgType::kLookup);
+        r = raw.call(lm, nullptr, std::span<const int>(fds.data(), 1));
+        EXPECT_STREQ(r.error, "unexpected file descriptors");
+        reg = vmmRegister(8, kPiece);
+        r = raw.call(reg, nullptr, std::span<const int>(fds.data(), 2));
+        EXPECT_STREQ(r.error, "unexpected file descriptors");
+
+        // Pieces staged and never registered stay until the session ends; then they close.
+        m = vmmPieces(9, 0, 32, kPiece);
+        ASSERT_EQ(code(raw.call(m, nullptr, fds)), ipc::Code::kOk);
+        EXPECT_GE(sc.openFds(), fds_before + 32);
+    }
+    EXPECT_TRUE(eventually([&] { return sc.openFds() == fds_before; }))
+        << sc.openFds() << " fds, " << fds_before << " before";
+    EXPECT_TRUE(sc.alive());
+    EXPECT_TRUE(healthyRoundTrip(sc.socket(), 9));
+}
+
+// One client may stage at most kMaxVmmPieces pieces (each an fd in the sidecar): the next is
+// refused, and the session, and every other, goes on.
+TEST(HostileClient, VmmStagingIsBoundedPerClient) {
+    Sidecar sc;
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    rlimit lim{};
+    ASSERT_EQ(::prlimit(sc.pid(), RLIMIT_NOFILE, nullptr, &lim), 0);
+    if (lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < ipc::kMaxVmmPieces + 1024) {
+        GTEST_SKIP() << "the sidecar may open " << lim.rlim_cur << " fds (RLIMIT_NOFILE), fewer "
+                     << "than one client's " << ipc::kMaxVmmPieces << " staged pieces";
+    }
+    // The harness's readiness probe must be gone before the baseline: only the keeper remains.
+    auto keeper = tensorlane::Client::connect(sc.socket());
+    ASSERT_TRUE(keeper.ok());
+    ASSERT_TRUE(eventually([&] { return clientCount(keeper->get()) == 1; }));
+    const int fds_before = sc.openFds();
+    {
+        RawClient raw;
+        ASSERT_TRUE(raw.connect(sc.socket()));
+        ipc::UniqueFd piece(::memfd_create("tl-piece", MFD_CLOEXEC));
+        std::vector<int> fds(ipc::kMaxVmmPiecesPerMessage, piece.get());
+        constexpr uint32_t kBatch = ipc::kMaxVmmPiecesPerMessage;
+        for (uint32_t first = 0; first < ipc::kMaxVmmPieces; first += kBatch) {
+            // Two registrations' worth, so the bound is the client's, not one registration's.
+            ipc::VmmPiecesMsg m = vmmPieces(first < ipc::kMaxVmmPieces / 2 ? 1 : 2,
+                                            first % (ipc::kMaxVmmPieces / 2), kBatch, 4096);
+            const ipc::ReplyMsg r = raw.call(m, nullptr, fds);
+            ASSERT_EQ(r.status, 0) << first << ": " << r.error;
+        }
+        ipc::VmmPiecesMsg m = vmmPieces(3, 0, 1, 4096);
+        ipc::ReplyMsg r = raw.call(m, nullptr, std::span<const int>(fds.data(), 1));
+        EXPECT_EQ(static_cast<ipc::Code>(r.status), ipc::Code::kInvalid) << r.error;
+        EXPECT_NE(std::string(r.error).find("VMM pieces staged by this client"), std::string::npos)
+            << r.error;
+        EXPECT_TRUE(healthyRoundTrip(sc.socket(), 11));
+    }
+    EXPECT_TRUE(eventually([&] { return sc.openFds() == fds_before; }))
+        << sc.openFds() << " fds, " << fds_before << " before";
 }

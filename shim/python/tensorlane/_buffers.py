@@ -18,7 +18,7 @@ __all__ = ["Span", "span_of", "is_torch_tensor"]
 class Span(NamedTuple):
     address: int
     nbytes: int
-    device: str  # "cpu" or "cuda"
+    device: str  # "cpu", "cuda" or "dmabuf" (register_dmabuf: no address)
     device_index: int  # -1 for host memory
 
 

@@ -118,7 +118,7 @@ class Region:
     """A local region: memory this client registered with its sidecar.
 
     ``handle`` is the C ``tl_region``, ``address`` and ``nbytes`` the range, ``device``
-    ``"cpu"`` or ``"cuda"``. Host regions (:class:`HostRegion`) support the buffer protocol;
+    ``"cpu"``, ``"cuda"`` or ``"dmabuf"`` (``register_dmabuf``: address 0). Host regions (:class:`HostRegion`) support the buffer protocol;
     device regions (:class:`DeviceRegion`) do not (their memory is not addressable by the CPU).
     A Region is a context manager: leaving the block deregisters it.
     """
@@ -660,6 +660,28 @@ class Client:
         else:
             r = _new_device_region(self, out.value, span, obj)
             self._device_regions.add(r)
+        self._regions[r.handle] = r
+        return r
+
+    def register_dmabuf(self, fd: int, offset: int, nbytes: int) -> DeviceRegion:
+        """Registers ``[offset, offset + nbytes)`` of the dma-buf ``fd`` (``tl_register_dmabuf``:
+        what NCCL hands a net plugin's ``regMrDmaBuf``) and returns its region, of device
+        ``"dmabuf"`` and address 0. The sidecar takes its own reference to ``fd`` (close yours
+        when you like) and checks the range against the dma-buf's size. The sidecar does not map
+        the memory: only the verbs transport reaches the region; local and tcp writes to or from
+        it end with CudaError."""
+        if nbytes <= 0 or offset < 0:
+            raise InvalidArgumentError("register_dmabuf: nbytes must be > 0 and offset >= 0",
+                                       call="tl_register_dmabuf")
+        out = c_uint64()
+        self._enter()
+        try:
+            st = self._lib.tl_register_dmabuf(self._h, int(fd), offset, nbytes, byref(out))
+            if st != Status.OK:
+                raise self._fail(st, "tl_register_dmabuf", f"fd {fd}, {offset}, {nbytes}")
+        finally:
+            self._leave()
+        r = _new_device_region(self, out.value, Span(0, nbytes, "dmabuf", -1), None)
         self._regions[r.handle] = r
         return r
 

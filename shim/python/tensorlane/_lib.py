@@ -149,6 +149,7 @@ _REQUIRED = {
     "tl_disconnect": (None, [c_void_p]),
     "tl_alloc_host": (c_int, [c_void_p, c_size_t, POINTER(c_void_p), _u64p]),
     "tl_register": (c_int, [c_void_p, c_void_p, c_size_t, _u64p]),
+    "tl_register_dmabuf": (c_int, [c_void_p, c_int, c_uint64, c_uint64, _u64p]),
     "tl_deregister": (c_int, [c_void_p, c_uint64]),
     "tl_expose": (c_int, [c_void_p, c_uint64, c_char_p]),
     "tl_lookup": (c_int, [c_void_p, c_char_p, c_char_p, _u64p, _u64p]),
