@@ -232,6 +232,10 @@ size_t sizeOf(uint16_t type) {
             return sizeof(ipc::StreamSubscribeMsg);
         case ipc::MsgType::kStreamCredit:
             return sizeof(ipc::StreamCreditMsg);
+        case ipc::MsgType::kExposeAccess:
+            return sizeof(ipc::ExposeAccessMsg);
+        case ipc::MsgType::kVmmPieces:
+            return sizeof(ipc::VmmPiecesMsg);
         default:
             return 0;
     }
@@ -259,7 +263,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 break;
             case 1:
             case 3: {
-                const uint16_t type = len > 0 ? payload[0] % 20 : 0;
+                const uint16_t type = len > 0 ? payload[0] % 21 : 0;
                 const size_t body = len > 2 ? len - 2 : 0;
                 size_t total = sizeof(ipc::MsgHeader) + body;
                 if (len > 1 && (payload[1] & 1) != 0 && sizeOf(type) != 0) {

@@ -107,7 +107,7 @@ struct Pair {
     std::unique_ptr<tltest::Sidecar> a, b;
     explicit Pair(const std::string &transport) {
         const std::string key = dir.file("peer.key");
-        tltest::writeFile(key, tltest::keyText('v'), 0600);
+        tltest::writeFile(key, tltest::keyText('5'), 0600);
         const uint16_t pa = tltest::freePort(), pb = tltest::freePort();
         auto opts = [&](const char *name, uint16_t port, const char *peer, uint16_t peer_port,
                         int ip) {
