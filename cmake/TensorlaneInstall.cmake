@@ -51,6 +51,8 @@ set_target_properties(tensorlane_shim PROPERTIES EXPORT_NAME shim)
 install(TARGETS tensorlane_shim EXPORT TensorlaneTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT runtime NAMELINK_COMPONENT dev
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# The NCCL net plugin beside it (NCCL_NET_PLUGIN=tensorlane finds it on the loader path).
+install(TARGETS nccl_net_tensorlane LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT runtime)
 install(FILES ${PROJECT_SOURCE_DIR}/shim/include/tensorlane/tensorlane.h
               ${PROJECT_SOURCE_DIR}/shim/include/tensorlane/tensorlane.hpp
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tensorlane COMPONENT dev)

@@ -1,0 +1,444 @@
+// The NCCL net plugin driven as NCCL's proxy thread drives it, without NCCL: the built
+// libnccl-net-tensorlane.so loaded with dlopen, its ncclNetPlugin_v8 (and v9) table called by
+// two processes, each beside its own sidecar (tcp on loopback, or verbs on the simulated HCA):
+// listen/connect/accept polled until they give a comm, host memory registered, every message
+// size from 0 bytes to 16 MiB + 3 into receive buffers larger than the message, grouped
+// receives matched by tag in any order, requests tested out of order, and a peer killed
+// mid-transfer ending every request with an error instead of a hang.
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdarg>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../sidecar/harness.hpp"
+#include "tensorlane/nccl_net.h"
+
+using namespace tltest;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+/// Two sidecars (node-a, node-b) that list each other, over `transport`.
+struct Pair {
+    TempDir dir;
+    std::unique_ptr<Sidecar> a, b;
+    explicit Pair(const std::string &transport) {
+        const std::string key = dir.file("peer.key");
+        writeFile(key, keyText('9'), 0600);
+        const uint16_t pa = freePort(), pb = freePort();
+        auto opts = [&](const char *name, uint16_t port, const char *peer, uint16_t peer_port,
+                        int ip) {
+            SidecarOptions o;
+            o.name = name;
+            o.listen = "127.0.0.1:" + std::to_string(port);
+            o.key_file = key;
+            o.tcp = kFastFailureTcp;
+            o.transport = transport;
+            o.rdma_ip = uniqueLoopback(ip);
+            o.fabric = "timeout = 14\nretry_cnt = 3\n";
+            o.peers.push_back({peer, "127.0.0.1:" + std::to_string(peer_port)});
+            return o;
+        };
+        a = std::make_unique<Sidecar>(opts("node-a", pa, "node-b", pb, 41));
+        b = std::make_unique<Sidecar>(opts("node-b", pb, "node-a", pa, 42));
+    }
+    bool ready() const { return a->ready() && b->ready(); }
+    std::string logs() const { return a->log().substr(0, 6000) + b->log().substr(0, 6000); }
+};
+
+/// The plugin loaded in this (child) process, beside the sidecar at `socket`.
+struct Plugin {
+    void *lib = nullptr;
+    ncclNet_v8_t *v8 = nullptr;
+    ncclNet_v9_t *v9 = nullptr;
+    bool open(const std::string &socket) {
+        ::setenv("TENSORLANE_SOCKET", socket.c_str(), 1);
+        lib = ::dlopen(TENSORLANE_NCCL_PLUGIN, RTLD_NOW | RTLD_LOCAL);
+        if (lib == nullptr) {
+            std::fprintf(stderr, "dlopen: %s\n", ::dlerror());
+            return false;
+        }
+        v8 = static_cast<ncclNet_v8_t *>(::dlsym(lib, "ncclNetPlugin_v8"));
+        v9 = static_cast<ncclNet_v9_t *>(::dlsym(lib, "ncclNetPlugin_v9"));
+        return v8 != nullptr && v9 != nullptr && v8->init(logger) == ncclSuccess;
+    }
+    static void logger(ncclDebugLogLevel level, unsigned long, const char *, int, const char *fmt,
+                       ...) {
+        if (level <= NCCL_LOG_WARN) {
+            va_list ap;
+            va_start(ap, fmt);
+            std::vfprintf(stderr, fmt, ap);
+            va_end(ap);
+            std::fputc('\n', stderr);
+        }
+    }
+};
+
+/// Polls `step` (an entry point that may give nothing yet) until `*out` is set: false on an
+/// error or after `timeout`.
+bool pollFor(const std::function<ncclResult_t()> &step, void **out,
+             std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+    const auto end = Clock::now() + timeout;
+    while (Clock::now() < end) {
+        if (step() != ncclSuccess) {
+            return false;
+        }
+        if (*out != nullptr) {
+            return true;
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    return false;
+}
+
+/// Tests `req` until done: the result of the last test (ncclSuccess with *done set).
+ncclResult_t waitDone(ncclNet_v8_t *net, void *req, int *sizes,
+                      std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+    const auto end = Clock::now() + timeout;
+    int done = 0;
+    while (Clock::now() < end) {
+        if (ncclResult_t r = net->test(req, &done, sizes); r != ncclSuccess) {
+            return r;
+        }
+        if (done) {
+            return ncclSuccess;
+        }
+    }
+    return ncclInProgress;
+}
+
+/// The message sizes of the exchange: 0 bytes to 16 MiB + 3.
+const std::vector<int> kSizes = {
+    0, 1, 3, 255, 4096, 4097, 65535, 1 << 20, (1 << 20) + 1, 4 << 20, (16 << 20) + 3};
+constexpr size_t kBuffer = (16 << 20) + 4096;  // bigger than the biggest message
+
+/// Pipes for the handle (receiver to sender) and a go signal.
+struct Pipe {
+    int fd[2] = {-1, -1};
+    Pipe() { EXPECT_EQ(::pipe(fd), 0); }
+    ~Pipe() {
+        ::close(fd[0]);
+        ::close(fd[1]);
+    }
+    bool put(const void *p, size_t n) { return ::write(fd[1], p, n) == static_cast<ssize_t>(n); }
+    bool get(void *p, size_t n) { return ::read(fd[0], p, n) == static_cast<ssize_t>(n); }
+};
+
+/// The receiving rank: listens, accepts, posts `kSizes` one at a time and checks each, then a
+/// grouped receive of three tags, then four requests in flight tested last to first.
+int receiver(const std::string &socket, Pipe &handle_pipe, bool v9) {
+    Plugin p;
+    if (!p.open(socket)) {
+        return 2;
+    }
+    ncclNet_v8_t *net = p.v8;
+    ncclNetProperties_v8_t props{};
+    if (net->getProperties(0, &props) != ncclSuccess || props.maxRecvs < 3 ||
+        (props.ptrSupport & NCCL_PTR_HOST) == 0) {
+        return 3;
+    }
+    char handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+    void *lcomm = nullptr, *rcomm = nullptr;
+    if (net->listen(0, handle, &lcomm) != ncclSuccess || !handle_pipe.put(handle, sizeof(handle))) {
+        return 4;
+    }
+    if (!pollFor([&] { return net->accept(lcomm, &rcomm, nullptr); }, &rcomm)) {
+        return 5;
+    }
+    net->closeListen(lcomm);  // as NCCL does once connected
+    std::vector<unsigned char> buf(kBuffer);
+    void *mh = nullptr;
+    if (net->regMr(rcomm, buf.data(), buf.size(), NCCL_PTR_HOST, &mh) != ncclSuccess) {
+        return 6;
+    }
+    std::vector<unsigned char> expect(kBuffer);
+    for (size_t i = 0; i < kSizes.size(); ++i) {
+        std::memset(buf.data(), 0, buf.size());
+        void *data[1] = {buf.data() + 64};
+        int size = static_cast<int>(kBuffer - 64);
+        int tag = 7;
+        void *req = nullptr;
+        const auto post = [&] {
+            if (v9) {
+                size_t s9 = static_cast<size_t>(size);
+                return p.v9->irecv(rcomm, 1, data, &s9, &tag, &mh, &req);
+            }
+            return net->irecv(rcomm, 1, data, &size, &tag, &mh, &req);
+        };
+        if (!pollFor(post, &req)) {
+            return 10;
+        }
+        int got = -1;
+        if (waitDone(net, req, &got) != ncclSuccess) {
+            std::fprintf(stderr, "receive of %d bytes did not end\n", kSizes[i]);
+            return 11;
+        }
+        if (got != kSizes[i]) {
+            std::fprintf(stderr, "received %d bytes, want %d\n", got, kSizes[i]);
+            return 12;
+        }
+        fillRandom(expect.data(), static_cast<size_t>(got), 100 + i);
+        if (std::memcmp(buf.data() + 64, expect.data(), static_cast<size_t>(got)) != 0) {
+            std::fprintf(stderr, "the %d bytes differ\n", got);
+            return 13;
+        }
+        for (size_t k = 64 + static_cast<size_t>(got); k < buf.size(); ++k) {
+            if (buf[k] != 0) {
+                std::fprintf(stderr, "byte %zu past a %d-byte message written\n", k, got);
+                return 14;
+            }
+        }
+    }
+    // A grouped receive: three buffers, tags 1..3, the sender sends them 3, 1, 2.
+    {
+        void *data[3] = {buf.data(), buf.data() + (1 << 20), buf.data() + (2 << 20)};
+        int sizes[3] = {1 << 20, 1 << 20, 1 << 20};
+        int tags[3] = {1, 2, 3};
+        void *mhs[3] = {mh, mh, mh};
+        void *req = nullptr;
+        if (!pollFor([&] { return net->irecv(rcomm, 3, data, sizes, tags, mhs, &req); }, &req)) {
+            return 20;
+        }
+        int got[3] = {-1, -1, -1};
+        if (waitDone(net, req, got) != ncclSuccess) {
+            return 21;
+        }
+        for (int t = 0; t < 3; ++t) {
+            fillRandom(expect.data(), 1000 + t, 500 + t);
+            if (got[t] != 1000 + t ||
+                std::memcmp(data[t], expect.data(), static_cast<size_t>(got[t])) != 0) {
+                std::fprintf(stderr, "grouped entry %d: %d bytes\n", t, got[t]);
+                return 22;
+            }
+        }
+    }
+    // Four receives in flight, tested last to first.
+    {
+        void *reqs[4] = {};
+        for (int k = 0; k < 4; ++k) {
+            void *data[1] = {buf.data() + k * (1 << 20)};
+            int size = 1 << 20, tag = 9;
+            if (!pollFor([&] { return net->irecv(rcomm, 1, data, &size, &tag, &mh, &reqs[k]); },
+                         &reqs[k])) {
+                return 30;
+            }
+        }
+        for (int k = 3; k >= 0; --k) {
+            int got = -1;
+            if (waitDone(net, reqs[k], &got) != ncclSuccess || got != 4096 * (k + 1)) {
+                return 31;
+            }
+            fillRandom(expect.data(), static_cast<size_t>(got), 900 + k);
+            if (std::memcmp(buf.data() + k * (1 << 20), expect.data(), static_cast<size_t>(got)) !=
+                0) {
+                return 32;
+            }
+        }
+    }
+    if (net->deregMr(rcomm, mh) != ncclSuccess || net->closeRecv(rcomm) != ncclSuccess) {
+        return 40;
+    }
+    return 0;
+}
+
+/// The sending rank: the other half of receiver().
+int sender(const std::string &socket, Pipe &handle_pipe, bool v9) {
+    Plugin p;
+    if (!p.open(socket)) {
+        return 2;
+    }
+    ncclNet_v8_t *net = p.v8;
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    if (!handle_pipe.get(handle, sizeof(handle))) {
+        return 3;
+    }
+    void *scomm = nullptr;
+    if (!pollFor([&] { return net->connect(0, handle, &scomm, nullptr); }, &scomm)) {
+        return 4;
+    }
+    std::vector<unsigned char> src(kBuffer);
+    void *mh = nullptr;
+    if (net->regMr(scomm, src.data(), src.size(), NCCL_PTR_HOST, &mh) != ncclSuccess) {
+        return 5;
+    }
+    const auto send = [&](void *data, int size, int tag, void **req) {
+        return pollFor(
+            [&] {
+                return v9 ? p.v9->isend(scomm, data, static_cast<size_t>(size), tag, mh, req)
+                          : net->isend(scomm, data, size, tag, mh, req);
+            },
+            req);
+    };
+    for (size_t i = 0; i < kSizes.size(); ++i) {
+        fillRandom(src.data() + 8, static_cast<size_t>(kSizes[i]), 100 + i);
+        void *req = nullptr;
+        int got = -1;
+        if (!send(src.data() + 8, kSizes[i], 7, &req) || waitDone(net, req, &got) != ncclSuccess ||
+            got != kSizes[i]) {
+            std::fprintf(stderr, "send of %d bytes: %d\n", kSizes[i], got);
+            return 10;
+        }
+    }
+    {
+        void *reqs[3] = {};
+        for (int t : {3, 1, 2}) {
+            unsigned char *at = src.data() + t * (2 << 20);
+            fillRandom(at, 1000 + (t - 1), 500 + (t - 1));
+            if (!send(at, 1000 + (t - 1), t, &reqs[t - 1])) {
+                return 20;
+            }
+        }
+        for (void *r : reqs) {
+            if (waitDone(net, r, nullptr) != ncclSuccess) {
+                return 21;
+            }
+        }
+    }
+    {
+        void *reqs[4] = {};
+        for (int k = 0; k < 4; ++k) {
+            unsigned char *at = src.data() + k * (1 << 20);
+            fillRandom(at, 4096 * (k + 1), 900 + k);
+            if (!send(at, 4096 * (k + 1), 9, &reqs[k])) {
+                return 30;
+            }
+        }
+        for (int k = 3; k >= 0; --k) {
+            if (waitDone(net, reqs[k], nullptr) != ncclSuccess) {
+                return 31;
+            }
+        }
+    }
+    if (net->deregMr(scomm, mh) != ncclSuccess || net->closeSend(scomm) != ncclSuccess) {
+        return 40;
+    }
+    return 0;
+}
+
+class NcclPlugin : public ::testing::TestWithParam<std::string> {};
+
+INSTANTIATE_TEST_SUITE_P(Transports, NcclPlugin, ::testing::Values("tcp", "verbs"),
+                         [](const auto &param_info) { return param_info.param; });
+
+TEST_P(NcclPlugin, EverySizeGroupedAndOutOfOrderArriveWhole) {
+    Pair nodes(GetParam());
+    ASSERT_TRUE(nodes.ready()) << nodes.logs();
+    for (bool v9 : {false, true}) {
+        Pipe handle;
+        const pid_t r = forkClient([&] { return receiver(nodes.b->socket(), handle, v9); });
+        const pid_t s = forkClient([&] { return sender(nodes.a->socket(), handle, v9); });
+        EXPECT_EQ(waitChild(s), 0) << (v9 ? "v9" : "v8") << nodes.logs();
+        EXPECT_EQ(waitChild(r), 0) << (v9 ? "v9" : "v8") << nodes.logs();
+    }
+}
+
+/// A peer killed with requests in flight: the survivor's requests end with an error within
+/// seconds (no hang), whichever end died.
+TEST_P(NcclPlugin, APeerKilledMidTransferFailsTheSurvivorsRequests) {
+    Pair nodes(GetParam());
+    ASSERT_TRUE(nodes.ready()) << nodes.logs();
+    for (const bool kill_sender : {true, false}) {
+        SCOPED_TRACE(kill_sender ? "sender killed" : "receiver killed");
+        Pipe handle, ready;
+        // The receiver posts four receives (one, with the sender killed), the sender fills the
+        // first; then one end is killed and the other must see its requests fail.
+        const pid_t r = forkClient([&]() -> int {
+            Plugin p;
+            char h[NCCL_NET_HANDLE_MAXSIZE] = {};
+            void *l = nullptr, *rc = nullptr;
+            if (!p.open(nodes.b->socket()) || p.v8->listen(0, h, &l) != ncclSuccess ||
+                !handle.put(h, sizeof(h)) ||
+                !pollFor([&] { return p.v8->accept(l, &rc, nullptr); }, &rc)) {
+                return 2;
+            }
+            std::vector<unsigned char> buf(4 << 20);
+            void *mh = nullptr;
+            if (p.v8->regMr(rc, buf.data(), buf.size(), NCCL_PTR_HOST, &mh) != ncclSuccess) {
+                return 3;
+            }
+            void *reqs[4] = {};
+            const int posted = kill_sender ? 4 : 1;
+            for (int k = 0; k < posted; ++k) {
+                void *data[1] = {buf.data() + k * (1 << 20)};
+                int size = 1 << 20, tag = 1;
+                if (!pollFor([&] { return p.v8->irecv(rc, 1, data, &size, &tag, &mh, &reqs[k]); },
+                             &reqs[k])) {
+                    return 4;
+                }
+            }
+            if (waitDone(p.v8, reqs[0], nullptr) != ncclSuccess) {
+                return 5;
+            }
+            char one = 1;
+            if (!ready.put(&one, 1)) {
+                return 6;
+            }
+            if (!kill_sender) {
+                ::pause();  // killed here
+            }
+            for (int k = 1; k < 4; ++k) {
+                const ncclResult_t res = waitDone(p.v8, reqs[k], nullptr, std::chrono::seconds(20));
+                if (res == ncclSuccess) {
+                    return 7;  // a receive nobody sent ended well
+                }
+                if (res == ncclInProgress) {
+                    return 8;  // a hang
+                }
+            }
+            return 0;
+        });
+        const pid_t s = forkClient([&]() -> int {
+            Plugin p;
+            char h[NCCL_NET_HANDLE_MAXSIZE];
+            void *sc = nullptr;
+            if (!p.open(nodes.a->socket()) || !handle.get(h, sizeof(h)) ||
+                !pollFor([&] { return p.v8->connect(0, h, &sc, nullptr); }, &sc)) {
+                return 2;
+            }
+            std::vector<unsigned char> src(1 << 20, 5);
+            void *mh = nullptr, *req = nullptr;
+            if (p.v8->regMr(sc, src.data(), src.size(), NCCL_PTR_HOST, &mh) != ncclSuccess ||
+                !pollFor([&] { return p.v8->isend(sc, src.data(), 1 << 20, 1, mh, &req); }, &req) ||
+                waitDone(p.v8, req, nullptr) != ncclSuccess) {
+                return 3;
+            }
+            if (kill_sender) {
+                ::pause();  // killed here
+            }
+            // The receiver posts nothing more and dies: the next send must fail, not wait.
+            const auto end = Clock::now() + std::chrono::seconds(20);
+            while (Clock::now() < end) {
+                void *next = nullptr;
+                const ncclResult_t res = p.v8->isend(sc, src.data(), 4096, 1, mh, &next);
+                if (res != ncclSuccess) {
+                    return 0;
+                }
+                if (next != nullptr) {
+                    return 4;  // a send into a receive nobody posted
+                }
+                std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            }
+            return 5;  // a hang
+        });
+        char one = 0;
+        ASSERT_TRUE(ready.get(&one, 1)) << nodes.logs();
+        const auto killed_at = Clock::now();
+        ::kill(kill_sender ? s : r, SIGKILL);
+        EXPECT_EQ(waitChild(kill_sender ? r : s), 0) << nodes.logs();
+        EXPECT_EQ(waitChild(kill_sender ? s : r), 128 + SIGKILL);
+        EXPECT_LT(Clock::now() - killed_at, std::chrono::seconds(15));
+    }
+}
+
+}  // namespace
