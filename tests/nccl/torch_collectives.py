@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""torch.distributed collectives through NCCL's net transport: two ranks on one GPU become two
+"hosts" (a different NCCL_HOSTID each), so NCCL moves their data with its network plugin:
+``--net tensorlane`` (NCCL_NET_PLUGIN=tensorlane, two sidecars on loopback, one per rank) or
+``--net socket`` (NCCL_NET=Socket, NCCL's own TCP transport) for the baseline.
+
+Every result is checked: all_reduce sums, all_gather and reduce_scatter pieces, send/recv
+bytes. Prints one JSON line per (op, size) with the median time and NCCL's algorithm
+bandwidth, and exits non-zero on any wrong value or when NCCL did not use the network asked
+for.
+
+    python3 tests/nccl/torch_collectives.py --net tensorlane --out results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_main(rank: int, args, port: int, sockets: list, out_path: str) -> None:
+    os.environ["NCCL_HOSTID"] = f"tl-host-{rank}"
+    if args.net == "tensorlane":
+        os.environ["NCCL_NET_PLUGIN"] = "tensorlane"
+        os.environ["TENSORLANE_SOCKET"] = sockets[rank]
+    else:
+        os.environ["NCCL_NET"] = "Socket"
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)
+    dev = torch.device("cuda", 0)
+    results = []
+    bad = []
+
+    def timed(fn, iters):
+        fn()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    for size in args.sizes:
+        n = size // 4
+        iters = args.iters if size <= (16 << 20) else max(3, args.iters // 4)
+        # all_reduce: rank r contributes r + 1 everywhere; the sum is 3.
+        x = torch.full((n,), float(rank + 1), device=dev)
+
+        def ar():
+            x.fill_(float(rank + 1))
+            dist.all_reduce(x)
+
+        t = timed(ar, iters)
+        if not torch.all(x == 3.0):
+            bad.append(f"all_reduce {size}")
+        results.append({"op": "all_reduce", "bytes": size, "us": t * 1e6,
+                        "algbw_GBps": size / t / 1e9})
+        if size <= args.max_other:
+            half = n // 2
+            out = torch.empty(n, device=dev)
+            inp = torch.full((half,), float(rank + 1), device=dev)
+
+            def ag():
+                dist.all_gather_into_tensor(out, inp)
+
+            t = timed(ag, iters)
+            if not (torch.all(out[:half] == 1.0) and torch.all(out[half:2 * half] == 2.0)):
+                bad.append(f"all_gather {size}")
+            results.append({"op": "all_gather", "bytes": size, "us": t * 1e6,
+                            "algbw_GBps": size / t / 1e9})
+            full = torch.arange(2 * half, device=dev, dtype=torch.float32)
+            part = torch.empty(half, device=dev)
+
+            def rs():
+                dist.reduce_scatter_tensor(part, full)
+
+            t = timed(rs, iters)
+            want = 2 * torch.arange(rank * half, (rank + 1) * half, device=dev,
+                                    dtype=torch.float32)
+            if not torch.equal(part, want):
+                bad.append(f"reduce_scatter {size}")
+            results.append({"op": "reduce_scatter", "bytes": size, "us": t * 1e6,
+                            "algbw_GBps": size / t / 1e9})
+            buf = torch.empty(n, device=dev)
+            src = torch.arange(n, device=dev, dtype=torch.float32)
+
+            def sr():
+                if rank == 0:
+                    dist.send(src, 1)
+                else:
+                    buf.zero_()
+                    dist.recv(buf, 0)
+
+            t = timed(sr, iters)
+            if rank == 1 and not torch.equal(buf, src):
+                bad.append(f"send/recv {size}")
+            results.append({"op": "send_recv", "bytes": size, "us": t * 1e6,
+                            "algbw_GBps": size / t / 1e9})
+    flag = torch.tensor([len(bad)], device=dev)
+    dist.all_reduce(flag)
+    dist.destroy_process_group()
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump({"net": args.net, "results": results, "bad": bad,
+                       "bad_total": int(flag.item())}, f)
+    if bad:
+        print(f"rank {rank}: WRONG: {bad}", file=sys.stderr)
+        sys.exit(1)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--net", choices=("tensorlane", "socket"), required=True)
+    p.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")],
+                   default=[4096, 65536, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20])
+    p.add_argument("--max-other", type=int, default=64 << 20,
+                   help="largest size for all_gather, reduce_scatter and send/recv")
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--out", default="collectives.json")
+    args = p.parse_args()
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+    os.environ.setdefault("NCCL_DEBUG", "INFO")
+    os.environ.setdefault("NCCL_DEBUG_SUBSYS", "INIT,NET")
+    cluster = None
+    sockets = ["", ""]
+    if args.net == "tensorlane":
+        from tensorlane.testing import LocalCluster
+
+        cluster = LocalCluster(("node-a", "node-b")).start()
+        sockets = [cluster.socket("node-a"), cluster.socket("node-b")]
+    import torch.multiprocessing as mp
+
+    try:
+        mp.start_processes(rank_main, args=(args, free_port(), sockets, args.out), nprocs=2,
+                           join=True, start_method="spawn")
+    finally:
+        if cluster is not None:
+            cluster.stop()
+    with open(args.out) as f:
+        doc = json.load(f)
+    for r in doc["results"]:
+        print(json.dumps({"net": args.net, **r}))
+    return 0 if doc["bad_total"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
