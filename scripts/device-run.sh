@@ -14,7 +14,7 @@ usage: scripts/device-run.sh fetch
        scripts/device-run.sh run [--out DIR] [--jobs N] [--budget SECONDS] [--bench-min-time S]
                                  [--bench-filter REGEX] [--verbs-bench] [--simhca-bench] [--tcp-compare]
                                  [--latency-rounds N] [--host-latency] [--group-bench]
-                                 [--gpu-repeat N] [--no-rest]
+                                 [--gpu-repeat N] [--nccl "RUN; RUN; ..."] [--no-rest]
                                  [--no-gpu] [--verbs-args "ARGS"] [--targets "T1 T2 ..."]
                                  [--gpu-filter REGEX] [--dry-run]
 
@@ -43,6 +43,10 @@ usage: scripts/device-run.sh fetch
   --gpu-repeat N       run each gpu test up to N times, stopping at its first failure
   --simhca-bench       tests/simhca/tools/bench.sh: the simulator alone (perftest over it) against
                        UDP ping-pong and stream on the same loopback
+  --nccl "RUNS"        tests/nccl/torch_collectives.py (torch.distributed over the NCCL plugin
+                       or NCCL's Socket transport), once per ';'-separated RUN: "mps ARGS" or
+                       "nomps ARGS" (under CUDA MPS or not), ARGS its own, e.g.
+                       "mps --net socket; mps --net tensorlane --poll-mode busy"
   --no-rest            skip the tests not labelled gpu
   --no-gpu             skip `ctest -L gpu` and gpu_bench (host-only measurements)
   --verbs-args "ARGS"  bench-verbs.sh's arguments instead of the default
@@ -87,6 +91,7 @@ tcp_compare=0
 host_latency=0
 group_bench=0
 gpu_repeat=1
+nccl_runs=""
 latency_rounds=0
 dry_run=0
 while [ $# -gt 0 ]; do
@@ -107,6 +112,7 @@ while [ $# -gt 0 ]; do
         --host-latency) host_latency=1 ;;
         --group-bench) group_bench=1 ;;
         --gpu-repeat) gpu_repeat=$2; shift ;;
+        --nccl) nccl_runs=$2; shift ;;
         --latency-rounds) latency_rounds=$2; shift ;;
         --dry-run) dry_run=1 ;;
         -h|--help) usage; exit 0 ;;
@@ -277,6 +283,50 @@ if [ "$group_bench" -eq 1 ] && [ "$(left)" -gt 20 ]; then
     note "group_bench: exit $?"
     grep -E '^Group' "$out/group_bench.txt" | tee -a "$summary"
     set -e
+fi
+
+if [ -n "$nccl_runs" ]; then
+    # The plugin and the sidecar from this build; MPS's daemon only for the runs that ask.
+    nccl_env=(LD_LIBRARY_PATH="$root/build/release/shim:$LD_LIBRARY_PATH"
+              PYTHONPATH="$root/build/release/python${PYTHONPATH:+:$PYTHONPATH}"
+              TENSORLANE_SIDECAR="$root/build/release/sidecar/tensorlane-sidecar")
+    mps_dir=$(mktemp -d)
+    mkdir -p "$mps_dir/pipe" "$mps_dir/log"
+    n=0
+    IFS=';' read -ra nccl_list <<<"$nccl_runs"
+    for entry in "${nccl_list[@]}"; do
+        read -ra words <<<"$entry"
+        [ "${#words[@]}" -gt 0 ] || continue
+        [ "$(left)" -gt 40 ] || break
+        n=$((n + 1))
+        mode=${words[0]}
+        note "== nccl $n: $entry ($(left) s left)"
+        set +e
+        if [ "$mode" = mps ]; then
+            run env CUDA_MPS_PIPE_DIRECTORY="$mps_dir/pipe" CUDA_MPS_LOG_DIRECTORY="$mps_dir/log" \
+                nvidia-cuda-mps-control -d
+        fi
+        mps_env=()
+        if [ "$mode" = mps ]; then
+            mps_env=(CUDA_MPS_PIPE_DIRECTORY="$mps_dir/pipe")
+        fi
+        run env "${nccl_env[@]}" "${mps_env[@]}" timeout "$(( $(left) - 10 ))" \
+            python3 tests/nccl/torch_collectives.py "${words[@]:1}" --out "$out/nccl-$n.json" \
+            >"$out/nccl-$n.txt" 2>"$out/nccl-$n.err"
+        note "nccl $n ($entry): exit $?; $(tail -n 1 "$out/nccl-$n.err")"
+        if [ "$mode" = mps ]; then
+            echo quit | run env CUDA_MPS_PIPE_DIRECTORY="$mps_dir/pipe" nvidia-cuda-mps-control
+            sleep 1
+        fi
+        python3 - "$out/nccl-$n.txt" <<'PY' | tee -a "$summary"
+import json, sys
+for line in open(sys.argv[1]):
+    if line.startswith("{"):
+        r = json.loads(line)
+        print(f"  {r['op']:14} {r['bytes']:>10} B {r['us']:>11.1f} us {r['algbw_GBps']:7.3f} GB/s")
+PY
+        set -e
+    done
 fi
 
 if [ "$tcp_compare" -eq 1 ]; then

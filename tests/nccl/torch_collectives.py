@@ -20,6 +20,7 @@ import os
 import socket
 import statistics
 import sys
+import tempfile
 import time
 
 
@@ -134,18 +135,31 @@ def main() -> int:
                    help="largest size for all_gather, reduce_scatter and send/recv")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--out", default="collectives.json")
+    p.add_argument("--poll-mode", default="adaptive", choices=("adaptive", "busy", "event"),
+                   help="the sidecars' [ipc] poll_mode (--net tensorlane)")
+    p.add_argument("--tcp-integrity", default="mac", choices=("mac", "none"),
+                   help="the sidecars' [security] tcp_integrity (--net tensorlane)")
+    p.add_argument("--no-gdr", action="store_true",
+                   help="TENSORLANE_NCCL_GDR=0: the plugin offers host memory only, so NCCL "
+                        "stages GPU data through its host buffers")
     args = p.parse_args()
+    if args.no_gdr:
+        os.environ["TENSORLANE_NCCL_GDR"] = "0"
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
     os.environ.setdefault("NCCL_DEBUG", "INFO")
     os.environ.setdefault("NCCL_DEBUG_SUBSYS", "INIT,NET")
+    # NCCL's log of each rank, read afterwards for the network it used.
+    log_dir = tempfile.mkdtemp(prefix="tl-nccl-log-")
+    os.environ["NCCL_DEBUG_FILE"] = os.path.join(log_dir, "nccl.%p.log")
     cluster = None
     sockets = ["", ""]
     if args.net == "tensorlane":
         from tensorlane.testing import LocalCluster
 
-        cluster = LocalCluster(("node-a", "node-b")).start()
+        cluster = LocalCluster(("node-a", "node-b"), poll_mode=args.poll_mode,
+                               security={"tcp_integrity": args.tcp_integrity}).start()
         sockets = [cluster.socket("node-a"), cluster.socket("node-b")]
     import torch.multiprocessing as mp
 
@@ -155,6 +169,15 @@ def main() -> int:
     finally:
         if cluster is not None:
             cluster.stop()
+    want = "Using network tensorlane" if args.net == "tensorlane" else "Using network Socket"
+    logs = [open(os.path.join(log_dir, n), errors="replace").read()
+            for n in sorted(os.listdir(log_dir))]
+    used = sum(1 for text in logs if want in text)
+    if used < 2:
+        print(f"NCCL did not say '{want}' in both ranks' logs ({used} of {len(logs)}): "
+              f"{log_dir}", file=sys.stderr)
+        return 1
+    print(f"both ranks: {want}", file=sys.stderr)
     with open(args.out) as f:
         doc = json.load(f)
     for r in doc["results"]:

@@ -103,7 +103,11 @@ ncclResult_t Net::properties(int dev, ncclNetProperties_v8_t *p) {
         guid = (guid ^ ch) * 1099511628211ull;
     }
     p->guid = guid;
-    p->ptrSupport = NCCL_PTR_HOST | NCCL_PTR_CUDA | NCCL_PTR_DMABUF;
+    // TENSORLANE_NCCL_GDR=0: host memory only, so NCCL stages GPU data through its own host
+    // buffers (a measure of the GPU path's cost, or a way round a sidecar without CUDA).
+    const char *gdr = std::getenv("TENSORLANE_NCCL_GDR");
+    const bool host_only = gdr != nullptr && std::strcmp(gdr, "0") == 0;
+    p->ptrSupport = host_only ? NCCL_PTR_HOST : NCCL_PTR_HOST | NCCL_PTR_CUDA | NCCL_PTR_DMABUF;
     p->regIsGlobal = 0;
     p->speed = speed_mbps_;
     p->port = 1;

@@ -8,6 +8,7 @@ namespace {
 // From cuda.h (CUpointer_attribute, CUmemorytype); the values are part of the driver ABI.
 constexpr int kAttrContext = 1;            // CU_POINTER_ATTRIBUTE_CONTEXT
 constexpr int kAttrMemoryType = 2;         // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+constexpr int kAttrDeviceOrdinal = 9;      // CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
 constexpr unsigned kMemoryTypeDevice = 2;  // CU_MEMORYTYPE_DEVICE
 
 template <typename F>
@@ -33,6 +34,8 @@ CudaDriver::CudaDriver() {
     bind(lib_, "cuCtxPopCurrent_v2", cuCtxPopCurrent_);
     bind(lib_, "cuMemcpyHtoD_v2", cuMemcpyHtoD_);
     bind(lib_, "cuMemcpyDtoH_v2", cuMemcpyDtoH_);
+    bind(lib_, "cuDeviceGet", cuDeviceGet_);
+    bind(lib_, "cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain_);
     available_ = cuInit_ != nullptr && cuPointerGetAttribute_ != nullptr &&
                  cuCtxPushCurrent_ != nullptr && cuCtxPopCurrent_ != nullptr &&
                  cuMemcpyHtoD_ != nullptr && cuMemcpyDtoH_ != nullptr && cuInit_(0) == 0;
@@ -49,6 +52,27 @@ bool CudaDriver::isDevicePointer(uint64_t ptr, void **ctx_out) const {
     void *ctx = nullptr;
     if (cuPointerGetAttribute_(&ctx, kAttrContext, ptr) != 0) {
         return false;
+    }
+    if (ctx == nullptr) {
+        // cuMemCreate memory mapped with cuMemMap: no context owns it; any context of its
+        // device reaches it, and the primary one is what the mapper (the sidecar) uses. The
+        // retain is taken once a device and never released (the simulator lives as long as
+        // the process).
+        int ordinal = -1;
+        if (cuPointerGetAttribute_(&ordinal, kAttrDeviceOrdinal, ptr) != 0 || ordinal < 0 ||
+            static_cast<size_t>(ordinal) >= primary_.size()) {
+            return false;
+        }
+        std::lock_guard lock(primary_mu_);
+        void *&p = primary_[static_cast<size_t>(ordinal)];
+        int dev = 0;
+        if (p == nullptr &&
+            (cuDeviceGet_ == nullptr || cuDevicePrimaryCtxRetain_ == nullptr ||
+             cuDeviceGet_(&dev, ordinal) != 0 || cuDevicePrimaryCtxRetain_(&p, dev) != 0)) {
+            p = nullptr;
+            return false;
+        }
+        ctx = p;
     }
     *ctx_out = ctx;
     return true;

@@ -3,8 +3,10 @@
 // pointers and to copy to and from device memory (the simulated HCA's "DMA").
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 
 namespace tensorlane::simhca {
 
@@ -16,7 +18,9 @@ public:
     /// Whether libcuda.so.1 loaded and cuInit succeeded.
     [[nodiscard]] bool available() const { return available_; }
     /// Whether ptr is device memory of a CUDA context in this process (an allocation of its
-    /// own or an IPC import): cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_MEMORY_TYPE).
+    /// own, an IPC import or a cuMemMap mapping): cuPointerGetAttribute(MEMORY_TYPE). VMM
+    /// mappings belong to no context (CONTEXT answers NULL): their device's primary context
+    /// copies them.
     [[nodiscard]] bool isDevicePointer(uint64_t ptr, void **ctx_out) const;
     /// Copies host bytes to device memory at dst, in ctx.
     [[nodiscard]] bool copyToDevice(void *ctx, uint64_t dst, const void *src, size_t n) const;
@@ -33,6 +37,10 @@ private:
     int (*cuCtxPopCurrent_)(void **) = nullptr;
     int (*cuMemcpyHtoD_)(uint64_t, const void *, size_t) = nullptr;
     int (*cuMemcpyDtoH_)(void *, uint64_t, size_t) = nullptr;
+    int (*cuDeviceGet_)(int *, int) = nullptr;
+    int (*cuDevicePrimaryCtxRetain_)(void **, int) = nullptr;
+    mutable std::mutex primary_mu_;
+    mutable std::array<void *, 64> primary_{};  // primary contexts retained, by ordinal
 };
 
 }  // namespace tensorlane::simhca
