@@ -14,7 +14,7 @@ usage: scripts/device-run.sh fetch
        scripts/device-run.sh run [--out DIR] [--jobs N] [--budget SECONDS] [--bench-min-time S]
                                  [--bench-filter REGEX] [--verbs-bench] [--simhca-bench] [--tcp-compare]
                                  [--latency-rounds N] [--host-latency] [--group-bench]
-                                 [--gpu-repeat N] [--nccl "RUN; RUN; ..."] [--no-rest]
+                                 [--gpu-repeat N] [--nccl "RUN; RUN; ..."] [--nccl-bench] [--tar] [--no-rest]
                                  [--no-gpu] [--verbs-args "ARGS"] [--targets "T1 T2 ..."]
                                  [--gpu-filter REGEX] [--dry-run]
 
@@ -47,6 +47,9 @@ usage: scripts/device-run.sh fetch
                        or NCCL's Socket transport), once per ';'-separated RUN: "mps ARGS" or
                        "nomps ARGS" (under CUDA MPS or not), ARGS its own, e.g.
                        "mps --net socket; mps --net tensorlane --poll-mode busy"
+  --nccl-bench         build/release/tests/bench/nccl_plugin_bench (a ping-pong through the
+                       plugin vs tl_write_msg vs plain TCP), adaptive and busy sidecars
+  --tar                everything into DIR/run.tgz (and DIR/summary.txt) at the end
   --no-rest            skip the tests not labelled gpu
   --no-gpu             skip `ctest -L gpu` and gpu_bench (host-only measurements)
   --verbs-args "ARGS"  bench-verbs.sh's arguments instead of the default
@@ -92,6 +95,8 @@ host_latency=0
 group_bench=0
 gpu_repeat=1
 nccl_runs=""
+nccl_bench=0
+tar_out=0
 latency_rounds=0
 dry_run=0
 while [ $# -gt 0 ]; do
@@ -113,6 +118,8 @@ while [ $# -gt 0 ]; do
         --group-bench) group_bench=1 ;;
         --gpu-repeat) gpu_repeat=$2; shift ;;
         --nccl) nccl_runs=$2; shift ;;
+        --tar) tar_out=1 ;;
+        --nccl-bench) nccl_bench=1 ;;
         --latency-rounds) latency_rounds=$2; shift ;;
         --dry-run) dry_run=1 ;;
         -h|--help) usage; exit 0 ;;
@@ -147,6 +154,13 @@ esac
 
 start=$(date +%s)
 left() { echo $(( budget - ($(date +%s) - start) )); }
+final_out=""
+if [ "$tar_out" -eq 1 ]; then
+    # Everything in a folder of its own, packed into one file at the end (the run tool brings
+    # back only a few files).
+    final_out=$out
+    out="$out/run"
+fi
 mkdir -p "$out"
 summary="$out/summary.txt"
 note() { printf '%s\n' "$*" | tee -a "$summary"; }
@@ -329,6 +343,19 @@ PY
     done
 fi
 
+if [ "$nccl_bench" -eq 1 ] && [ "$(left)" -gt 40 ]; then
+    for poll in adaptive busy; do
+        [ "$(left)" -gt 30 ] || break
+        note "== nccl_plugin_bench, poll $poll ($(left) s left)"
+        set +e
+        run timeout "$(( $(left) - 10 ))" build/release/tests/bench/nccl_plugin_bench \
+            --poll-mode "$poll" --iters 2000 --rounds 5 >"$out/nccl_plugin_bench-$poll.txt" 2>&1
+        note "nccl_plugin_bench: exit $?"
+        tee -a "$summary" <"$out/nccl_plugin_bench-$poll.txt"
+        set -e
+    done
+fi
+
 if [ "$tcp_compare" -eq 1 ]; then
     for variant in TENSORLANE_BENCH_TAG_THREADS=0 TENSORLANE_BENCH_TCP_INTEGRITY=none; do
         [ "$(left)" -gt 60 ] || break
@@ -385,3 +412,7 @@ if [ "$rest" -eq 1 ] && [ "$(left)" -gt 30 ]; then
     set -e
 fi
 note "== done in $(( $(date +%s) - start )) s"
+if [ -n "$final_out" ]; then
+    cp "$summary" "$final_out/summary.txt"
+    tar czf "$final_out/run.tgz" -C "$out" . && rm -rf "$out"
+fi

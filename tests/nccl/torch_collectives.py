@@ -177,6 +177,14 @@ def main() -> int:
         print(f"NCCL did not say '{want}' in both ranks' logs ({used} of {len(logs)}): "
               f"{log_dir}", file=sys.stderr)
         return 1
+    # What NCCL chose (channels, rings, the plugin's lines), for the record.
+    keys = ("nChannels", "Channel 00", "NET/", "Using network", "comm 0x", "Init COMPLETE")
+    shown = 0
+    for text in logs[:1]:
+        for line in text.splitlines():
+            if any(k in line for k in keys) and shown < 60:
+                print(line, file=sys.stderr)
+                shown += 1
     print(f"both ranks: {want}", file=sys.stderr)
     with open(args.out) as f:
         doc = json.load(f)

@@ -1,0 +1,400 @@
+// What the NCCL plugin adds to a message (issue 22): a ping-pong through the plugin's function
+// table, driven as NCCL's proxy drives it (the receiver posts its next receive before it
+// answers), against the same ping-pong of tl_write_msg between two clients of the same two
+// sidecars (the tensorlane call the plugin is built on) and a plain loopback TCP ping-pong
+// (what NCCL's Socket transport does per message), alternated round by round.
+//
+//   nccl_plugin_bench [--sizes 64,4096,65536,1048576] [--iters 2000] [--rounds 5]
+//                     [--poll-mode adaptive|busy|event]
+//
+// Two sidecars over tcp on loopback; this process is rank 0, a forked child rank 1, each
+// beside its own sidecar with the plugin dlopen'ed (host memory: NCCL's LL buffers). Prints
+// per size the median round trip of each and the ratios plugin / write_msg, plugin / tcp. Run:
+// build/release/tests/bench/nccl_plugin_bench (docs/nccl.md, "Measured").
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench_support.hpp"
+#include "tensorlane/nccl_net.h"
+#include "tensorlane/tensorlane.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr size_t kMax = 4 << 20;
+constexpr int kTag = 7;
+
+[[noreturn]] void die(const std::string &why) {
+    std::fprintf(stderr, "nccl_plugin_bench: %s\n", why.c_str());
+    std::exit(1);
+}
+
+struct Pipe {
+    int fd[2] = {-1, -1};
+    Pipe() {
+        if (::pipe(fd) != 0) {
+            die("pipe");
+        }
+    }
+    void put(const void *p, size_t n) const {
+        if (::write(fd[1], p, n) != static_cast<ssize_t>(n)) {
+            die("pipe write");
+        }
+    }
+    void get(void *p, size_t n) const {
+        if (::read(fd[0], p, n) != static_cast<ssize_t>(n)) {
+            die("pipe read");
+        }
+    }
+};
+
+/// One rank: the plugin beside the sidecar at `socket`, a send and a recv comm to the other
+/// rank, one host buffer each way; and, for the baseline, a client of its own with an exposed
+/// region.
+class Rank {
+public:
+    Rank(const std::string &socket, const std::string &peer_node, int me, const Pipe &out,
+         const Pipe &in)
+        : peer_node_(peer_node) {
+        ::setenv("TENSORLANE_SOCKET", socket.c_str(), 1);
+        void *lib = ::dlopen(TENSORLANE_NCCL_PLUGIN, RTLD_NOW | RTLD_LOCAL);
+        if (lib == nullptr) {
+            die(std::string("dlopen: ") + ::dlerror());
+        }
+        net_ = static_cast<ncclNet_v8_t *>(::dlsym(lib, "ncclNetPlugin_v8"));
+        if (net_ == nullptr || net_->init(nullptr) != ncclSuccess) {
+            die("the plugin's init failed");
+        }
+        // Each listens, swaps handles over the pipes, connects and accepts.
+        char handle[NCCL_NET_HANDLE_MAXSIZE] = {}, theirs[NCCL_NET_HANDLE_MAXSIZE] = {};
+        void *listen = nullptr;
+        check(net_->listen(0, handle, &listen), "listen");
+        out.put(handle, sizeof(handle));
+        in.get(theirs, sizeof(theirs));
+        const auto end = Clock::now() + std::chrono::seconds(30);
+        while ((send_ == nullptr || recv_ == nullptr) && Clock::now() < end) {
+            if (send_ == nullptr) {
+                check(net_->connect(0, theirs, &send_, nullptr), "connect");
+            }
+            if (recv_ == nullptr) {
+                check(net_->accept(listen, &recv_, nullptr), "accept");
+            }
+            std::this_thread::sleep_for(std::chrono::microseconds(100));
+        }
+        if (send_ == nullptr || recv_ == nullptr) {
+            die("no connection within 30 s");
+        }
+        sbuf_.assign(kMax, static_cast<unsigned char>(me + 1));
+        rbuf_.assign(kMax, 0);
+        check(net_->regMr(send_, sbuf_.data(), kMax, NCCL_PTR_HOST, &smr_), "regMr");
+        check(net_->regMr(recv_, rbuf_.data(), kMax, NCCL_PTR_HOST, &rmr_), "regMr");
+        // The baseline's client.
+        if (tl_connect(socket.c_str(), &c_) != TL_OK) {
+            die(std::string("tl_connect: ") + tl_last_error());
+        }
+        void *p = nullptr;
+        const std::string name = "npb-" + std::to_string(me);
+        if (tl_alloc_host(c_, kMax, &p, &src_) != TL_OK ||
+            tl_alloc_host(c_, kMax, &p, &dst_) != TL_OK || tl_expose(c_, dst_, name.c_str())) {
+            die(std::string("baseline regions: ") + tl_last_error());
+        }
+        const std::string theirs_name = "npb-" + std::to_string(1 - me);
+        while (tl_lookup(c_, peer_node_.c_str(), theirs_name.c_str(), &remote_, nullptr) !=
+               TL_OK) {
+            if (Clock::now() > end) {
+                die(std::string("tl_lookup: ") + tl_last_error());
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+    }
+
+    /// Posts the receive of the next message (up to kMax bytes).
+    void *postRecv() {
+        void *data = rbuf_.data();
+        int size = static_cast<int>(kMax);  // v8's sizes are ints
+        int tag = kTag;
+        void *req = nullptr;
+        while (req == nullptr) {
+            check(net_->irecv(recv_, 1, &data, &size, &tag, &rmr_, &req), "irecv");
+        }
+        return req;
+    }
+    void sendAndWait(size_t bytes) {
+        void *req = nullptr;
+        while (req == nullptr) {
+            check(net_->isend(send_, sbuf_.data(), static_cast<int>(bytes), kTag, smr_, &req), "isend");
+        }
+        waitDone(req);
+    }
+    void waitDone(void *req) {
+        int done = 0, size = 0;
+        while (done == 0) {
+            check(net_->test(req, &done, &size), "test");
+        }
+    }
+    /// The baseline: one tl_write_msg of `bytes` into the other rank's region.
+    void writeMsg(size_t bytes) {
+        tl_send_opts o{};
+        unsigned char payload[40] = {};
+        o.payload = payload;
+        o.payload_bytes = sizeof(payload);  // the plugin's DATA payload is this size
+        tl_ticket t = 0;
+        if (tl_write_msg(c_, src_, 0, remote_, 0, bytes, &o, &t) != TL_OK ||
+            tl_wait(c_, t, 20000) != TL_OK) {
+            die(std::string("tl_write_msg: ") + tl_last_error());
+        }
+    }
+    void waitMsg() {
+        tl_message m{};
+        while (tl_wait_message(c_, &m, 0) != TL_OK) {
+        }
+    }
+
+private:
+    static void check(ncclResult_t r, const char *what) {
+        if (r != ncclSuccess) {
+            die(std::string(what) + " failed: " + std::to_string(r));
+        }
+    }
+    std::string peer_node_;
+    ncclNet_v8_t *net_ = nullptr;
+    void *send_ = nullptr, *recv_ = nullptr, *smr_ = nullptr, *rmr_ = nullptr;
+    std::vector<unsigned char> sbuf_, rbuf_;
+    tl_client *c_ = nullptr;
+    tl_region src_ = 0, dst_ = 0;
+    tl_remote remote_ = 0;
+};
+
+/// A loopback TCP connection (TCP_NODELAY, as NCCL's Socket transport sets it).
+class Tcp {
+public:
+    /// The listening end, before the fork.
+    Tcp() {
+        lfd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        socklen_t len = sizeof(a);
+        if (::bind(lfd_, reinterpret_cast<sockaddr *>(&a), sizeof(a)) != 0 ||
+            ::listen(lfd_, 1) != 0 ||
+            ::getsockname(lfd_, reinterpret_cast<sockaddr *>(&a), &len) != 0) {
+            die("tcp listen");
+        }
+        port_ = a.sin_port;
+    }
+    void connectTo() {
+        fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        a.sin_port = port_;
+        if (::connect(fd_, reinterpret_cast<sockaddr *>(&a), sizeof(a)) != 0) {
+            die("tcp connect");
+        }
+        noDelay();
+    }
+    void acceptOne() {
+        fd_ = ::accept(lfd_, nullptr, nullptr);
+        if (fd_ < 0) {
+            die("tcp accept");
+        }
+        noDelay();
+    }
+    void send(const unsigned char *p, size_t n) const {
+        while (n > 0) {
+            const ssize_t k = ::send(fd_, p, n, 0);
+            if (k <= 0) {
+                die("tcp send");
+            }
+            p += k;
+            n -= static_cast<size_t>(k);
+        }
+    }
+    void recv(unsigned char *p, size_t n) const {
+        while (n > 0) {
+            const ssize_t k = ::recv(fd_, p, n, 0);
+            if (k <= 0) {
+                die("tcp recv");
+            }
+            p += k;
+            n -= static_cast<size_t>(k);
+        }
+    }
+
+private:
+    void noDelay() const {
+        int one = 1;
+        ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    }
+    int lfd_ = -1, fd_ = -1;
+    in_port_t port_ = 0;
+};
+
+struct Command {
+    int mode;  // 0 stop, 1 plugin, 2 write_msg, 3 tcp
+    uint64_t bytes;
+    int iters;
+};
+
+/// Rank 1: answers every message with one of the same size, for `iters` messages a command.
+/// Like NCCL's proxy it keeps its next receive posted while it answers.
+void echo(Rank &r, const Tcp &tcp, const Pipe &commands, const Pipe &acks) {
+    std::vector<unsigned char> buf(kMax);
+    for (;;) {
+        Command c{};
+        commands.get(&c, sizeof(c));
+        if (c.mode == 0) {
+            return;
+        }
+        if (c.mode == 1) {
+            void *req = r.postRecv();
+            acks.put(&c, 1);
+            for (int i = 0; i < c.iters; ++i) {
+                r.waitDone(req);
+                req = i + 1 < c.iters ? r.postRecv() : nullptr;
+                r.sendAndWait(c.bytes);
+            }
+        } else if (c.mode == 2) {
+            acks.put(&c, 1);
+            for (int i = 0; i < c.iters; ++i) {
+                r.waitMsg();
+                r.writeMsg(c.bytes);
+            }
+        } else {
+            acks.put(&c, 1);
+            for (int i = 0; i < c.iters; ++i) {
+                tcp.recv(buf.data(), c.bytes);
+                tcp.send(buf.data(), c.bytes);
+            }
+        }
+        acks.put(&c, 1);
+    }
+}
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0 : v[v.size() / 2];
+}
+
+std::vector<uint64_t> parseSizes(const std::string &s) {
+    std::vector<uint64_t> out;
+    std::stringstream in(s);
+    std::string item;
+    while (std::getline(in, item, ',')) {
+        out.push_back(std::stoull(item));
+    }
+    return out;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    std::vector<uint64_t> sizes = {64, 4096, 65536, 1 << 20};
+    int iters = 2000, rounds = 5;
+    std::string poll = "adaptive";
+    for (int i = 1; i + 1 < argc; i += 2) {
+        const std::string a = argv[i], v = argv[i + 1];
+        if (a == "--sizes") {
+            sizes = parseSizes(v);
+        } else if (a == "--iters") {
+            iters = std::stoi(v);
+        } else if (a == "--rounds") {
+            rounds = std::stoi(v);
+        } else if (a == "--poll-mode") {
+            poll = v;
+        } else {
+            die("unknown option " + a);
+        }
+    }
+    for (uint64_t s : sizes) {
+        if (s > kMax) {
+            die("sizes up to " + std::to_string(kMax));
+        }
+    }
+    const int pa = tlbench::freePort(), pb = tlbench::freePort();
+    auto opts = [&](const char *name, int port, const char *peer, int peer_port) {
+        tlbench::SidecarOptions o;
+        o.name = name;
+        o.poll_mode = poll;
+        o.listen = "127.0.0.1:" + std::to_string(port);
+        o.extra = std::string("[fabric]\ntransport = \"tcp\"\n[[peers]]\nname = \"") + peer +
+                  "\"\naddress = \"127.0.0.1:" + std::to_string(peer_port) + "\"\n";
+        return o;
+    };
+    tlbench::Sidecar a(opts("node-a", pa, "node-b", pb));
+    tlbench::Sidecar b(opts("node-b", pb, "node-a", pa));
+    Pipe up, down, commands, acks;  // handles child->parent, parent->child; then commands
+    Tcp tcp;
+    const pid_t child = tlbench::forkTied();
+    if (child == 0) {
+        tcp.connectTo();
+        Rank r(b.socket(), "node-a", 1, up, down);
+        echo(r, tcp, commands, acks);
+        std::_Exit(0);
+    }
+    tcp.acceptOne();
+    Rank r(a.socket(), "node-b", 0, down, up);
+    std::vector<unsigned char> buf(kMax, 3);
+    std::printf("%10s %12s %12s %12s %8s %8s   (round trips, medians of %d rounds x %d; poll %s)\n",
+                "bytes", "plugin_us", "write_msg_us", "tcp_us", "/msg", "/tcp", rounds, iters,
+                poll.c_str());
+    for (uint64_t bytes : sizes) {
+        std::vector<double> plugin, base, plain;
+        for (int round = 0; round < rounds; ++round) {
+            for (int mode : {1, 2, 3}) {
+                Command c{mode, bytes, iters};
+                commands.put(&c, sizeof(c));
+                char ack = 0;
+                acks.get(&ack, 1);
+                std::vector<double> rt;
+                rt.reserve(static_cast<size_t>(iters));
+                void *req = mode == 1 ? r.postRecv() : nullptr;
+                for (int i = 0; i < iters; ++i) {
+                    const auto t0 = Clock::now();
+                    if (mode == 1) {
+                        r.sendAndWait(bytes);
+                        r.waitDone(req);
+                        req = i + 1 < iters ? r.postRecv() : nullptr;
+                    } else if (mode == 2) {
+                        r.writeMsg(bytes);
+                        r.waitMsg();
+                    } else {
+                        tcp.send(buf.data(), bytes);
+                        tcp.recv(buf.data(), bytes);
+                    }
+                    rt.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0)
+                                     .count());
+                }
+                acks.get(&ack, 1);
+                (mode == 1 ? plugin : mode == 2 ? base : plain).push_back(median(rt));
+            }
+        }
+        const double p = median(plugin), w = median(base), t = median(plain);
+        std::printf("%10llu %12.2f %12.2f %12.2f %8.2f %8.2f\n",
+                    static_cast<unsigned long long>(bytes), p, w, t, w > 0 ? p / w : 0,
+                    t > 0 ? p / t : 0);
+        std::fflush(stdout);
+    }
+    Command stop{0, 0, 0};
+    commands.put(&stop, sizeof(stop));
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    return 0;
+}
