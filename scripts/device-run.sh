@@ -14,7 +14,7 @@ usage: scripts/device-run.sh fetch
        scripts/device-run.sh run [--out DIR] [--jobs N] [--budget SECONDS] [--bench-min-time S]
                                  [--bench-filter REGEX] [--verbs-bench] [--simhca-bench] [--tcp-compare]
                                  [--latency-rounds N] [--host-latency] [--group-bench]
-                                 [--gpu-repeat N] [--nccl "RUN; RUN; ..."] [--nccl-bench] [--tar] [--no-rest]
+                                 [--gpu-repeat N] [--nccl "RUN; RUN; ..."] [--nccl-bench "ARGS; ..."] [--tar] [--no-rest]
                                  [--no-gpu] [--verbs-args "ARGS"] [--targets "T1 T2 ..."]
                                  [--gpu-filter REGEX] [--dry-run]
 
@@ -47,8 +47,9 @@ usage: scripts/device-run.sh fetch
                        or NCCL's Socket transport), once per ';'-separated RUN: "mps ARGS" or
                        "nomps ARGS" (under CUDA MPS or not), ARGS its own, e.g.
                        "mps --net socket; mps --net tensorlane --poll-mode busy"
-  --nccl-bench         build/release/tests/bench/nccl_plugin_bench (a ping-pong through the
-                       plugin vs tl_write_msg vs plain TCP), adaptive and busy sidecars
+  --nccl-bench "RUNS"  build/release/tests/bench/nccl_plugin_bench (a ping-pong through the
+                       plugin vs tl_write_msg vs plain TCP) once per ';'-separated argument list
+                       (" " for its defaults)
   --tar                everything into DIR/run.tgz (and DIR/summary.txt) at the end
   --no-rest            skip the tests not labelled gpu
   --no-gpu             skip `ctest -L gpu` and gpu_bench (host-only measurements)
@@ -95,7 +96,7 @@ host_latency=0
 group_bench=0
 gpu_repeat=1
 nccl_runs=""
-nccl_bench=0
+nccl_bench=""
 tar_out=0
 latency_rounds=0
 dry_run=0
@@ -119,7 +120,7 @@ while [ $# -gt 0 ]; do
         --gpu-repeat) gpu_repeat=$2; shift ;;
         --nccl) nccl_runs=$2; shift ;;
         --tar) tar_out=1 ;;
-        --nccl-bench) nccl_bench=1 ;;
+        --nccl-bench) nccl_bench=$2; shift ;;
         --latency-rounds) latency_rounds=$2; shift ;;
         --dry-run) dry_run=1 ;;
         -h|--help) usage; exit 0 ;;
@@ -343,15 +344,19 @@ PY
     done
 fi
 
-if [ "$nccl_bench" -eq 1 ] && [ "$(left)" -gt 40 ]; then
-    for poll in adaptive busy; do
+if [ -n "$nccl_bench" ] && [ "$(left)" -gt 40 ]; then
+    IFS=';' read -ra bench_list <<<"$nccl_bench"
+    n=0
+    for entry in "${bench_list[@]}"; do
+        read -ra words <<<"$entry"
         [ "$(left)" -gt 30 ] || break
-        note "== nccl_plugin_bench, poll $poll ($(left) s left)"
+        n=$((n + 1))
+        note "== nccl_plugin_bench $n: ${words[*]} ($(left) s left)"
         set +e
-        run timeout "$(( $(left) - 10 ))" build/release/tests/bench/nccl_plugin_bench \
-            --poll-mode "$poll" --iters 2000 --rounds 5 >"$out/nccl_plugin_bench-$poll.txt" 2>&1
+        run timeout "$(( $(left) - 10 ))" build/release/tests/bench/nccl_plugin_bench "${words[@]}" \
+            >"$out/nccl_plugin_bench-$n.txt" 2>&1
         note "nccl_plugin_bench: exit $?"
-        tee -a "$summary" <"$out/nccl_plugin_bench-$poll.txt"
+        tee -a "$summary" <"$out/nccl_plugin_bench-$n.txt"
         set -e
     done
 fi

@@ -5,7 +5,7 @@
 // (what NCCL's Socket transport does per message), alternated round by round.
 //
 //   nccl_plugin_bench [--sizes 64,4096,65536,1048576] [--iters 2000] [--rounds 5]
-//                     [--poll-mode adaptive|busy|event]
+//                     [--poll-mode adaptive|busy|event] [--chunk BYTES] [--integrity mac|none]
 //
 // Two sidecars over tcp on loopback; this process is rank 0, a forked child rank 1, each
 // beside its own sidecar with the plugin dlopen'ed (host memory: NCCL's LL buffers). Prints
@@ -150,21 +150,51 @@ public:
         }
     }
     /// The baseline: one tl_write_msg of `bytes` into the other rank's region.
-    void writeMsg(size_t bytes) {
+    void writeMsg(size_t bytes, bool wait = true) {
         tl_send_opts o{};
         unsigned char payload[40] = {};
         o.payload = payload;
         o.payload_bytes = sizeof(payload);  // the plugin's DATA payload is this size
         tl_ticket t = 0;
-        if (tl_write_msg(c_, src_, 0, remote_, 0, bytes, &o, &t) != TL_OK ||
-            tl_wait(c_, t, 20000) != TL_OK) {
+        if (tl_write_msg(c_, src_, 0, remote_, 0, bytes, &o, &t) != TL_OK) {
             die(std::string("tl_write_msg: ") + tl_last_error());
+        }
+        // Polled with tl_test, as the plugin's test() does (tl_wait would sleep).
+        for (int done = 0; wait && done == 0;) {
+            if (tl_test(c_, t, &done) != TL_OK) {
+                die(std::string("tl_write_msg: ") + tl_last_error());
+            }
+        }
+        if (!wait) {
+            pending_.push_back(t);
         }
     }
     void waitMsg() {
         tl_message m{};
         while (tl_wait_message(c_, &m, 0) != TL_OK) {
         }
+    }
+    /// `tensorlane bench --test lat`'s step: a tl_write with an immediate whose ticket is
+    /// reaped later (reap()), not waited for.
+    void writeImm(size_t bytes) {
+        tl_ticket t = 0;
+        if (tl_write(c_, src_, 0, remote_, 0, bytes, 5, &t) != TL_OK) {
+            die(std::string("tl_write: ") + tl_last_error());
+        }
+        pending_.push_back(t);
+    }
+    void waitNotification() {
+        tl_notification n{};
+        while (tl_wait_notification(c_, &n, 0) != TL_OK) {
+        }
+    }
+    void reap() {
+        for (tl_ticket t : pending_) {
+            if (tl_wait(c_, t, 20000) != TL_OK) {
+                die(std::string("tl_wait: ") + tl_last_error());
+            }
+        }
+        pending_.clear();
     }
 
 private:
@@ -180,6 +210,7 @@ private:
     tl_client *c_ = nullptr;
     tl_region src_ = 0, dst_ = 0;
     tl_remote remote_ = 0;
+    std::vector<tl_ticket> pending_;
 };
 
 /// A loopback TCP connection (TCP_NODELAY, as NCCL's Socket transport sets it).
@@ -248,7 +279,7 @@ private:
 };
 
 struct Command {
-    int mode;  // 0 stop, 1 plugin, 2 write_msg, 3 tcp
+    int mode;  // 0 stop, 1 plugin, 2 write_msg + ticket, 3 tcp, 4 write + immediate, 5 write_msg
     uint64_t bytes;
     int iters;
 };
@@ -277,6 +308,21 @@ void echo(Rank &r, const Tcp &tcp, const Pipe &commands, const Pipe &acks) {
                 r.waitMsg();
                 r.writeMsg(c.bytes);
             }
+        } else if (c.mode == 4 || c.mode == 5) {
+            acks.put(&c, 1);
+            for (int i = 0; i < c.iters; ++i) {
+                if (c.mode == 4) {
+                    r.waitNotification();
+                    r.writeImm(c.bytes);
+                } else {
+                    r.waitMsg();
+                    r.writeMsg(c.bytes, false);
+                }
+                if (i % 64 == 63) {
+                    r.reap();
+                }
+            }
+            r.reap();
         } else {
             acks.put(&c, 1);
             for (int i = 0; i < c.iters; ++i) {
@@ -308,7 +354,7 @@ std::vector<uint64_t> parseSizes(const std::string &s) {
 int main(int argc, char **argv) {
     std::vector<uint64_t> sizes = {64, 4096, 65536, 1 << 20};
     int iters = 2000, rounds = 5;
-    std::string poll = "adaptive";
+    std::string poll = "adaptive", chunk, integrity;
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string a = argv[i], v = argv[i + 1];
         if (a == "--sizes") {
@@ -319,6 +365,10 @@ int main(int argc, char **argv) {
             rounds = std::stoi(v);
         } else if (a == "--poll-mode") {
             poll = v;
+        } else if (a == "--chunk") {
+            chunk = std::to_string(std::stoull(v));
+        } else if (a == "--integrity") {
+            integrity = v == "none" ? "none" : "mac";
         } else {
             die("unknown option " + a);
         }
@@ -334,7 +384,10 @@ int main(int argc, char **argv) {
         o.name = name;
         o.poll_mode = poll;
         o.listen = "127.0.0.1:" + std::to_string(port);
-        o.extra = std::string("[fabric]\ntransport = \"tcp\"\n[[peers]]\nname = \"") + peer +
+        // (The generated config ends in its [security] table.)
+        o.extra = (integrity.empty() ? "" : "tcp_integrity = \"" + integrity + "\"\n") +
+                  (chunk.empty() ? "" : "[tcp]\nchunk_bytes = " + chunk + "\n") +
+                  std::string("[fabric]\ntransport = \"tcp\"\n[[peers]]\nname = \"") + peer +
                   "\"\naddress = \"127.0.0.1:" + std::to_string(peer_port) + "\"\n";
         return o;
     };
@@ -352,13 +405,15 @@ int main(int argc, char **argv) {
     tcp.acceptOne();
     Rank r(a.socket(), "node-b", 0, down, up);
     std::vector<unsigned char> buf(kMax, 3);
-    std::printf("%10s %12s %12s %12s %8s %8s   (round trips, medians of %d rounds x %d; poll %s)\n",
-                "bytes", "plugin_us", "write_msg_us", "tcp_us", "/msg", "/tcp", rounds, iters,
-                poll.c_str());
+    std::printf("%10s %10s %10s %10s %10s %10s %7s %7s %7s  (round trips in us, medians of %d "
+                "rounds x %d; poll %s%s%s)\n",
+                "bytes", "plugin", "msg+ack", "msg", "write_imm", "tcp", "/msg", "/tcp", "imm/tcp",
+                rounds, iters, poll.c_str(), chunk.empty() ? "" : ", chunk_bytes ",
+                chunk.c_str());
     for (uint64_t bytes : sizes) {
-        std::vector<double> plugin, base, plain;
+        std::vector<double> got[6];
         for (int round = 0; round < rounds; ++round) {
-            for (int mode : {1, 2, 3}) {
+            for (int mode : {1, 2, 5, 4, 3}) {
                 Command c{mode, bytes, iters};
                 commands.put(&c, sizeof(c));
                 char ack = 0;
@@ -367,6 +422,9 @@ int main(int argc, char **argv) {
                 rt.reserve(static_cast<size_t>(iters));
                 void *req = mode == 1 ? r.postRecv() : nullptr;
                 for (int i = 0; i < iters; ++i) {
+                    if ((mode == 4 || mode == 5) && i % 64 == 63) {
+                        r.reap();  // outside the timed part, as tensorlane bench does
+                    }
                     const auto t0 = Clock::now();
                     if (mode == 1) {
                         r.sendAndWait(bytes);
@@ -374,6 +432,12 @@ int main(int argc, char **argv) {
                         req = i + 1 < iters ? r.postRecv() : nullptr;
                     } else if (mode == 2) {
                         r.writeMsg(bytes);
+                        r.waitMsg();
+                    } else if (mode == 4) {
+                        r.writeImm(bytes);
+                        r.waitNotification();
+                    } else if (mode == 5) {
+                        r.writeMsg(bytes, false);
                         r.waitMsg();
                     } else {
                         tcp.send(buf.data(), bytes);
@@ -383,13 +447,15 @@ int main(int argc, char **argv) {
                                      .count());
                 }
                 acks.get(&ack, 1);
-                (mode == 1 ? plugin : mode == 2 ? base : plain).push_back(median(rt));
+                r.reap();
+                got[mode].push_back(median(rt));
             }
         }
-        const double p = median(plugin), w = median(base), t = median(plain);
-        std::printf("%10llu %12.2f %12.2f %12.2f %8.2f %8.2f\n",
-                    static_cast<unsigned long long>(bytes), p, w, t, w > 0 ? p / w : 0,
-                    t > 0 ? p / t : 0);
+        const double p = median(got[1]), w = median(got[2]), t = median(got[3]),
+                     im = median(got[4]), m = median(got[5]);
+        std::printf("%10llu %10.2f %10.2f %10.2f %10.2f %10.2f %7.2f %7.2f %7.2f\n",
+                    static_cast<unsigned long long>(bytes), p, w, m, im, t, w > 0 ? p / w : 0,
+                    t > 0 ? p / t : 0, t > 0 ? im / t : 0);
         std::fflush(stdout);
     }
     Command stop{0, 0, 0};
