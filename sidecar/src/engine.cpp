@@ -451,6 +451,9 @@ EngineReport EngineImpl::report(std::optional<uid_t> only_uid) const {
     r.node = cfg_.node.name;
     r.socket = cfg_.node.socket;
     r.poll_mode = config::toString(cfg_.ipc.poll_mode);
+    for (const Transport *t : transports_.all()) {
+        r.link_mbps = std::max(r.link_mbps, t->caps().link_mbps);
+    }
     r.uptime_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
     for (const auto &[id, s] : sessions_) {
         if (only_uid && s->cred.uid != *only_uid) {

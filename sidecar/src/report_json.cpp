@@ -119,6 +119,7 @@ std::string toJsonText(const EngineReport &r, int indent) {
     j["node"] = r.node;
     j["socket"] = r.socket;
     j["poll_mode"] = r.poll_mode;
+    j["link_mbps"] = r.link_mbps;
     j["uptime_s"] = r.uptime_s;
     json clients = json::array();
     for (const ClientReport &c : r.clients) {

@@ -116,8 +116,7 @@ public:
             die(std::string("baseline regions: ") + tl_last_error());
         }
         const std::string theirs_name = "npb-" + std::to_string(1 - me);
-        while (tl_lookup(c_, peer_node_.c_str(), theirs_name.c_str(), &remote_, nullptr) !=
-               TL_OK) {
+        while (tl_lookup(c_, peer_node_.c_str(), theirs_name.c_str(), &remote_, nullptr) != TL_OK) {
             if (Clock::now() > end) {
                 die(std::string("tl_lookup: ") + tl_last_error());
             }
@@ -139,7 +138,8 @@ public:
     void sendAndWait(size_t bytes) {
         void *req = nullptr;
         while (req == nullptr) {
-            check(net_->isend(send_, sbuf_.data(), static_cast<int>(bytes), kTag, smr_, &req), "isend");
+            check(net_->isend(send_, sbuf_.data(), static_cast<int>(bytes), kTag, smr_, &req),
+                  "isend");
         }
         waitDone(req);
     }
@@ -405,11 +405,11 @@ int main(int argc, char **argv) {
     tcp.acceptOne();
     Rank r(a.socket(), "node-b", 0, down, up);
     std::vector<unsigned char> buf(kMax, 3);
-    std::printf("%10s %10s %10s %10s %10s %10s %7s %7s %7s  (round trips in us, medians of %d "
-                "rounds x %d; poll %s%s%s)\n",
-                "bytes", "plugin", "msg+ack", "msg", "write_imm", "tcp", "/msg", "/tcp", "imm/tcp",
-                rounds, iters, poll.c_str(), chunk.empty() ? "" : ", chunk_bytes ",
-                chunk.c_str());
+    std::printf(
+        "%10s %10s %10s %10s %10s %10s %7s %7s %7s  (round trips in us, medians of %d "
+        "rounds x %d; poll %s%s%s)\n",
+        "bytes", "plugin", "msg+ack", "msg", "write_imm", "tcp", "/msg", "/tcp", "imm/tcp", rounds,
+        iters, poll.c_str(), chunk.empty() ? "" : ", chunk_bytes ", chunk.c_str());
     for (uint64_t bytes : sizes) {
         std::vector<double> got[6];
         for (int round = 0; round < rounds; ++round) {
@@ -443,8 +443,8 @@ int main(int argc, char **argv) {
                         tcp.send(buf.data(), bytes);
                         tcp.recv(buf.data(), bytes);
                     }
-                    rt.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0)
-                                     .count());
+                    rt.push_back(
+                        std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
                 }
                 acks.get(&ack, 1);
                 r.reap();

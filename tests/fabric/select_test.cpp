@@ -41,6 +41,7 @@ TEST(SelectFabric, StandardHostAutoEverything) {
     EXPECT_EQ(s.gid.raw[12], 10);
     EXPECT_EQ(s.roce_version, RoceVersion::kV2);
     EXPECT_EQ(s.port_state, "ACTIVE");
+    EXPECT_EQ(s.rate_mbps, 100000u);  // "100 Gb/sec (4X EDR)"
     EXPECT_EQ(s.netdev_mtu, 9000u);
     EXPECT_EQ(s.active_mtu, 4096u);
     EXPECT_EQ(s.path_mtu, 4096u);
@@ -49,6 +50,19 @@ TEST(SelectFabric, StandardHostAutoEverything) {
     EXPECT_NE(s.device_reason.find("only RDMA device"), std::string::npos) << s.device_reason;
     EXPECT_NE(s.tclass_reason.find("no host-wide override"), std::string::npos);
     EXPECT_NE(s.summary().find("GID 3 10.0.0.2"), std::string::npos) << s.summary();
+}
+
+TEST(SelectFabric, PortRatesInMegabits) {
+    EXPECT_EQ(rateMbps("100 Gb/sec (4X EDR)"), 100000u);
+    EXPECT_EQ(rateMbps("400 Gb/sec (4X NDR)"), 400000u);
+    EXPECT_EQ(rateMbps("2.5 Gb/sec (1X SDR)"), 2500u);
+    EXPECT_EQ(rateMbps("25 Gb/sec (1X EDR)"), 25000u);
+    // What is not that form is unknown, not a guess.
+    EXPECT_EQ(rateMbps(""), 0u);
+    EXPECT_EQ(rateMbps("fast"), 0u);
+    EXPECT_EQ(rateMbps("100 Mb/sec"), 0u);
+    EXPECT_EQ(rateMbps("-5 Gb/sec"), 0u);
+    EXPECT_EQ(rateMbps("1e99 Gb/sec"), 0u);
 }
 
 TEST(SelectFabric, CallableAgainAfterTheKernelMovesTheGid) {

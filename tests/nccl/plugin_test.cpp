@@ -137,7 +137,7 @@ struct Pipe {
 
 /// The receiving rank: listens, accepts, posts `kSizes` one at a time and checks each, then a
 /// grouped receive of three tags, then four requests in flight tested last to first.
-int receiver(const std::string &socket, Pipe &handle_pipe, bool v9) {
+int receiver(const std::string &socket, Pipe &handle_pipe, bool v9, int speed) {
     Plugin p;
     if (!p.open(socket)) {
         return 2;
@@ -146,6 +146,10 @@ int receiver(const std::string &socket, Pipe &handle_pipe, bool v9) {
     ncclNetProperties_v8_t props{};
     if (net->getProperties(0, &props) != ncclSuccess || props.maxRecvs < 3 ||
         (props.ptrSupport & NCCL_PTR_HOST) == 0) {
+        return 3;
+    }
+    if (props.speed != speed) {
+        std::fprintf(stderr, "speed %d Mb/s, want %d\n", props.speed, speed);
         return 3;
     }
     char handle[NCCL_NET_HANDLE_MAXSIZE] = {};
@@ -336,7 +340,10 @@ TEST_P(NcclPlugin, EverySizeGroupedAndOutOfOrderArriveWhole) {
     ASSERT_TRUE(nodes.ready()) << nodes.logs();
     for (bool v9 : {false, true}) {
         Pipe handle;
-        const pid_t r = forkClient([&] { return receiver(nodes.b->socket(), handle, v9); });
+        // The speed NCCL is told: the simulated port's rate ("100 Gb/sec (4X EDR)") over verbs,
+        // NCCL Socket's 10 Gb/s over tcp (no port to ask).
+        const int speed = GetParam() == "verbs" ? 100000 : 10000;
+        const pid_t r = forkClient([&] { return receiver(nodes.b->socket(), handle, v9, speed); });
         const pid_t s = forkClient([&] { return sender(nodes.a->socket(), handle, v9); });
         EXPECT_EQ(waitChild(s), 0) << (v9 ? "v9" : "v8") << nodes.logs();
         EXPECT_EQ(waitChild(r), 0) << (v9 ? "v9" : "v8") << nodes.logs();

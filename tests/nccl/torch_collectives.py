@@ -37,6 +37,8 @@ def rank_main(rank: int, args, port: int, sockets: list, out_path: str) -> None:
         os.environ["TENSORLANE_SOCKET"] = sockets[rank]
     else:
         os.environ["NCCL_NET"] = "Socket"
+        # Loopback only (the project's rule for test traffic; NCCL would pick eth0).
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     import torch
     import torch.distributed as dist
 

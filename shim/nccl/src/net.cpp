@@ -35,6 +35,36 @@ bool peerGone(tl_status s) {
     return s == TL_ENOENT || s == TL_EPEER || s == TL_ECONN || s == TL_EDEADLINE;
 }
 
+/// The device's speed for NCCL's tuner, in Mb/s: TENSORLANE_NCCL_SPEED_MBPS, else the
+/// sidecar's link rate (the verbs port's, `link_mbps` in its status), else 10 Gb/s (what NCCL's
+/// Socket transport assumes when it cannot read a speed; the tcp transport has no port rate).
+int linkSpeed(tl_client *c) {
+    if (const char *env = std::getenv("TENSORLANE_NCCL_SPEED_MBPS")) {
+        char *end = nullptr;
+        const long v = std::strtol(env, &end, 10);
+        if (end != env && *end == '\0' && v > 0 && v <= 100'000'000) {
+            return static_cast<int>(v);
+        }
+    }
+    std::string buf(1 << 16, '\0');
+    size_t len = 0;
+    for (int i = 0; i < 2; ++i) {
+        if (tl_sidecar_status(c, buf.data(), buf.size(), &len) != TL_OK) {
+            return 10000;
+        }
+        if (len < buf.size()) {
+            break;
+        }
+        buf.assign(len + 1, '\0');
+    }
+    const char *key = std::strstr(buf.c_str(), "\"link_mbps\":");
+    if (key == nullptr) {
+        return 10000;
+    }
+    const unsigned long long v = std::strtoull(key + std::strlen("\"link_mbps\":"), nullptr, 10);
+    return v > 0 && v <= 100'000'000 ? static_cast<int>(v) : 10000;
+}
+
 }  // namespace
 
 std::string regionName(uint64_t nonce, char kind, uint64_t id) {
@@ -83,8 +113,9 @@ ncclResult_t Net::init(ncclDebugLogger_t logger) {
     client_ = c;
     node_ = tl_node_name(c);
     nonce_ = randomNonce();
-    log(NCCL_LOG_INFO, "using the sidecar of node %s (process nonce %016llx)", node_.c_str(),
-        static_cast<unsigned long long>(nonce_));
+    speed_mbps_ = linkSpeed(c);
+    log(NCCL_LOG_INFO, "using the sidecar of node %s (process nonce %016llx), speed %d Mb/s",
+        node_.c_str(), static_cast<unsigned long long>(nonce_), speed_mbps_);
     return ncclSuccess;
 }
 

@@ -212,7 +212,7 @@ private:
     /// them, and a failed one fails its comm.
     std::vector<std::pair<tl_ticket, uint64_t>> unwaited_;
     std::string pci_path_;
-    int speed_mbps_ = 100000;
+    int speed_mbps_ = 10000;
 };
 
 }  // namespace tensorlane::nccl

@@ -210,6 +210,7 @@ Status selectFabricStaged(const config::Config &cfg, const SysfsRoot &root,
                                  "show`, `rdma link show`)"};
     }
     s.port_state = port.state;
+    s.rate_mbps = rateMbps(port.rate);
     s.netdev = f.netdev != "auto" ? f.netdev : std::string();
     *stage = SelectStage::kGid;
 

@@ -1,6 +1,8 @@
 // Devices, ports and netdevs from sysfs, and the PCIe distance between two PCI functions.
 #include <algorithm>
 #include <array>
+#include <cstdlib>
+#include <cstring>
 
 #include "fabric/internal.hpp"
 #include "tensorlane/sidecar/fabric.hpp"
@@ -76,6 +78,16 @@ std::optional<DeviceInfo> readDevice(const SysfsRoot &root, const std::string &n
         d.ports.push_back(std::move(port));
     }
     return d;
+}
+
+uint64_t rateMbps(const std::string &rate) {
+    // ib_sysfs's rate_show(): "%d%s Gb/sec (%dX %s)", the fraction ".5" for SDR's 2.5.
+    char *end = nullptr;
+    const double gbps = std::strtod(rate.c_str(), &end);
+    if (end == rate.c_str() || !(gbps > 0) || gbps > 1e5 || std::strncmp(end, " Gb/sec", 7) != 0) {
+        return 0;
+    }
+    return static_cast<uint64_t>(gbps * 1000 + 0.5);
 }
 
 std::vector<DeviceInfo> listDevices(const SysfsRoot &root) {

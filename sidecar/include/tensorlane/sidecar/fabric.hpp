@@ -71,6 +71,9 @@ struct GidEntry {
 };
 
 /// One port of an RDMA device.
+/// "100 Gb/sec (4X EDR)" or "2.5 Gb/sec (1X SDR)" in Mb/s; 0 when it is not that form.
+uint64_t rateMbps(const std::string &rate);
+
 struct PortInfo {
     uint32_t port = 0;
     /// The state's name ("ACTIVE", "DOWN"); "unreadable" when the file cannot be read.
@@ -182,6 +185,9 @@ struct FabricSelection {
     std::string netdev;
     /// The port's state when read ("ACTIVE").
     std::string port_state;
+    /// The port's rate in Mb/s from its sysfs `rate` ("100 Gb/sec (4X EDR)": 100000); 0 when
+    /// unreadable. What the NCCL plugin reports as its device's speed.
+    uint64_t rate_mbps = 0;
     uint32_t gid_index = 0;
     Gid gid;
     /// The sysfs form of `gid`.

@@ -143,6 +143,8 @@ struct EngineReport {
     std::string node;
     std::string socket;
     std::string poll_mode;
+    /// The fastest remote transport's link rate in Mb/s (the verbs port's); 0 when none knows.
+    uint64_t link_mbps = 0;
     double uptime_s = 0;
     std::vector<ClientReport> clients;
     std::string clients_shown;  ///< "all", or "uid N" when filtered for a non-root client

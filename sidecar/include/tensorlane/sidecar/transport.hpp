@@ -68,6 +68,7 @@ struct TransportCaps {
     bool scatter = false;
     uint64_t max_message = 0;  ///< the largest single write; 0: any size a region can hold
     uint32_t wire_id = 0;      ///< remote: its TransportWireId
+    uint64_t link_mbps = 0;    ///< remote: its link's rate (the NIC port's), 0 when unknown
 };
 
 /// The most bytes WriteOp::message may hold (the engine's group and payload records,

@@ -119,6 +119,7 @@ TransportCaps VerbsTransport::caps() const {
     c.remote = true;
     c.ordered = true;
     c.wire_id = kTransportVerbs;
+    c.link_mbps = sel_.rate_mbps;
     return c;
 }
 
