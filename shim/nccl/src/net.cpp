@@ -184,6 +184,7 @@ void Net::release(Comm *c) {
         }
     }
     for (auto &[id, mr] : c->mrs) {
+        recv_regions_.erase(mr->region);
         tl_deregister(client_, mr->region);
     }
     if (c->mailbox != 0) {
@@ -398,6 +399,7 @@ ncclResult_t Net::regMr(void *comm, void *data, size_t size, int type, void **mh
             return ncclSystemError;
         }
         mr->exposed = true;
+        recv_regions_[mr->region] = c->id;
     }
     *mhandle = mr.get();
     c->mrs[mr->id] = std::move(mr);
@@ -432,6 +434,7 @@ ncclResult_t Net::regMrDmaBuf(void *comm, void *data, size_t size, int type, uin
             return ncclSystemError;
         }
         mr->exposed = true;
+        recv_regions_[mr->region] = c->id;
     }
     *mhandle = mr.get();
     c->mrs[mr->id] = std::move(mr);
@@ -449,6 +452,7 @@ ncclResult_t Net::deregMr(void *comm, void *mhandle) {
     if (it == c->mrs.end() || it->second.get() != mr) {
         return ncclInvalidArgument;
     }
+    recv_regions_.erase(mr->region);
     tl_deregister(client_, mr->region);
     c->mrs.erase(it);
     return ncclSuccess;
@@ -577,17 +581,25 @@ ncclResult_t Net::isend(void *send_comm, void *data, uint64_t size, int tag, voi
     if (mr->shadow != nullptr && size != 0) {
         std::memcpy(mr->shadow + off, p, size);  // NCCL's host buffer into the sidecar's reach
     }
-    unsigned char payload[TL_MAX_PAYLOAD];
-    WireHeader h{kWireMagic, static_cast<uint8_t>(Wire::kData), 1, 0, slot.from, c->id, nonce_};
-    DataBody body{slot.body.request, slot.body.generation, static_cast<uint32_t>(e), 0, size};
-    std::memcpy(payload, &h, sizeof(h));
-    std::memcpy(payload + sizeof(h), &body, sizeof(body));
-    tl_send_opts o{};
-    o.payload = payload;
-    o.payload_bytes = sizeof(h) + sizeof(body);
     tl_ticket t = 0;
-    const tl_status s = tl_write_msg(client_, size != 0 ? mr->region : 0, size != 0 ? off : 0, dst,
-                                     entry.offset, size, &o, &t);
+    tl_status s = TL_OK;
+    if (size != 0) {
+        // The bytes with an immediate naming the receiver's request and entry.
+        s = tl_write(client_, mr->region, off, dst, entry.offset, size,
+                     dataImm(slot.body.request, slot.body.generation, static_cast<uint32_t>(e)),
+                     &t);
+    } else {
+        // No bytes to write: a DATA message says the entry is done.
+        unsigned char payload[TL_MAX_PAYLOAD];
+        WireHeader h{kWireMagic, static_cast<uint8_t>(Wire::kData), 1, 0, slot.from, c->id, nonce_};
+        DataBody body{slot.body.request, slot.body.generation, static_cast<uint32_t>(e), 0, 0};
+        std::memcpy(payload, &h, sizeof(h));
+        std::memcpy(payload + sizeof(h), &body, sizeof(body));
+        tl_send_opts o{};
+        o.payload = payload;
+        o.payload_bytes = sizeof(h) + sizeof(body);
+        s = tl_write_msg(client_, 0, 0, dst, 0, 0, &o, &t);
+    }
     if (s == TL_EAGAIN) {
         return ncclSuccess;  // the ring is full: NCCL tries again
     }
@@ -720,6 +732,21 @@ void Net::progress() {
 }
 
 void Net::dispatch(const tl_message &m) {
+    if (m.kind == TL_NOTIFY_WRITE && m.payload_bytes == 0 && (m.ex.n.imm & kDataImmFlag) != 0) {
+        // A data write into a receive comm's MR: which comm by the region, which request and
+        // entry by the immediate.
+        auto r = recv_regions_.find(m.ex.n.region);
+        if (r == recv_regions_.end()) {
+            return;  // an MR deregistered meanwhile
+        }
+        auto it = comms_.find(r->second);
+        if (it == comms_.end() || it->second->kind != 'R') {
+            return;
+        }
+        const uint32_t imm = m.ex.n.imm;
+        landed(it->second, imm >> 3 & 31u, imm >> 8 & 0xfffffu, imm & 7u, m.ex.n.bytes, m.status);
+        return;
+    }
     WireHeader h{};
     if (m.payload_bytes < sizeof(h)) {
         return;  // not the plugin's
@@ -762,27 +789,7 @@ void Net::dispatch(const tl_message &m) {
                 return;
             }
             std::memcpy(&d, body, sizeof(d));
-            if (d.request >= c->requests.size() || d.index >= kMaxRecvs) {
-                return;
-            }
-            Request &r = c->requests[d.request];
-            if (r.free || r.generation != d.generation || static_cast<int>(d.index) >= r.n ||
-                r.landed[d.index] || d.size > r.posted[d.index]) {
-                return;
-            }
-            if (m.status != TL_OK) {
-                fail(c, std::string("a write into a posted receive failed: ") +
-                            tl_status_str(m.status));
-                return;
-            }
-            Mr *mr = r.mrs[d.index];
-            if (mr->shadow != nullptr && d.size != 0) {
-                std::memcpy(r.data[d.index], mr->shadow + r.offsets[d.index], d.size);
-            }
-            r.sizes[d.index] = d.size;
-            r.landed[d.index] = true;
-            ++r.done;
-            c->last_progress = Clock::now();
+            landed(c, d.request, d.generation, d.index, d.size, m.status);
             return;
         }
         case Wire::kPing:
@@ -792,6 +799,33 @@ void Net::dispatch(const tl_message &m) {
             c->last_progress = Clock::now();
             return;
     }
+}
+
+void Net::landed(Comm *c, uint32_t slot, uint32_t generation, uint32_t index, uint64_t size,
+                 tl_status status) {
+    if (slot >= c->requests.size() || index >= kMaxRecvs) {
+        return;
+    }
+    Request &r = c->requests[slot];
+    // (A data write's immediate carries 20 bits of the generation: a request is reused a
+    // million times before a stale write could match it.)
+    constexpr uint32_t kMask = 0xfffffu;
+    if (r.free || r.send || (r.generation & kMask) != (generation & kMask) ||
+        static_cast<int>(index) >= r.n || r.landed[index] || size > r.posted[index]) {
+        return;
+    }
+    if (status != TL_OK) {
+        fail(c, std::string("a write into a posted receive failed: ") + tl_status_str(status));
+        return;
+    }
+    Mr *mr = r.mrs[index];
+    if (mr->shadow != nullptr && size != 0) {
+        std::memcpy(r.data[index], mr->shadow + r.offsets[index], size);
+    }
+    r.sizes[index] = size;
+    r.landed[index] = true;
+    ++r.done;
+    c->last_progress = Clock::now();
 }
 
 ncclResult_t Net::close(void *comm) {

@@ -9,9 +9,11 @@
 //    region, offset, size and tag. Receives in flight per comm are bounded
 //    (NCCL_NET_MAX_REQUESTS): the sender's CTS queue never holds more.
 //  - isend() takes the oldest CTS (waits, returning a NULL request, until one is there), checks
-//    the tag and the size, and writes the data into the receiver's buffer with tl_write_msg,
-//    its DATA payload naming request and entry; the ticket is the send's request. The
-//    receiver's notification arrives once the data is in place: that ends its entry.
+//    the tag and the size, and writes the data into the receiver's buffer with tl_write, its
+//    immediate naming request, entry and generation (dataImm()); the ticket is the send's
+//    request. The receiver's notification (region, bytes, immediate) arrives once the data is
+//    in place: that ends its entry. A zero-byte send has no bytes to write: it goes as a DATA
+//    message (payload only).
 //  - A comm whose peer stops answering (a write or a probe of its mailbox fails: the process
 //    died, its region went, its sidecar is unreachable) fails every request of it, and later
 //    calls on it, so NCCL aborts instead of hanging.
@@ -84,6 +86,14 @@ struct DataBody {
     uint64_t size;
 };
 static_assert(sizeof(WireHeader) + sizeof(CtsBody) <= TL_MAX_PAYLOAD);
+
+/// A data write's immediate: bit 31 set, the request's generation (20 bits), its slot (5) and
+/// the entry (3).
+constexpr uint32_t kDataImmFlag = 1u << 31;
+inline uint32_t dataImm(uint32_t slot, uint32_t generation, uint32_t index) {
+    return kDataImmFlag | (generation & 0xfffffu) << 8 | (slot & 31u) << 3 | (index & 7u);
+}
+static_assert(NCCL_NET_MAX_REQUESTS <= 32 && kMaxRecvs <= 8);
 
 /// The exposed name of a plugin region: "ncl.<nonce>.<kind><id>".
 std::string regionName(uint64_t nonce, char kind, uint64_t id);
@@ -190,6 +200,9 @@ private:
     /// Takes every message waiting and hands it to its comm (mu_ held).
     void progress();
     void dispatch(const tl_message &m);
+    /// A data write's notification: ends its request's entry (mu_ held).
+    void landed(Comm *c, uint32_t slot, uint32_t generation, uint32_t index, uint64_t size,
+                tl_status status);
     /// Probes the peer of `c` when nothing has come from it for a while (mu_ held).
     void checkAlive(Comm *c);
     Comm *newComm(char kind);
@@ -207,7 +220,8 @@ private:
     ncclDebugLogger_t logger_ = nullptr;
     uint64_t next_id_ = 1;
     uint32_t next_mr_ = 1;
-    std::map<uint64_t, Comm *> comms_;  ///< every live comm by id (all kinds)
+    std::map<uint64_t, Comm *> comms_;            ///< every live comm by id (all kinds)
+    std::map<tl_region, uint64_t> recv_regions_;  ///< receive comms' MR regions: their comm
     /// Tickets of messages nobody waits for, with their comm (0: closed): progress() reaps
     /// them, and a failed one fails its comm.
     std::vector<std::pair<tl_ticket, uint64_t>> unwaited_;
