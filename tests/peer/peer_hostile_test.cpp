@@ -21,6 +21,7 @@
 #include "peer/directory.hpp"
 #include "peer/wire.hpp"
 #include "raw_peer.hpp"
+#include "transport/tcp/links.hpp"
 
 namespace tensorlane::peertest {
 namespace {
@@ -685,7 +686,8 @@ struct RewriteResult {
     std::string error;       ///< why the write could not be made
 };
 
-constexpr uint32_t kRewriteLen = 256u << 10;
+// One chunk (cutLength() cuts a 64 KiB write whole), big enough for the tag workers.
+constexpr uint32_t kRewriteLen = 64u << 10;
 constexpr uint64_t kRangeAt = 1u << 20;
 constexpr uint64_t kShift = 512u << 10;
 /// The write_offset field is bytes 24..31 of the frame; its byte 26 XOR 0x08 adds 512 KiB.
@@ -699,8 +701,13 @@ RewriteResult writeThroughRewritingProxy(size_t at, uint8_t mask, bool integrity
     const auto key = dir.writeFile("peer.key", kSecret);
     const uint16_t pa = freePort(), pb = freePort();
     const auto mode = integrity ? config::TcpIntegrity::kMac : config::TcpIntegrity::kNone;
-    ChunkRewritingProxy proxy(pb, static_cast<uint32_t>(sidecar::kChunkHeaderBytes) + kRewriteLen,
-                              at, mask);
+    // The write goes as chunks of cutLength() over the default connections and chunk size: the
+    // proxy changes the first of them.
+    const config::TcpConfig tcp_defaults;
+    const auto chunk = static_cast<uint32_t>(sidecar::cutLength(
+        kRewriteLen, tcp_defaults.connections_per_peer, tcp_defaults.chunk_bytes));
+    ChunkRewritingProxy proxy(pb, static_cast<uint32_t>(sidecar::kChunkHeaderBytes) + chunk, at,
+                              mask);
     NodeOptions oa{
         .name = "node-a", .port = pa, .key_file = key, .peers = {{"node-b", proxy.port()}}};
     oa.tweak = [mode, tag_threads](config::Config &c) {
@@ -790,6 +797,19 @@ TEST(Integrity, WithoutTagsARewrittenWriteOffsetMovesTheWrite) {
     EXPECT_EQ(r.arrived_offset, kShift);
     EXPECT_TRUE(r.shifted);
     EXPECT_FALSE(r.untouched);
+}
+
+TEST(Integrity, MidSizedWritesAreCutSoTheirStagesOverlap) {
+    // Two chunks per connection for a write of a few chunks (at least 64 KiB each, page-rounded),
+    // chunk_bytes for big writes, never more than chunk_bytes.
+    EXPECT_EQ(sidecar::cutLength(512u << 10, 2, 1u << 20), 128u << 10);  // an NCCL step
+    EXPECT_EQ(sidecar::cutLength(1u << 20, 2, 1u << 20), 256u << 10);
+    EXPECT_EQ(sidecar::cutLength(4u << 20, 2, 1u << 20), 1u << 20);
+    EXPECT_EQ(sidecar::cutLength(64u << 20, 4, 1u << 20), 1u << 20);
+    EXPECT_EQ(sidecar::cutLength(64u << 10, 2, 1u << 20), 64u << 10);
+    EXPECT_EQ(sidecar::cutLength(100, 2, 1u << 20), 64u << 10);   // (then what is left: 100)
+    EXPECT_EQ(sidecar::cutLength(300000, 1, 1u << 20), 151552u);  // 150000 up to a page
+    EXPECT_EQ(sidecar::cutLength(512u << 10, 2, 16u << 10), 16u << 10);
 }
 
 TEST(Integrity, BothEndsMustAgree) {

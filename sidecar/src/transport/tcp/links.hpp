@@ -22,6 +22,11 @@
 
 namespace tensorlane::sidecar {
 
+/// How long the chunks of a write of `write_bytes` are over `connections` connections:
+/// `chunk_bytes`, or less (at least 64 KiB) for a write of under 2 x connections chunks, so that
+/// its stages overlap.
+uint64_t cutLength(uint64_t write_bytes, size_t connections, uint32_t chunk_bytes);
+
 /// The sender's half: sequence numbers, chunking, striping, in-flight bookkeeping.
 ///
 /// A write is not cut into chunks when it is posted: it keeps a cursor, and chunks are cut
@@ -103,6 +108,8 @@ private:
     void cutStaged(InFlight &w, int slot);
 
     std::vector<Connection *> data_;
+    /// How long the chunks of `w` are (chunk_bytes, or less for a write of a few chunks).
+    uint64_t cutBytes(const InFlight &w) const;
     uint32_t chunk_bytes_;
     size_t window_;
     TcpStaging &staging_;
