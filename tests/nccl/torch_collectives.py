@@ -145,6 +145,18 @@ def main() -> int:
                    help="TENSORLANE_NCCL_GDR=0: the plugin offers host memory only, so NCCL "
                         "stages GPU data through its host buffers")
     args = p.parse_args()
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError as e:
+        print(f"skipped: PyTorch is not importable here ({e})", file=sys.stderr)
+        return 77
+    if not torch.cuda.is_available():
+        print("skipped: no CUDA device (torch.cuda.is_available() is False)", file=sys.stderr)
+        return 77
+    if not dist.is_nccl_available():
+        print("skipped: this PyTorch has no NCCL", file=sys.stderr)
+        return 77
     if args.no_gdr:
         os.environ["TENSORLANE_NCCL_GDR"] = "0"
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
