@@ -203,20 +203,24 @@ ncclResult_t Net::fail(Comm *c, const std::string &why) {
     return ncclRemoteError;
 }
 
-ncclResult_t Net::send(Comm *c, Wire type, uint8_t count, const void *body, size_t bytes,
-                       tl_remote to, tl_ticket *ticket) {
+tl_status Net::postMessage(const Comm *c, Wire type, uint8_t count, uint64_t to_comm,
+                           const void *body, size_t bytes, tl_remote to, tl_ticket *t) {
     unsigned char payload[TL_MAX_PAYLOAD];
-    WireHeader h{kWireMagic, static_cast<uint8_t>(type), count, 0, c->peer_comm, c->id, nonce_};
-    if (type == Wire::kConnect) {
-        h.to = c->target.listener;
-    }
+    const WireHeader h{kWireMagic, static_cast<uint8_t>(type), count, 0, to_comm, c->id, nonce_};
     std::memcpy(payload, &h, sizeof(h));
     std::memcpy(payload + sizeof(h), body, bytes);
     tl_send_opts o{};
     o.payload = payload;
     o.payload_bytes = static_cast<uint32_t>(sizeof(h) + bytes);
+    return tl_write_msg(client_, 0, 0, to, 0, 0, &o, t);
+}
+
+ncclResult_t Net::send(Comm *c, Wire type, uint8_t count, const void *body, size_t bytes,
+                       tl_remote to, tl_ticket *ticket) {
     tl_ticket t = 0;
-    const tl_status s = tl_write_msg(client_, 0, 0, to, 0, 0, &o, &t);
+    const tl_status s =
+        postMessage(c, type, count, type == Wire::kConnect ? c->target.listener : c->peer_comm,
+                    body, bytes, to, &t);
     if (s != TL_OK) {
         return fail(
             c, std::string("message to the peer: ") + tl_status_str(s) + ": " + tl_last_error());
@@ -590,15 +594,9 @@ ncclResult_t Net::isend(void *send_comm, void *data, uint64_t size, int tag, voi
                      &t);
     } else {
         // No bytes to write: a DATA message says the entry is done.
-        unsigned char payload[TL_MAX_PAYLOAD];
-        WireHeader h{kWireMagic, static_cast<uint8_t>(Wire::kData), 1, 0, slot.from, c->id, nonce_};
-        DataBody body{slot.body.request, slot.body.generation, static_cast<uint32_t>(e), 0, 0};
-        std::memcpy(payload, &h, sizeof(h));
-        std::memcpy(payload + sizeof(h), &body, sizeof(body));
-        tl_send_opts o{};
-        o.payload = payload;
-        o.payload_bytes = sizeof(h) + sizeof(body);
-        s = tl_write_msg(client_, 0, 0, dst, 0, 0, &o, &t);
+        const DataBody body{slot.body.request, slot.body.generation, static_cast<uint32_t>(e), 0,
+                            0};
+        s = postMessage(c, Wire::kData, 1, slot.from, &body, sizeof(body), dst, &t);
     }
     if (s == TL_EAGAIN) {
         return ncclSuccess;  // the ring is full: NCCL tries again

@@ -207,6 +207,12 @@ private:
     void checkAlive(Comm *c);
     Comm *newComm(char kind);
     ncclResult_t exposeMailbox(Comm *c);
+    /// Posts a plugin message (a header naming `to_comm` and `c`, then `bytes` of body) into
+    /// `to`; its ticket in *t, the status as tl_write_msg gives it.
+    tl_status postMessage(const Comm *c, Wire type, uint8_t count, uint64_t to_comm,
+                          const void *body, size_t bytes, tl_remote to, tl_ticket *t);
+    /// postMessage() to the comm's peer; a failure fails the comm. `ticket` null: progress()
+    /// reaps the ticket.
     ncclResult_t send(Comm *c, Wire type, uint8_t count, const void *body, size_t bytes,
                       tl_remote to, tl_ticket *ticket);
     void release(Comm *c);

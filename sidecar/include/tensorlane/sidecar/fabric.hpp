@@ -70,10 +70,10 @@ struct GidEntry {
     std::string problem;
 };
 
-/// One port of an RDMA device.
 /// "100 Gb/sec (4X EDR)" or "2.5 Gb/sec (1X SDR)" in Mb/s; 0 when it is not that form.
 uint64_t rateMbps(const std::string &rate);
 
+/// One port of an RDMA device.
 struct PortInfo {
     uint32_t port = 0;
     /// The state's name ("ACTIVE", "DOWN"); "unreadable" when the file cannot be read.

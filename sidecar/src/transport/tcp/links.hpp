@@ -106,10 +106,10 @@ private:
     }
     /// Cuts the next chunk of the write at cut_from_ into `slot` and starts its copy.
     void cutStaged(InFlight &w, int slot);
-
-    std::vector<Connection *> data_;
     /// How long the chunks of `w` are (chunk_bytes, or less for a write of a few chunks).
     uint64_t cutBytes(const InFlight &w) const;
+
+    std::vector<Connection *> data_;
     uint32_t chunk_bytes_;
     size_t window_;
     TcpStaging &staging_;
