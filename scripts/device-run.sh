@@ -46,7 +46,8 @@ usage: scripts/device-run.sh fetch
   --nccl "RUNS"        tests/nccl/torch_collectives.py (torch.distributed over the NCCL plugin
                        or NCCL's Socket transport), once per ';'-separated RUN: "mps ARGS" or
                        "nomps ARGS" (under CUDA MPS or not), ARGS its own, e.g.
-                       "mps --net socket; mps --net tensorlane --poll-mode busy"
+                       "mps --net socket; mps --net tensorlane --poll-mode busy"; @OUT@ in
+                       ARGS is the folder that comes back (--log-dir @OUT@/hang)
   --nccl-bench "RUNS"  build/release/tests/bench/nccl_plugin_bench (a ping-pong through the
                        plugin vs tl_write_msg vs plain TCP) once per ';'-separated argument list
                        (" " for its defaults)
@@ -310,6 +311,7 @@ if [ -n "$nccl_runs" ]; then
     n=0
     IFS=';' read -ra nccl_list <<<"$nccl_runs"
     for entry in "${nccl_list[@]}"; do
+        entry=${entry//@OUT@/$out}  # a run's own files (--log-dir @OUT@/x) come back with it
         read -ra words <<<"$entry"
         [ "${#words[@]}" -gt 0 ] || continue
         [ "$(left)" -gt 40 ] || break

@@ -56,24 +56,31 @@ bool RegionTable::contains(tl_region r) const {
 }
 
 void RegionTable::erase(tl_region r, const std::function<void(uint64_t)> &drop_cuda) {
-    std::unique_lock lock(mu_);
-    auto it = regions_.find(r);
-    if (it != regions_.end() && it->second.cuda) {
-        drop_cuda(it->second.cuda_key);
-    } else if (it != regions_.end() && it->second.parent == 0) {
-        // A tl_alloc_host buffer: its ranges went with it at the sidecar; unmap it here too.
-        for (auto ri = regions_.begin(); ri != regions_.end();) {
-            ri = ri->second.parent == r ? regions_.erase(ri) : std::next(ri);
-        }
-        auto bi = buffers_.find(reinterpret_cast<uintptr_t>(it->second.base));
-        if (bi != buffers_.end()) {
-            if (bi->second.pinned) {
-                unpinHostForCuda(bi->second.mapping->data());
+    HostBuffer gone;
+    {
+        std::unique_lock lock(mu_);
+        auto it = regions_.find(r);
+        if (it != regions_.end() && it->second.cuda) {
+            drop_cuda(it->second.cuda_key);
+        } else if (it != regions_.end() && it->second.parent == 0) {
+            // A tl_alloc_host buffer: its ranges went with it at the sidecar; unmap it here too.
+            for (auto ri = regions_.begin(); ri != regions_.end();) {
+                ri = ri->second.parent == r ? regions_.erase(ri) : std::next(ri);
             }
-            buffers_.erase(bi);
+            auto bi = buffers_.find(reinterpret_cast<uintptr_t>(it->second.base));
+            if (bi != buffers_.end()) {
+                gone = std::move(bi->second);
+                buffers_.erase(bi);
+            }
         }
+        regions_.erase(r);
     }
-    regions_.erase(r);
+    // Unpinned with the table unlocked: cuMemHostUnregister waits for the GPU work of this
+    // process, and that work may wait for another thread's write (a NCCL kernel for its
+    // proxy's next send), which needs the table.
+    if (gone.mapping && gone.pinned) {
+        unpinHostForCuda(gone.mapping->data());
+    }
 }
 
 void RegionTable::addRemote(tl_remote r, uint64_t bytes) {

@@ -37,7 +37,8 @@ public:
     void addCuda(tl_region r, void *ptr, size_t bytes, uint64_t cuda_key);
     bool contains(tl_region r) const;
     /// Forgets `r`; a tl_alloc_host buffer takes its ranges along and is unmapped (unpinned
-    /// first). For CUDA memory `drop_cuda(cuda_key)` runs while the table is still locked.
+    /// first, with the table unlocked: the unpin waits for the process's GPU work). For CUDA
+    /// memory `drop_cuda(cuda_key)` runs while the table is still locked.
     void erase(tl_region r, const std::function<void(uint64_t)> &drop_cuda);
 
     /// A remote from tl_lookup and its size.

@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <atomic>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -183,6 +185,73 @@ TEST(CudaRelease, AKilledWorkerLeavesNoImportNorFdAndItsGpuMemoryComesBack) {
 
 TEST(CudaRelease, AWorkerKilledWithSmallGpuWritesInFlightLeavesNothingBehind) {
     killedWorkerLetsGo(true);
+}
+
+// NCCL closes one communicator's buffers while another's kernel still waits for its proxy's
+// next send. Deregistering a pinned tl_alloc_host buffer unpins it (cuMemHostUnregister), which
+// waits for the process's running kernels; the shim once did that with its region table
+// locked, so the write the kernel waited for could not even be checked: a deadlock (seen with
+// the NCCL plugin without MPS). The write must go through while the deregistration waits.
+TEST(CudaRelease, AWriteGoesThroughWhileADeregistrationWaitsForAKernel) {
+    Cuda cuda;
+    if (!cuda.open()) {
+        GTEST_SKIP() << cuda.why;
+    }
+    tltest::Sidecar sc;
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    tl_client *c = nullptr;
+    ASSERT_EQ(tl_connect(sc.socket().c_str(), &c), TL_OK);
+    void *src = nullptr, *dst = nullptr, *doomed = nullptr;
+    tl_region rs = 0, rd = 0, rx = 0;
+    tl_remote to = 0;
+    ASSERT_EQ(tl_alloc_host(c, 1 << 16, &src, &rs), TL_OK) << tl_last_error();
+    ASSERT_EQ(tl_alloc_host(c, 1 << 16, &dst, &rd), TL_OK);
+    ASSERT_EQ(tl_alloc_host(c, 1 << 20, &doomed, &rx), TL_OK);
+    ASSERT_EQ(tl_expose(c, rd, "dst"), TL_OK);
+    ASSERT_EQ(tl_lookup(c, "node-a", "dst", &to, nullptr), TL_OK);
+    std::memset(src, 0x5a, 1 << 16);
+
+    void *host = nullptr;  // [0] the flag the kernel waits for, [1] its timed-out mark
+    ASSERT_EQ(cuda.cuMemAllocHost(&host, 8), CUDA_SUCCESS);
+    auto *words = static_cast<volatile unsigned *>(host);
+    words[0] = 0;
+    words[1] = 0;
+    CUstream stream = nullptr;
+    ASSERT_EQ(cuda.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    ASSERT_EQ(cuda.waitFlag(static_cast<unsigned *>(host), 20'000'000'000ull,
+                            static_cast<unsigned *>(host) + 1, stream),
+              CUDA_SUCCESS);
+    ASSERT_EQ(cuda.cuStreamQuery(stream), CUDA_ERROR_NOT_READY) << "the kernel did not start";
+
+    std::atomic<bool> deregistered{false};
+    tl_status dereg = TL_OK;
+    std::thread t([&] {
+        dereg = tl_deregister(c, rx);
+        deregistered = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // into the unpin
+    const bool waited = !deregistered.load();
+
+    tl_ticket ticket = 0;
+    ASSERT_EQ(tl_write(c, rs, 0, to, 0, 1 << 16, 7, &ticket), TL_OK) << tl_last_error();
+    const tl_status s = tl_wait(c, ticket, 10000);
+    const bool kernel_running = cuda.cuStreamQuery(stream) == CUDA_ERROR_NOT_READY;
+    words[0] = 1;  // the kernel's "proxy" answered: it ends, the unpin ends
+    EXPECT_EQ(cuda.cuStreamSynchronize(stream), CUDA_SUCCESS);
+    t.join();
+    EXPECT_EQ(s, TL_OK) << "the write waited for the deregistration: " << tl_last_error();
+    EXPECT_TRUE(kernel_running) << "the write ended only after the kernel's 20 s timeout";
+    EXPECT_EQ(words[1], 0u) << "the kernel timed out";
+    EXPECT_EQ(dereg, TL_OK) << tl_last_error();
+    EXPECT_EQ(std::memcmp(src, dst, 1 << 16), 0);
+    if (!waited) {
+        std::printf(
+            "note: this driver's cuMemHostUnregister did not wait for the running "
+            "kernel, so the deadlock could not arise here\n");
+    }
+    cuda.cuStreamDestroy(stream);
+    cuda.cuMemFreeHost(host);
+    tl_disconnect(c);
 }
 
 }  // namespace

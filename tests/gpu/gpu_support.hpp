@@ -151,7 +151,8 @@ struct Cuda {
 #undef TL_TEST_CUDA_MEMBER
     CUcontext ctx = nullptr;
     CUmodule module = nullptr;
-    CUfunction k_fill = nullptr, k_spin_fill = nullptr, k_check = nullptr, k_add = nullptr;
+    CUfunction k_fill = nullptr, k_spin_fill = nullptr, k_check = nullptr, k_add = nullptr,
+               k_wait_flag = nullptr;
     std::string why;  ///< why open() failed: the reason a test skips with
 
     /// False (with `why`) where there is no driver, no GPU or no kernels.
@@ -189,7 +190,8 @@ struct Cuda {
                ok(cuModuleGetFunction(&k_fill, module, "tl_fill"), "tl_fill") &&
                ok(cuModuleGetFunction(&k_spin_fill, module, "tl_spin_fill"), "tl_spin_fill") &&
                ok(cuModuleGetFunction(&k_check, module, "tl_check"), "tl_check") &&
-               ok(cuModuleGetFunction(&k_add, module, "tl_add"), "tl_add");
+               ok(cuModuleGetFunction(&k_add, module, "tl_add"), "tl_add") &&
+               ok(cuModuleGetFunction(&k_wait_flag, module, "tl_wait_flag"), "tl_wait_flag");
     }
     /// Makes the context current on another thread.
     void bind() const {
@@ -232,6 +234,15 @@ struct Cuda {
         unsigned long long n = words;
         void *args[] = {&p, &n, &v};
         return cuLaunchKernel(k_add, gridFor(words), 1, 1, 256, 1, 1, 0, s, args, nullptr);
+    }
+    /// Queues a kernel that spins until the host sets *flag (pinned host memory), or sets
+    /// *timed_out after `timeout_ns`.
+    CUresult waitFlag(const unsigned *flag, uint64_t timeout_ns, unsigned *timed_out, CUstream s) {
+        const unsigned *f = flag;
+        unsigned long long ns = timeout_ns;
+        unsigned *t = timed_out;
+        void *args[] = {&f, &ns, &t};
+        return cuLaunchKernel(k_wait_flag, 1, 1, 1, 1, 1, 1, 0, s, args, nullptr);
     }
     /// The words at `p` that are not fill(seed)'s, counted on the GPU; UINT64_MAX on error.
     uint64_t mismatches(CUdeviceptr p, uint64_t words, uint32_t seed) {

@@ -60,3 +60,16 @@ extern "C" __global__ void tl_add(unsigned int *p, unsigned long long n, unsigne
         p[i] += v;
     }
 }
+
+/// Spins (one thread) until *flag != 0, or sets *timed_out after `timeout_ns`: a kernel that
+/// waits for the host, as NCCL's kernels wait for their proxy thread.
+extern "C" __global__ void tl_wait_flag(const volatile unsigned int *flag,
+                                        unsigned long long timeout_ns, unsigned int *timed_out) {
+    const unsigned long long start = tl_now();
+    while (*flag == 0) {
+        if (tl_now() - start > timeout_ns) {
+            *timed_out = 1;
+            return;
+        }
+    }
+}

@@ -30,8 +30,55 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def dump_hang(log_dir: str, rank_pids: list, cluster) -> None:
+    """What each rank's and sidecar's threads wait on, and the sidecars' own status."""
+    import shutil
+    import subprocess
+
+    pids = [("rank", p) for p in rank_pids]
+    if cluster is not None:
+        for name in ("node-a", "node-b"):
+            node = cluster[name]
+            if node.process is not None:
+                pids.append((name, node.process.pid))
+            try:
+                from tensorlane import Client
+
+                with Client(socket=node.socket) as c:
+                    status = c.sidecar_status()
+                with open(os.path.join(log_dir, f"status-{name}.json"), "w") as f:
+                    json.dump(status, f, indent=1)
+            except Exception as e:  # noqa: BLE001 (a dump must not stop the others)
+                print(f"status of {name}: {e}", file=sys.stderr)
+            try:
+                shutil.copy(node.log_path, os.path.join(log_dir, f"sidecar-{name}.log"))
+            except OSError:
+                pass
+    gdb = shutil.which("gdb")
+    for what, pid in pids:
+        out = os.path.join(log_dir, f"stacks-{what}-{pid}.txt")
+        with open(out, "w") as f:
+            if gdb:
+                subprocess.run([gdb, "-p", str(pid), "-batch", "-ex", "thread apply all bt"],
+                               stdout=f, stderr=subprocess.STDOUT, timeout=60)
+            for task in sorted(os.listdir(f"/proc/{pid}/task")):
+                try:
+                    comm = open(f"/proc/{pid}/task/{task}/comm").read().strip()
+                    wchan = open(f"/proc/{pid}/task/{task}/wchan").read().strip()
+                    stack = open(f"/proc/{pid}/task/{task}/stack").read()
+                except OSError as e:
+                    comm, wchan, stack = "?", "?", str(e)
+                f.write(f"--- task {task} {comm} wchan {wchan}\n{stack}\n")
+
+
 def rank_main(rank: int, args, port: int, sockets: list, out_path: str) -> None:
     os.environ["NCCL_HOSTID"] = f"tl-host-{rank}"
+    if args.deadline and args.log_dir:
+        import faulthandler
+
+        # Where Python was when the parent gives up (the dump before the kill).
+        stacks = open(os.path.join(args.log_dir, f"py-stacks-rank{rank}.txt"), "w")
+        faulthandler.dump_traceback_later(max(1.0, args.deadline - 3), file=stacks)
     if args.net == "tensorlane":
         os.environ["NCCL_NET_PLUGIN"] = "tensorlane"
         os.environ["TENSORLANE_SOCKET"] = sockets[rank]
@@ -60,6 +107,7 @@ def rank_main(rank: int, args, port: int, sockets: list, out_path: str) -> None:
             times.append(time.perf_counter() - t0)
         return statistics.median(times)
 
+    ops = set(args.ops)
     for size in args.sizes:
         n = size // 4
         iters = args.iters if size <= (16 << 20) else max(3, args.iters // 4)
@@ -70,11 +118,12 @@ def rank_main(rank: int, args, port: int, sockets: list, out_path: str) -> None:
             x.fill_(float(rank + 1))
             dist.all_reduce(x)
 
-        t = timed(ar, iters)
-        if not torch.all(x == 3.0):
-            bad.append(f"all_reduce {size}")
-        results.append({"op": "all_reduce", "bytes": size, "us": t * 1e6,
-                        "algbw_GBps": size / t / 1e9})
+        if "all_reduce" in ops:
+            t = timed(ar, iters)
+            if not torch.all(x == 3.0):
+                bad.append(f"all_reduce {size}")
+            results.append({"op": "all_reduce", "bytes": size, "us": t * 1e6,
+                            "algbw_GBps": size / t / 1e9})
         if size <= args.max_other:
             half = n // 2
             out = torch.empty(n, device=dev)
@@ -83,24 +132,26 @@ def rank_main(rank: int, args, port: int, sockets: list, out_path: str) -> None:
             def ag():
                 dist.all_gather_into_tensor(out, inp)
 
-            t = timed(ag, iters)
-            if not (torch.all(out[:half] == 1.0) and torch.all(out[half:2 * half] == 2.0)):
+            t = timed(ag, iters) if "all_gather" in ops else None
+            if t is not None and not (torch.all(out[:half] == 1.0) and torch.all(out[half:2 * half] == 2.0)):
                 bad.append(f"all_gather {size}")
-            results.append({"op": "all_gather", "bytes": size, "us": t * 1e6,
-                            "algbw_GBps": size / t / 1e9})
+            if t is not None:
+                results.append({"op": "all_gather", "bytes": size, "us": t * 1e6,
+                                "algbw_GBps": size / t / 1e9})
             full = torch.arange(2 * half, device=dev, dtype=torch.float32)
             part = torch.empty(half, device=dev)
 
             def rs():
                 dist.reduce_scatter_tensor(part, full)
 
-            t = timed(rs, iters)
+            t = timed(rs, iters) if "reduce_scatter" in ops else None
             want = 2 * torch.arange(rank * half, (rank + 1) * half, device=dev,
                                     dtype=torch.float32)
-            if not torch.equal(part, want):
-                bad.append(f"reduce_scatter {size}")
-            results.append({"op": "reduce_scatter", "bytes": size, "us": t * 1e6,
-                            "algbw_GBps": size / t / 1e9})
+            if t is not None:
+                if not torch.equal(part, want):
+                    bad.append(f"reduce_scatter {size}")
+                results.append({"op": "reduce_scatter", "bytes": size, "us": t * 1e6,
+                                "algbw_GBps": size / t / 1e9})
             buf = torch.empty(n, device=dev)
             src = torch.arange(n, device=dev, dtype=torch.float32)
 
@@ -111,11 +162,12 @@ def rank_main(rank: int, args, port: int, sockets: list, out_path: str) -> None:
                     buf.zero_()
                     dist.recv(buf, 0)
 
-            t = timed(sr, iters)
-            if rank == 1 and not torch.equal(buf, src):
-                bad.append(f"send/recv {size}")
-            results.append({"op": "send_recv", "bytes": size, "us": t * 1e6,
-                            "algbw_GBps": size / t / 1e9})
+            if "send_recv" in ops:
+                t = timed(sr, iters)
+                if rank == 1 and not torch.equal(buf, src):
+                    bad.append(f"send/recv {size}")
+                results.append({"op": "send_recv", "bytes": size, "us": t * 1e6,
+                                "algbw_GBps": size / t / 1e9})
     flag = torch.tensor([len(bad)], device=dev)
     dist.all_reduce(flag)
     dist.destroy_process_group()
@@ -141,6 +193,18 @@ def main() -> int:
                    help="the sidecars' [ipc] poll_mode (--net tensorlane)")
     p.add_argument("--tcp-integrity", default="mac", choices=("mac", "none"),
                    help="the sidecars' [security] tcp_integrity (--net tensorlane)")
+    p.add_argument("--ops", type=lambda s: s.split(","),
+                   default=["all_reduce", "all_gather", "reduce_scatter", "send_recv"],
+                   help="which of all_reduce,all_gather,reduce_scatter,send_recv to run")
+    p.add_argument("--deadline", type=float, default=0,
+                   help="seconds: past it the ranks are taken as hung; what they, NCCL and "
+                        "the sidecars were doing goes to --log-dir and the run fails")
+    p.add_argument("--log-dir", default="",
+                   help="keep NCCL's logs (and a hang's dumps) here")
+    p.add_argument("--trace", action="store_true",
+                   help="TENSORLANE_NCCL_TRACE=1: the plugin logs every request's steps")
+    p.add_argument("--env", action="append", default=[],
+                   help="K=V into both ranks' environment (e.g. NCCL_NET_GDR_LEVEL=SYS)")
     p.add_argument("--no-gdr", action="store_true",
                    help="TENSORLANE_NCCL_GDR=0: the plugin offers host memory only, so NCCL "
                         "stages GPU data through its host buffers")
@@ -159,13 +223,20 @@ def main() -> int:
         return 77
     if args.no_gdr:
         os.environ["TENSORLANE_NCCL_GDR"] = "0"
+    for kv in args.env:
+        k, _, v = kv.partition("=")
+        os.environ[k] = v
+    if args.trace:
+        os.environ["TENSORLANE_NCCL_TRACE"] = "1"
+        os.environ.setdefault("NCCL_DEBUG_SUBSYS", "INIT,NET,PROXY,P2P")
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
     os.environ.setdefault("NCCL_DEBUG", "INFO")
     os.environ.setdefault("NCCL_DEBUG_SUBSYS", "INIT,NET")
     # NCCL's log of each rank, read afterwards for the network it used.
-    log_dir = tempfile.mkdtemp(prefix="tl-nccl-log-")
+    log_dir = args.log_dir or tempfile.mkdtemp(prefix="tl-nccl-log-")
+    os.makedirs(log_dir, exist_ok=True)
     os.environ["NCCL_DEBUG_FILE"] = os.path.join(log_dir, "nccl.%p.log")
     cluster = None
     sockets = ["", ""]
@@ -177,12 +248,25 @@ def main() -> int:
         sockets = [cluster.socket("node-a"), cluster.socket("node-b")]
     import torch.multiprocessing as mp
 
+    hung = False
     try:
-        mp.start_processes(rank_main, args=(args, free_port(), sockets, args.out), nprocs=2,
-                           join=True, start_method="spawn")
+        ctx = mp.start_processes(rank_main, args=(args, free_port(), sockets, args.out),
+                                 nprocs=2, join=False, start_method="spawn")
+        start = time.monotonic()
+        while not ctx.join(timeout=1):
+            if args.deadline and time.monotonic() - start > args.deadline:
+                hung = True
+                dump_hang(log_dir, [p.pid for p in ctx.processes], cluster)
+                for proc in ctx.processes:
+                    proc.kill()
+                break
     finally:
         if cluster is not None:
             cluster.stop()
+    if hung:
+        print(f"the ranks did not finish within {args.deadline} s; what they were doing is in "
+              f"{log_dir}", file=sys.stderr)
+        return 1
     want = "Using network tensorlane" if args.net == "tensorlane" else "Using network Socket"
     logs = [open(os.path.join(log_dir, n), errors="replace").read()
             for n in sorted(os.listdir(log_dir))]

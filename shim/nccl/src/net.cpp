@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 namespace tensorlane::nccl {
 namespace {
@@ -74,6 +75,43 @@ std::string regionName(uint64_t nonce, char kind, uint64_t id) {
     return buf;
 }
 
+Net::Guard::Guard(Net &net, const char *site) : net_(net) {
+    net_.lock_waiters_.fetch_add(1, std::memory_order_relaxed);
+    net_.mu_.lock();
+    net_.lock_waiters_.fetch_sub(1, std::memory_order_relaxed);
+    net_.lock_site_.store(site, std::memory_order_relaxed);
+    net_.lock_since_ns_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+}
+
+Net::Guard::~Guard() {
+    std::vector<tl_region> doomed;
+    doomed.swap(net_.doomed_);
+    net_.lock_site_.store(nullptr, std::memory_order_relaxed);
+    net_.mu_.unlock();
+    // Outside the lock: deregistering a pinned host buffer waits for this process's GPU work
+    // (cuMemHostUnregister), and NCCL kernels still running on other comms need their proxies'
+    // calls to get through. (NCCL closes one comm while another's collective is in flight;
+    // without MPS such a collective takes milliseconds, and this wait was a deadlock.)
+    for (tl_region r : doomed) {
+        tl_deregister(net_.client_, r);
+    }
+}
+
+void Net::watchdog() {
+    // Lock-free reads only: a watchdog that took mu_ would hang with what it watches.
+    for (;;) {
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+        const char *site = lock_site_.load(std::memory_order_relaxed);
+        const int64_t since = lock_since_ns_.load(std::memory_order_relaxed);
+        const double held =
+            static_cast<double>(Clock::now().time_since_epoch().count() - since) / 1e9;
+        if (site != nullptr && held > 2.0) {
+            log(NCCL_LOG_INFO, "trace: the plugin's lock is held by %s for %.1f s, %d waiting",
+                site, held, lock_waiters_.load(std::memory_order_relaxed));
+        }
+    }
+}
+
 Net &Net::get() {
     // Leaked: NCCL may call in from its threads until the process exits.
     static Net *net = new Net();
@@ -95,7 +133,7 @@ void Net::log(ncclDebugLogLevel level, const char *fmt, ...) const {
 }
 
 ncclResult_t Net::init(ncclDebugLogger_t logger) {
-    std::lock_guard lock(mu_);
+    Guard lock(*this, __func__);
     logger_ = logger;
     if (client_ != nullptr) {
         return ncclSuccess;
@@ -114,6 +152,11 @@ ncclResult_t Net::init(ncclDebugLogger_t logger) {
     node_ = tl_node_name(c);
     nonce_ = randomNonce();
     speed_mbps_ = linkSpeed(c);
+    const char *trace = std::getenv("TENSORLANE_NCCL_TRACE");
+    trace_ = trace != nullptr && std::strcmp(trace, "1") == 0;
+    if (trace_) {
+        std::thread([this] { watchdog(); }).detach();
+    }
     log(NCCL_LOG_INFO, "using the sidecar of node %s (process nonce %016llx), speed %d Mb/s",
         node_.c_str(), static_cast<unsigned long long>(nonce_), speed_mbps_);
     return ncclSuccess;
@@ -123,7 +166,7 @@ ncclResult_t Net::properties(int dev, ncclNetProperties_v8_t *p) {
     if (dev != 0 || p == nullptr) {
         return ncclInvalidArgument;
     }
-    std::lock_guard lock(mu_);
+    Guard lock(*this, __func__);
     static std::string name;
     name = "tensorlane-" + node_;
     std::memset(p, 0, sizeof(*p));
@@ -185,10 +228,10 @@ void Net::release(Comm *c) {
     }
     for (auto &[id, mr] : c->mrs) {
         recv_regions_.erase(mr->region);
-        tl_deregister(client_, mr->region);
+        doomed_.push_back(mr->region);
     }
     if (c->mailbox != 0) {
-        tl_deregister(client_, c->mailbox);
+        doomed_.push_back(c->mailbox);
     }
     comms_.erase(c->id);
     delete c;
@@ -237,7 +280,7 @@ ncclResult_t Net::listen(int dev, void *handle, void **listen_comm) {
     if (dev != 0 || handle == nullptr || listen_comm == nullptr) {
         return ncclInvalidArgument;
     }
-    std::lock_guard lock(mu_);
+    Guard lock(*this, __func__);
     if (client_ == nullptr) {
         return ncclSystemError;
     }
@@ -273,7 +316,7 @@ ncclResult_t Net::connect(int dev, void *handle, void **send_comm) {
         return ncclInvalidUsage;
     }
     h.node[sizeof(h.node) - 1] = '\0';
-    std::lock_guard lock(mu_);
+    Guard lock(*this, __func__);
     if (client_ == nullptr) {
         return ncclSystemError;
     }
@@ -331,7 +374,7 @@ ncclResult_t Net::accept(void *listen_comm, void **recv_comm) {
         return ncclInvalidArgument;
     }
     *recv_comm = nullptr;
-    std::lock_guard lock(mu_);
+    Guard lock(*this, __func__);
     progress();
     if (l->pending.empty()) {
         return ncclSuccess;
@@ -376,7 +419,7 @@ ncclResult_t Net::regMr(void *comm, void *data, size_t size, int type, void **mh
     if (c == nullptr || mhandle == nullptr || (size != 0 && data == nullptr)) {
         return ncclInvalidArgument;
     }
-    std::lock_guard lock(mu_);
+    Guard lock(*this, __func__);
     auto mr = std::make_unique<Mr>();
     mr->id = next_mr_++;
     mr->user = static_cast<unsigned char *>(data);
@@ -421,7 +464,7 @@ ncclResult_t Net::regMrDmaBuf(void *comm, void *data, size_t size, int type, uin
         return ncclSuccess;
     }
     auto *c = static_cast<Comm *>(comm);
-    std::lock_guard lock(mu_);
+    Guard lock(*this, __func__);
     auto mr = std::make_unique<Mr>();
     mr->id = next_mr_++;
     mr->user = static_cast<unsigned char *>(data);
@@ -451,13 +494,17 @@ ncclResult_t Net::deregMr(void *comm, void *mhandle) {
     if (c == nullptr || mr == nullptr) {
         return ncclInvalidArgument;
     }
-    std::lock_guard lock(mu_);
+    Guard lock(*this, __func__);
     auto it = c->mrs.find(mr->id);
     if (it == c->mrs.end() || it->second.get() != mr) {
         return ncclInvalidArgument;
     }
+    if (trace_) {
+        log(NCCL_LOG_INFO, "trace: deregMr comm %c%llu mr %u", c->kind,
+            static_cast<unsigned long long>(c->id), mr->id);
+    }
     recv_regions_.erase(mr->region);
-    tl_deregister(client_, mr->region);
+    doomed_.push_back(mr->region);  // deregistered once the lock is let go (Guard)
     c->mrs.erase(it);
     return ncclSuccess;
 }
@@ -469,7 +516,7 @@ ncclResult_t Net::irecv(void *recv_comm, int n, void **data, const uint64_t *siz
         return ncclInvalidArgument;
     }
     *request = nullptr;
-    std::lock_guard lock(mu_);
+    Guard lock(*this, __func__);
     progress();
     if (!c->error.empty()) {
         return ncclRemoteError;
@@ -515,6 +562,13 @@ ncclResult_t Net::irecv(void *recv_comm, int n, void **data, const uint64_t *siz
     r->free = false;
     r->n = n;
     r->done = 0;
+    if (trace_) {
+        r->since = Clock::now();
+        r->stall_told = false;
+        log(NCCL_LOG_INFO, "trace: comm R%llu irecv slot %u gen %u n %d size0 %llu tag0 %d mr0 %u",
+            static_cast<unsigned long long>(c->id), r->slot, r->generation, n,
+            static_cast<unsigned long long>(sizes[0]), tags[0], body.entries[0].mr);
+    }
     *request = r;
     return ncclSuccess;
 }
@@ -527,13 +581,14 @@ ncclResult_t Net::isend(void *send_comm, void *data, uint64_t size, int tag, voi
         return ncclInvalidArgument;
     }
     *request = nullptr;
-    std::lock_guard lock(mu_);
+    Guard lock(*this, __func__);
     progress();
     if (!c->error.empty()) {
         return ncclRemoteError;
     }
     if (c->cts.empty()) {
         checkAlive(c);
+        traceStall(c, "isend waits for a CTS");
         return c->error.empty() ? ncclSuccess : ncclRemoteError;
     }
     Comm::Cts &slot = c->cts.front();
@@ -545,6 +600,7 @@ ncclResult_t Net::isend(void *send_comm, void *data, uint64_t size, int tag, voi
         }
     }
     if (e < 0) {
+        traceStall(c, "isend's tag is not the oldest CTS's");
         return ncclSuccess;  // the oldest posted receive waits for another tag first
     }
     const CtsEntry entry = slot.body.entries[e];
@@ -599,6 +655,7 @@ ncclResult_t Net::isend(void *send_comm, void *data, uint64_t size, int tag, voi
         s = postMessage(c, Wire::kData, 1, slot.from, &body, sizeof(body), dst, &t);
     }
     if (s == TL_EAGAIN) {
+        traceStall(c, "the ring is full");
         return ncclSuccess;  // the ring is full: NCCL tries again
     }
     if (s != TL_OK) {
@@ -612,6 +669,17 @@ ncclResult_t Net::isend(void *send_comm, void *data, uint64_t size, int tag, voi
     r->ticket = t;
     r->size = size;
     ++r->generation;
+    if (trace_) {
+        r->since = Clock::now();
+        r->stall_told = false;
+        log(NCCL_LOG_INFO,
+            "trace: comm S%llu isend slot %u size %llu tag %d into R%llu slot %u gen %u entry %d "
+            "mr %u off %llu ticket %llu",
+            static_cast<unsigned long long>(c->id), r->slot, static_cast<unsigned long long>(size),
+            tag, static_cast<unsigned long long>(slot.from), slot.body.request,
+            slot.body.generation, e, entry.mr, static_cast<unsigned long long>(entry.offset),
+            static_cast<unsigned long long>(t));
+    }
     *request = r;
     return ncclSuccess;
 }
@@ -622,12 +690,13 @@ ncclResult_t Net::test(void *request, int *done, int *sizes) {
         return ncclInvalidArgument;
     }
     *done = 0;
-    std::lock_guard lock(mu_);
+    Guard lock(*this, __func__);
     Comm *c = r->comm;
     if (r->send) {
         int finished = 0;
         const tl_status s = tl_test(client_, r->ticket, &finished);
         if (s == TL_OK && finished == 0) {
+            traceRequest(*r, "send's ticket not ended");
             return c->error.empty() ? ncclSuccess : ncclRemoteError;
         }
         if (s != TL_OK) {
@@ -645,6 +714,7 @@ ncclResult_t Net::test(void *request, int *done, int *sizes) {
     }
     progress();
     if (r->done < r->n) {
+        traceRequest(*r, "receive not landed");
         checkAlive(c);
         if (!c->error.empty()) {
             r->free = true;
@@ -687,6 +757,31 @@ void Net::checkAlive(Comm *c) {
     // A message into the peer's mailbox: it fails once the peer's process (its region) or its
     // sidecar is gone.
     (void)send(c, Wire::kPing, 0, nullptr, 0, c->peer_mailbox, &c->probe);
+}
+
+void Net::traceRequest(Request &r, const char *what) {
+    if (!trace_ || r.stall_told || Clock::now() - r.since < std::chrono::seconds(2)) {
+        return;
+    }
+    r.stall_told = true;
+    log(NCCL_LOG_INFO, "trace: comm %c%llu slot %u: %s after 2 s (done %d of %d, ticket %llu)",
+        r.comm->kind, static_cast<unsigned long long>(r.comm->id), r.slot, what, r.done, r.n,
+        static_cast<unsigned long long>(r.ticket));
+}
+
+void Net::traceStall(Comm *c, const char *what) {
+    if (!trace_) {
+        return;
+    }
+    const auto now = Clock::now();
+    if (now - c->last_stall_told < std::chrono::seconds(2)) {
+        return;
+    }
+    c->last_stall_told = now;
+    log(NCCL_LOG_INFO, "trace: comm S%llu: %s (%zu CTS queued, oldest tag %d, %d left)",
+        static_cast<unsigned long long>(c->id), what, c->cts.size(),
+        c->cts.empty() ? -1 : c->cts.front().body.entries[0].tag,
+        c->cts.empty() ? 0 : c->cts.front().left);
 }
 
 void Net::learnReceiver(Comm *c, const WireHeader &h) {
@@ -735,6 +830,10 @@ void Net::dispatch(const tl_message &m) {
         // entry by the immediate.
         auto r = recv_regions_.find(m.ex.n.region);
         if (r == recv_regions_.end()) {
+            if (trace_) {
+                log(NCCL_LOG_INFO, "trace: a data write into region %llu of no receive comm",
+                    static_cast<unsigned long long>(m.ex.n.region));
+            }
             return;  // an MR deregistered meanwhile
         }
         auto it = comms_.find(r->second);
@@ -777,6 +876,13 @@ void Net::dispatch(const tl_message &m) {
             cts.count = h.count;
             cts.left = h.count;
             learnReceiver(c, h);
+            if (trace_) {
+                log(NCCL_LOG_INFO,
+                    "trace: comm S%llu CTS from R%llu slot %u gen %u n %d size0 %llu",
+                    static_cast<unsigned long long>(c->id), static_cast<unsigned long long>(h.from),
+                    cts.body.request, cts.body.generation, cts.count,
+                    static_cast<unsigned long long>(cts.body.entries[0].size));
+            }
             c->cts.push_back(cts);
             c->last_progress = Clock::now();
             return;
@@ -810,6 +916,13 @@ void Net::landed(Comm *c, uint32_t slot, uint32_t generation, uint32_t index, ui
     constexpr uint32_t kMask = 0xfffffu;
     if (r.free || r.send || (r.generation & kMask) != (generation & kMask) ||
         static_cast<int>(index) >= r.n || r.landed[index] || size > r.posted[index]) {
+        if (trace_) {
+            log(NCCL_LOG_INFO,
+                "trace: comm R%llu dropped a landing: slot %u gen %u (has %u, free %d) entry %u "
+                "size %llu",
+                static_cast<unsigned long long>(c->id), slot, generation, r.generation,
+                r.free ? 1 : 0, index, static_cast<unsigned long long>(size));
+        }
         return;
     }
     if (status != TL_OK) {
@@ -823,6 +936,11 @@ void Net::landed(Comm *c, uint32_t slot, uint32_t generation, uint32_t index, ui
     r.sizes[index] = size;
     r.landed[index] = true;
     ++r.done;
+    if (trace_) {
+        log(NCCL_LOG_INFO, "trace: comm R%llu slot %u entry %u landed %llu bytes",
+            static_cast<unsigned long long>(c->id), slot, index,
+            static_cast<unsigned long long>(size));
+    }
     c->last_progress = Clock::now();
 }
 
@@ -831,9 +949,13 @@ ncclResult_t Net::close(void *comm) {
     if (c == nullptr) {
         return ncclSuccess;
     }
-    std::lock_guard lock(mu_);
+    Guard lock(*this, __func__);
     if (comms_.count(c->id) == 0) {
         return ncclInvalidArgument;
+    }
+    if (trace_) {
+        log(NCCL_LOG_INFO, "trace: close comm %c%llu", c->kind,
+            static_cast<unsigned long long>(c->id));
     }
     release(c);
     return ncclSuccess;

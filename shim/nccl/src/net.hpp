@@ -26,6 +26,7 @@
 // everything (no call blocks on the network except the first lookups of a connection).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -129,6 +130,9 @@ struct Request {
     unsigned char *data[kMaxRecvs] = {};
     uint64_t offsets[kMaxRecvs] = {};
     uint64_t posted[kMaxRecvs] = {};
+    // trace: when it was posted, and whether a stall was already told
+    std::chrono::steady_clock::time_point since{};
+    bool stall_told = false;
 };
 
 /// A send or receive comm (and, kind 'L', a listener).
@@ -164,6 +168,7 @@ struct Comm {
     // liveness
     std::chrono::steady_clock::time_point last_progress = std::chrono::steady_clock::now();
     tl_ticket probe = 0;
+    std::chrono::steady_clock::time_point last_stall_told{};
     // connect(): the listener's handle, until connected
     Handle target{};
     bool connected = false;
@@ -196,6 +201,8 @@ public:
 private:
     Net() = default;
     void log(ncclDebugLogLevel level, const char *fmt, ...) const;
+    /// TENSORLANE_NCCL_TRACE=1: every request's steps at INFO (a hang's diagnosis).
+    bool trace_ = false;
     ncclResult_t fail(Comm *c, const std::string &why);
     /// Takes every message waiting and hands it to its comm (mu_ held).
     void progress();
@@ -205,6 +212,9 @@ private:
                 tl_status status);
     /// Probes the peer of `c` when nothing has come from it for a while (mu_ held).
     void checkAlive(Comm *c);
+    /// trace_: a request pending 2 s, a send comm waiting for a CTS (once each / every 2 s).
+    void traceRequest(Request &r, const char *what);
+    void traceStall(Comm *c, const char *what);
     Comm *newComm(char kind);
     ncclResult_t exposeMailbox(Comm *c);
     /// Posts a plugin message (a header naming `to_comm` and `c`, then `bytes` of body) into
@@ -215,11 +225,31 @@ private:
     /// reaps the ticket.
     ncclResult_t send(Comm *c, Wire type, uint8_t count, const void *body, size_t bytes,
                       tl_remote to, tl_ticket *ticket);
+    /// Forgets `c` (mu_ held); its regions go to doomed_.
     void release(Comm *c);
     /// A send comm learns its receiver's comm (and mailbox) from its first message.
     void learnReceiver(Comm *c, const WireHeader &h);
 
+    /// mu_ held, and by which call since when (trace_: a watchdog tells a lock held 2 s); its
+    /// end deregisters doomed_ with mu_ let go.
+    class Guard {
+    public:
+        Guard(Net &net, const char *site);
+        ~Guard();
+        Guard(const Guard &) = delete;
+        Guard &operator=(const Guard &) = delete;
+
+    private:
+        Net &net_;
+    };
+    void watchdog();
+
     std::mutex mu_;
+    std::atomic<const char *> lock_site_{nullptr};
+    std::atomic<int64_t> lock_since_ns_{0};
+    std::atomic<int> lock_waiters_{0};
+    /// Regions to deregister once mu_ is let go (~Guard): never under the lock.
+    std::vector<tl_region> doomed_;
     tl_client *client_ = nullptr;
     std::string node_;
     uint64_t nonce_ = 0;
