@@ -2,7 +2,9 @@
 // one friction, run the way that user ran it (the installed programs, their stdout and exit
 // status), so that it comes back only with a failing test.
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -121,6 +123,64 @@ TEST(FirstHourCheckConfig, JsonOfAGoodFileSaysOkWithNoErrors) {
     ASSERT_TRUE(j.is_object()) << r.out;
     EXPECT_EQ(j.value("ok", false), true);
     EXPECT_TRUE(j["errors"].is_array() && j["errors"].empty()) << j;
+}
+
+// ---- 7. TL_ECONN and TL_EPERM name the next step ----
+
+TEST(FirstHourConnect, NoSidecarSaysStartItOrNameItsSocket) {
+    FirstHourDir dir;
+    const CmdResult r = runCmd(kFhCli + " status --socket " + dir.path() + "/none.sock");
+    EXPECT_EQ(r.rc, 1);
+    EXPECT_TRUE(hasText(r.out, "TL_ECONN")) << r.out;
+    EXPECT_TRUE(hasText(r.out, "start the sidecar")) << r.out;
+    EXPECT_TRUE(hasText(r.out, "--socket PATH")) << r.out;
+    EXPECT_TRUE(hasText(r.out, "--config FILE")) << r.out;
+
+    // Without --socket: the default path, and that it was the default.
+    const CmdResult d = runCmd("env -u TENSORLANE_SOCKET " + kFhCli + " status");
+    if (!std::filesystem::exists("/run/tensorlane/sidecar.sock")) {
+        EXPECT_EQ(d.rc, 1);
+        EXPECT_TRUE(hasText(d.out, "/run/tensorlane/sidecar.sock")) << d.out;
+        EXPECT_TRUE(hasText(d.out, "the default path")) << d.out;
+    }
+}
+
+/// A listening (or, after close, a stale) unix socket at `path` with `mode`.
+int firstHourListen(const std::string &path, mode_t mode) {
+    const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::snprintf(a.sun_path, sizeof a.sun_path, "%s", path.c_str());
+    EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a), 0);
+    EXPECT_EQ(::listen(fd, 4), 0);
+    ::chmod(path.c_str(), mode);
+    return fd;
+}
+
+TEST(FirstHourConnect, AStaleSocketSaysNoSidecarListens) {
+    FirstHourDir dir;
+    const std::string sock = dir.path() + "/stale.sock";
+    ::close(firstHourListen(sock, 0666));  // the file stays: a sidecar that was killed
+    const CmdResult r = runCmd(kFhCli + " status --socket " + sock);
+    EXPECT_EQ(r.rc, 1);
+    EXPECT_TRUE(hasText(r.out, "no sidecar listens")) << r.out;
+    EXPECT_TRUE(hasText(r.out, "start the sidecar")) << r.out;
+}
+
+TEST(FirstHourConnect, ASocketThisUidMayNotOpenNamesAllowedUidsAndGids) {
+    if (::geteuid() != 0 || ::access("/usr/bin/setpriv", X_OK) != 0) {
+        GTEST_SKIP() << "needs root and setpriv to run the CLI as another uid";
+    }
+    FirstHourDir dir;
+    const std::string sock = dir.path() + "/sidecar.sock";
+    const int fd = firstHourListen(sock, 0600);  // owned by root: as the sidecar's socket is
+    const CmdResult r = runCmd("setpriv --reuid=65534 --regid=65534 --clear-groups " + kFhCli +
+                               " status --socket " + sock);
+    ::close(fd);
+    EXPECT_EQ(r.rc, 1);
+    EXPECT_TRUE(hasText(r.out, "TL_EPERM")) << r.out;
+    EXPECT_TRUE(hasText(r.out, "allowed_uids")) << r.out;
+    EXPECT_TRUE(hasText(r.out, "allowed_gids")) << r.out;
 }
 
 }  // namespace
