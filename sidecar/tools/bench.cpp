@@ -882,7 +882,7 @@ void addBenchCommand(CLI::App &app, std::function<int()> *run) {
     b->add_option("--json", opts->json, "write the results as JSON to FILE (- for stdout)");
     auto *chart = b->add_option("--chart", opts->chart,
                                 "write a PNG chart of bandwidth and latency against size to FILE "
-                                "(gnuplot; default: beside --csv FILE, as FILE.png)");
+                                "(gnuplot; default: beside --csv FILE, with .png for .csv: run.csv -> run.png)");
     b->add_flag("--no-chart", opts->no_chart, "no chart beside the CSV")->excludes(chart);
     b->callback([run, opts] { *run = [opts] { return bench::runBench(*opts); }; });
 }

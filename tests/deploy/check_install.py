@@ -209,6 +209,16 @@ def check_systemd(args):
         score = float(m.group(1)) if m else 99.0
         check(score <= args.max_exposure,
               f"systemd-analyze security: exposure {score} <= {args.max_exposure}")
+        # docs/deploy.md gives the figure for the systemd release it names: what a reader
+        # running the same command there sees.
+        doc = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs",
+                                "deploy.md")).read()
+        said = re.search(r"rates the installed unit ([0-9.]+) with systemd (\d+)", doc.replace("\n", " "))
+        check(said is not None, "docs/deploy.md says what systemd-analyze security rates the unit")
+        version = re.search(r"systemd (\d+)", run([analyze, "--version"]).stdout)
+        if said and version and version.group(1) == said.group(2):
+            check(float(said.group(1)) == score,
+                  f"docs/deploy.md's rating {said.group(1)} is what systemd {said.group(2)} measures ({score})")
 
 
 def main():
