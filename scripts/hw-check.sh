@@ -2,7 +2,8 @@
 # Checks tensorlane on a real RoCE pair against perftest, as perftest is run: one host is the
 # server (--server), the other the client (--peer HOST); run the same command line on both,
 # the server first. On each host, in this order:
-#   1. `tensorlane diag --config FILE` (the fabric as the sidecar sees it);
+#   1. `tensorlane diag --config FILE` (the fabric as the sidecar sees it; without its peer
+#      probe unless --attach, since this host's sidecar starts only in step 3);
 #   2. perftest's ib_write_lat (64 B) and ib_write_bw (64 KiB up) over the device, port, GID index
 #      and traffic class the TOML resolves to (`tensorlane-sidecar --check-config FILE --json`);
 #   3. `tensorlane bench` over the same device: a sidecar started from the same TOML (or the one
@@ -239,7 +240,15 @@ step_failed() {
 if [ "$do_diag" -eq 1 ]; then
     echo "== tensorlane diag"
     diag_rc=0
-    run "$work/diag.txt" "$tl" diag --config "$config" || diag_rc=$?
+    # The peer probe needs this host's sidecar, which step 3 starts only later (unless
+    # --attach): without one diag would only warn that no sidecar answers. Step 3's bench is
+    # the write-with-immediate to the peer that the probe stands for.
+    diag_args=(diag --config "$config")
+    if [ "$attach" -eq 0 ]; then
+        diag_args+=(--no-probe)
+        echo "(no peer probe: no sidecar runs yet; step 3's bench writes to the peer)"
+    fi
+    run "$work/diag.txt" "$tl" "${diag_args[@]}" || diag_rc=$?
     if [ "$dry_run" -eq 0 ]; then
         cat "$work/diag.txt"
         # 1: a finding failed (the figures below may show why); anything else: diag broke.

@@ -115,8 +115,16 @@ if [ -z "$netdev" ]; then
     netdev=$(json_get fabric.netdev)
     [ "$netdev" != "auto" ] || netdev=""
 fi
-[ -n "$netdev" ] || die "cannot tell which interface to set up: the fabric selection failed" \
-    "($(json_get fabric_selection.error))" "and [fabric] netdev is auto; pass --netdev IFACE"
+if [ -z "$netdev" ]; then
+    # The selection runs only when the transport resolves to verbs; otherwise the reason is
+    # why it did not (no RDMA device, transport = "tcp").
+    why=$(json_get fabric_selection.error)
+    if [ -z "$why" ]; then
+        why="the transport resolves to $(json_get derived.transport): $(json_get derived.transport_reason)"
+    fi
+    die "cannot tell which interface to set up: no fabric selection ($why)," \
+        "and [fabric] netdev is auto; pass --netdev IFACE or set [fabric] netdev"
+fi
 [ -n "$device" ] || device=$(json_get fabric_selection.device)
 if [ -z "$device" ]; then
     device=$(json_get fabric.device)

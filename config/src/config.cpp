@@ -59,6 +59,23 @@ std::string Error::text() const {
     return out;
 }
 
+std::string Error::fix() const {
+    if (!key.empty() && found == "unknown key") {
+        return "remove or rename '" + key + "' (" + expected + ")";
+    }
+    if (!key.empty() && !expected.empty()) {
+        return "set '" + key + "' to " + expected;
+    }
+    if (!key.empty()) {
+        return "correct '" + key + "': " + message;
+    }
+    if (line != 0) {
+        return "correct the TOML syntax at line " + std::to_string(line) + ", column " +
+               std::to_string(column);
+    }
+    return "give a readable TOML file: " + message;
+}
+
 const char *toString(TransportKind k) {
     switch (k) {
         case TransportKind::kAuto:

@@ -83,17 +83,22 @@ TL_API tl_status tl_connect(const char *socket_path, tl_client **out) {
     }
     return guarded([&] {
         std::string path;
+        const char *from = "";
         if (socket_path && *socket_path) {
             path = socket_path;
         } else if (const char *env = std::getenv("TENSORLANE_SOCKET"); env && *env) {
             path = env;
+            from = " (the path came from $TENSORLANE_SOCKET)";
         } else {
             path = "/run/tensorlane/sidecar.sock";
+            from = " (the default path: neither the call nor $TENSORLANE_SOCKET named a socket)";
         }
         auto *c = new tl_client();
         Code code = c->impl.connect(path);
         if (code != Code::kOk) {
             delete c;
+            // Where the path came from is half of what to fix when it is the wrong one.
+            tensorlane::shim::setLastErrorText(tensorlane::shim::lastErrorText() + from);
             return static_cast<tl_status>(code);
         }
         *out = c;

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <span>
+#include <string_view>
 
 #include "last_error.hpp"
 #include "tensorlane/ipc/socket.hpp"
@@ -17,11 +18,35 @@ namespace {
 /// How long a control call waits for its reply. Lookups may connect to a peer first.
 constexpr int kControlTimeoutMs = 60000;
 
+/// The next step after connect() to the sidecar's socket failed with `rc`: what a user who has
+/// just started (or not yet started) a sidecar can do about it.
+std::string connectHint(int rc) {
+    switch (rc) {
+        case ENOENT:
+        case ENOTDIR:
+            return "no socket there: start the sidecar (`tensorlane-sidecar --config FILE`, or "
+                   "`systemctl start tensorlane-sidecar`), or name its [node] socket "
+                   "($TENSORLANE_SOCKET; `tensorlane status --socket PATH` or --config FILE)";
+        case ECONNREFUSED:
+            return "the socket is there but no sidecar listens on it (it stopped): start the "
+                   "sidecar again (`tensorlane-sidecar --config FILE`)";
+        case EACCES:
+        case EPERM:
+            return "this uid may not open the socket: add it to the sidecar's [security] "
+                   "allowed_uids (or one of its groups to allowed_gids) and restart the sidecar, "
+                   "or run as the sidecar's uid or root";
+        default:
+            return {};
+    }
+}
+
 }  // namespace
 
 Code ControlChannel::connect(const std::string &path, Greeting *out) {
     if (int rc = ipc::connectSeqpacket(path, &sock_)) {
-        setLastErrorText("cannot connect to the sidecar at " + path + ": " + std::strerror(rc));
+        const std::string hint = connectHint(rc);
+        setLastErrorText("cannot connect to the sidecar at " + path + ": " + std::strerror(rc) +
+                         (hint.empty() ? "" : "; " + hint));
         return (rc == EACCES || rc == EPERM) ? Code::kPermission : Code::kConnection;
     }
     pollfd p{sock_.get(), POLLIN, 0};
@@ -43,8 +68,17 @@ Code ControlChannel::connect(const std::string &path, Greeting *out) {
     hello.error[sizeof(hello.error) - 1] = '\0';
     hello.node_name[sizeof(hello.node_name) - 1] = '\0';
     if (hello.status != 0) {
-        setLastErrorText(std::string("the sidecar refused us: ") + hello.error);
-        return ipc::sanitizeCode(hello.status);
+        const Code code = ipc::sanitizeCode(hello.status);
+        // The sidecar's reason names the rule (allowed_uids/allowed_gids, a quota); the step
+        // that lifts it is on this side's operator.
+        const bool credentials =
+            code == Code::kPermission &&
+            std::string_view(hello.error).find("allowed_uids") != std::string_view::npos;
+        setLastErrorText(std::string("the sidecar refused us: ") + hello.error +
+                         (credentials ? "; add this uid to allowed_uids (or one of its groups "
+                                        "to allowed_gids) in the sidecar's config and restart it"
+                                      : ""));
+        return code;
     }
     if (nfds != 3) {
         setLastErrorText("the sidecar's greeting carried " + std::to_string(nfds) + " fds, not 3");

@@ -880,9 +880,10 @@ void addBenchCommand(CLI::App &app, std::function<int()> *run) {
     b->add_flag("--no-baseline", opts->no_baseline, "skip the plain-TCP baselines");
     b->add_option("--csv", opts->csv, "write the results as CSV to FILE (- for stdout)");
     b->add_option("--json", opts->json, "write the results as JSON to FILE (- for stdout)");
-    auto *chart = b->add_option("--chart", opts->chart,
-                                "write a PNG chart of bandwidth and latency against size to FILE "
-                                "(gnuplot; default: beside --csv FILE, as FILE.png)");
+    auto *chart = b->add_option(
+        "--chart", opts->chart,
+        "write a PNG chart of bandwidth and latency against size to FILE "
+        "(gnuplot; default: beside --csv FILE, with .png for .csv: run.csv -> run.png)");
     b->add_flag("--no-chart", opts->no_chart, "no chart beside the CSV")->excludes(chart);
     b->callback([run, opts] { *run = [opts] { return bench::runBench(*opts); }; });
 }

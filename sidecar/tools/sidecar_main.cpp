@@ -7,6 +7,9 @@
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <string_view>
+#include <utility>
 
 #include "tensorlane/config/config.hpp"
 #include "tensorlane/sidecar/engine.hpp"
@@ -24,18 +27,62 @@ void onSignal(int) {
     }
 }
 
+using Json = nlohmann::ordered_json;
+
+/// One config error for `--check-config --json`: where, which key, what is wrong, what to do.
+Json errorJson(const tensorlane::config::Error &e) {
+    return Json{{"file", e.file},   {"line", e.line},      {"column", e.column},
+                {"key", e.key},     {"message", e.text()}, {"expected", e.expected},
+                {"found", e.found}, {"fix", e.fix()}};
+}
+
+/// The key and the next step for one of the start checks' errors (they are sentences that begin
+/// with what they are about: checkStartup in sidecar/src/fabric/startup.cpp).
+std::pair<std::string, std::string> startupErrorFix(const std::string &e) {
+    const auto starts = [&e](std::string_view p) { return e.rfind(p, 0) == 0; };
+    if (starts("[security] peer_key_file") || starts("[[peers]]")) {
+        return {starts("[[peers]]") ? "peers.key_file" : "security.peer_key_file",
+                "write the key with `tensorlane keygen FILE` (mode 0600), the same file on every "
+                "node"};
+    }
+    if (starts("[fabric] transport")) {
+        return {"fabric.transport",
+                "make the RDMA port usable (`tensorlane diag --config FILE` says how), or set "
+                "[fabric] transport = \"tcp\""};
+    }
+    if (starts("preflight")) {
+        return {"fabric.preflight",
+                "do what the finding's fix says, or set [fabric] preflight = \"warn\""};
+    }
+    return {"", "see startup.preflight and fabric_selection"};
+}
+
 int checkConfig(const std::string &path, bool json) {
     auto result = tensorlane::config::parseFile(path);
     if (!result.ok()) {
         // When only the key file is wrong, still show what the file resolves to (derived
         // traffic class, transport): that is what the operator is checking.
         auto structural = tensorlane::config::parseFile(path, {.check_key_file = false});
+        std::optional<tensorlane::config::TransportChoice> choice;
         if (structural.ok()) {
-            auto choice = tensorlane::config::resolveTransport(
+            choice = tensorlane::config::resolveTransport(
                 *structural.config, tensorlane::sidecar::SysfsRoot::fromEnvironment().path());
-            std::cout << (json ? tensorlane::config::describeJson(*structural.config, choice)
-                               : tensorlane::config::describeText(*structural.config, choice))
-                      << "\n";
+        }
+        if (json) {
+            // One document on stdout whatever went wrong, so that a tool reading it always has
+            // something to parse: the errors, and the resolved values where the file has them.
+            Json j =
+                choice ? Json::parse(tensorlane::config::describeJson(*structural.config, *choice))
+                       : Json{{"source", path}};
+            j["ok"] = false;
+            Json errors = Json::array();
+            for (const auto &e : result.errors) {
+                errors.push_back(errorJson(e));
+            }
+            j["errors"] = std::move(errors);
+            std::cout << j.dump(2, ' ', false, Json::error_handler_t::replace) << "\n";
+        } else if (choice) {
+            std::cout << tensorlane::config::describeText(*structural.config, *choice) << "\n";
         }
         for (const auto &e : result.errors) {
             std::cerr << e.text() << "\n";
@@ -47,13 +94,36 @@ int checkConfig(const std::string &path, bool json) {
     // so that a file that passes here does not fail there.
     const tensorlane::sidecar::StartupReport report =
         tensorlane::sidecar::checkStartup(*result.config);
+    // The endpoint's address, as the start checks it (only a port in use is left for then).
+    const tensorlane::sidecar::Status metrics =
+        tensorlane::sidecar::checkMetricsListen(*result.config);
     if (json) {
-        using Json = nlohmann::ordered_json;
         Json j = Json::parse(tensorlane::config::describeJson(*result.config, report.transport));
         Json startup = Json::parse(tensorlane::sidecar::startupJson(report));
         j["fabric_selection"] = startup["fabric_selection"];
         startup.erase("fabric_selection");
         j["startup"] = std::move(startup);
+        // The same two keys as a file with errors has: ok is what the exit status says.
+        j["ok"] = report.ok() && metrics.isOk();
+        Json errors = Json::array();
+        if (!metrics.isOk()) {
+            errors.push_back({{"file", path},
+                              {"line", 0},
+                              {"column", 0},
+                              {"key", "metrics.listen"},
+                              {"message", metrics.message()},
+                              {"fix", "give [metrics] listen an address this host can serve"}});
+        }
+        for (const auto &e : report.errors) {
+            const auto [key, fix] = startupErrorFix(e);
+            errors.push_back({{"file", path},
+                              {"line", 0},
+                              {"column", 0},
+                              {"key", key},
+                              {"message", e},
+                              {"fix", fix}});
+        }
+        j["errors"] = std::move(errors);
         std::cout << j.dump(2) << "\n";
     } else {
         std::cout << tensorlane::config::describeText(*result.config, report.transport);
@@ -66,9 +136,6 @@ int checkConfig(const std::string &path, bool json) {
     for (const auto &e : report.errors) {
         std::cerr << path << ": " << e << "\n";
     }
-    // The endpoint's address, as the start checks it (only a port in use is left for then).
-    const tensorlane::sidecar::Status metrics =
-        tensorlane::sidecar::checkMetricsListen(*result.config);
     if (!metrics.isOk()) {
         std::cerr << path << ": " << metrics.message() << "\n";
     }

@@ -49,6 +49,15 @@ std::string resolveSocket(const std::string &socket, const std::string &config_p
     return {};
 }
 
+std::string wallClockText() {
+    char buf[32];
+    const std::time_t now = std::time(nullptr);
+    std::tm tm{};
+    ::localtime_r(&now, &tm);
+    std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
+    return buf;
+}
+
 struct ClientCloser {
     void operator()(tl_client *c) const { tl_disconnect(c); }
 };
@@ -88,15 +97,17 @@ private:
     ClientPtr client_;
 };
 
-std::string humanBytes(double b) {
-    static constexpr const char *kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+/// A write rate in decimal units, as `tensorlane bench` prints them (GB/s is 1e9 bytes a
+/// second), so that the two can be compared at a glance.
+std::string humanRate(double b) {
+    static constexpr const char *kUnits[] = {"B/s", "kB/s", "MB/s", "GB/s", "TB/s"};
     int u = 0;
-    while (b >= 1024 && u < 5) {
-        b /= 1024;
+    while (b >= 1000 && u < 4) {
+        b /= 1000;
         ++u;
     }
     char buf[32];
-    std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", b, kUnits[u]);
+    std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", b, kUnits[u]);
     return buf;
 }
 
@@ -108,6 +119,18 @@ double num(const Json &j, const char *key) {
 std::string text(const Json &j, const char *key, const char *dflt = "?") {
     auto it = j.is_object() ? j.find(key) : j.end();
     return j.is_object() && it != j.end() && it->is_string() ? it->get<std::string>() : dflt;
+}
+
+/// How a peer's state reads for people: "down" of a peer no session was ever tried with is
+/// "not connected yet" (sessions start at the first lookup or write, or at start with
+/// connect_eagerly), and a failed one says why.
+std::string peerStateText(const Json &p) {
+    const std::string state = text(p, "state");
+    const std::string why = text(p, "last_error", "");
+    if (state == "down" && num(p, "failures") == 0 && why.empty()) {
+        return "not connected yet (the first lookup or write connects)";
+    }
+    return why.empty() || state == "up" ? state : state + " (" + why + ")";
 }
 
 /// Bytes written per session at the previous refresh, for the rates.
@@ -179,10 +202,19 @@ std::string formatStatus(const Json &j, const ClientBytes *prev, double dt_s) {
     os << "clients:\n";
     const Json empty = Json::array();
     const Json &clients = j.contains("clients") && j["clients"].is_array() ? j["clients"] : empty;
-    if (clients.empty()) {
+    // This command is a client too; its own session is no news to the person who ran it.
+    const auto self = static_cast<double>(::getpid());
+    size_t shown = 0;
+    for (const auto &cl : clients) {
+        shown += num(cl, "pid") != self ? 1 : 0;
+    }
+    if (shown == 0) {
         os << "  (none connected)\n";
     }
     for (const auto &cl : clients) {
+        if (num(cl, "pid") == self) {
+            continue;
+        }
         const auto session = static_cast<uint64_t>(num(cl, "session"));
         os << "  session " << session << " pid " << static_cast<int64_t>(num(cl, "pid")) << " uid "
            << static_cast<int64_t>(num(cl, "uid")) << ": "
@@ -194,7 +226,7 @@ std::string formatStatus(const Json &j, const ClientBytes *prev, double dt_s) {
             auto it = prev->find(session);
             const double before = it == prev->end() ? 0 : it->second;
             const double rate = std::max(0.0, num(cl, "bytes_written") - before) / dt_s;
-            os << ", " << humanBytes(rate) << "/s";
+            os << ", " << humanRate(rate);
         }
         os << "\n";
     }
@@ -204,8 +236,8 @@ std::string formatStatus(const Json &j, const ClientBytes *prev, double dt_s) {
         os << "  (none configured)\n";
     }
     for (const auto &p : peers) {
-        os << "  " << text(p, "name") << " " << text(p, "address", "") << " " << text(p, "state")
-           << " via " << text(p, "transport") << "\n";
+        os << "  " << text(p, "name") << " " << text(p, "address", "") << " via "
+           << text(p, "transport") << ": " << peerStateText(p) << "\n";
         if (text(p, "transport", "") == "verbs") {
             formatVerbsPeer(os, p);
         }
@@ -219,10 +251,22 @@ std::string formatStatus(const Json &j, const ClientBytes *prev, double dt_s) {
     return os.str();
 }
 
+/// What --json prints when the sidecar cannot be asked: one object, as each refresh of
+/// `--watch --json` does.
+std::string unreachableJson(const std::string &error, const std::string &socket) {
+    return Json{{"error", error},
+                {"socket", socket.empty() ? "(default)" : socket},
+                {"time", wallClockText()}}
+        .dump();
+}
+
 int once(const StatusOptions &o, const std::string &socket) {
     StatusSource src(socket);
     std::string doc, error;
     if (!src.fetch(&doc, &error)) {
+        if (o.json) {
+            std::cout << unreachableJson(error, socket) << "\n";
+        }
         std::cerr << "tensorlane status: " << error << "\n";
         return 1;
     }
@@ -279,15 +323,6 @@ private:
     termios saved_{};
 };
 
-std::string wallClock() {
-    char buf[32];
-    const std::time_t now = std::time(nullptr);
-    std::tm tm{};
-    ::localtime_r(&now, &tm);
-    std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
-    return buf;
-}
-
 /// Writes all of `s` to stdout; false when stdout is gone (a closed pipe).
 bool emit(const std::string &s) {
     std::fwrite(s.data(), 1, s.size(), stdout);
@@ -337,6 +372,8 @@ int watch(const StatusOptions &o, const std::string &socket) {
     TerminalGuard term(redraw, redraw && ::isatty(0) == 1);
 
     StatusSource src(socket);
+    bool last_ok = false;
+    bool quit = false;  // q, Ctrl-C or SIGTERM
     ClientBytes prev;
     bool have_prev = false;
     auto prev_time = std::chrono::steady_clock::now();
@@ -344,19 +381,19 @@ int watch(const StatusOptions &o, const std::string &socket) {
     std::snprintf(interval, sizeof interval, "%g", o.interval_s);
     for (uint64_t n = 0; !g_stop && (o.count == 0 || n < o.count); ++n) {
         if (n > 0 && waitOrQuit(o.interval_s, term.keys())) {
+            quit = true;
             break;
         }
         std::string doc, error;
         const bool ok = src.fetch(&doc, &error);
+        last_ok = ok;
         const auto now = std::chrono::steady_clock::now();
         std::string out;
         if (o.json) {
             const Json j = ok ? Json::parse(doc, nullptr, false) : Json();
             out = ok && j.is_object()
                       ? j.dump() + "\n"
-                      : Json{{"error", ok ? "unparsable status" : error}, {"time", wallClock()}}
-                                .dump() +
-                            "\n";
+                      : unreachableJson(ok ? "unparsable status" : error, socket) + "\n";
         } else {
             std::string body;
             if (!ok) {
@@ -372,7 +409,8 @@ int watch(const StatusOptions &o, const std::string &socket) {
             }
             prev_time = now;
             const std::string head = "tensorlane status, every " + std::string(interval) + " s, " +
-                                     wallClock() + (redraw ? " (q or Ctrl-C quits)" : "") + "\n";
+                                     wallClockText() + (redraw ? " (q or Ctrl-C quits)" : "") +
+                                     "\n";
             if (redraw) {
                 // Home, each line cleared to its end, then the rest of the screen: no flicker.
                 out = "\033[H";
@@ -389,7 +427,9 @@ int watch(const StatusOptions &o, const std::string &socket) {
             return 0;  // the reader went away (| head): that is the end of the watch
         }
     }
-    return 0;
+    // --count N is a script's way to take N snapshots: as without --watch, it fails when the
+    // last one could not reach the sidecar. q or Ctrl-C is a person ending it: 0.
+    return o.count != 0 && !last_ok && !quit && !g_stop ? 1 : 0;
 }
 
 int runStatus(const StatusOptions &o) {
@@ -418,7 +458,9 @@ void addStatusCommand(CLI::App &app, std::function<int()> *run) {
     st->add_option("--count", o->count, "--watch: stop after N refreshes (default: never)")
         ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 40))
         ->needs(w);
-    st->footer("Exit status: 0, or 1 when the sidecar cannot be reached (without --watch).");
+    st->footer(
+        "Exit status: 0, or 1 when the sidecar cannot be reached (with --watch --count N: at "
+        "the last refresh). With --json an unreachable sidecar is an object with \"error\".");
     st->callback([run, o] { *run = [o] { return runStatus(*o); }; });
 }
 

@@ -14,9 +14,12 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
+#include "../sidecar/free_port.hpp"
 #include "../sidecar/harness.hpp"
 #include "cli_run.hpp"
+#include "tensorlane/tensorlane.hpp"
 
 using namespace tltest;
 
@@ -83,8 +86,9 @@ TEST(StatusWatch, PipedItPrintsSuccessiveSnapshots) {
     EXPECT_EQ(r.out.find('\033'), std::string::npos) << r.out;
     // Two waits between three refreshes.
     EXPECT_GE(took, std::chrono::milliseconds(550));
-    // The watch's own connection is one client, kept across refreshes (not one per refresh).
-    EXPECT_EQ(countOf(r.out, "  session "), 3u) << r.out;
+    // The watch's own connection is not shown (issue 24): no other client, none listed.
+    EXPECT_EQ(countOf(r.out, "  session "), 0u) << r.out;
+    EXPECT_EQ(countOf(r.out, "  (none connected)"), 3u) << r.out;
 }
 
 TEST(StatusWatch, JsonIsOneObjectPerLine) {
@@ -137,10 +141,123 @@ TEST(StatusWatch, SidecarGoneIsShownAndRetried) {
     const CmdResult r = runCmd(
         kCli + " status --socket " + dir.file("nobody.sock") + " --watch --interval 0.1 --count 2",
         false);
-    EXPECT_EQ(r.rc, 0) << r.out;
+    // --count N ending on a refresh that reached nothing fails, as a single status does.
+    EXPECT_EQ(r.rc, 1) << r.out;
     EXPECT_EQ(countOf(r.out, "sidecar not reachable: TL_ECONN"), 2u) << r.out;
     // Without --watch it is an error.
     EXPECT_EQ(runCmd(kCli + " status --socket " + dir.file("nobody.sock")).rc, 1);
+}
+
+// Issue 24: `status --json` and `status --watch --json` without a sidecar agree: JSON on stdout
+// (an object with "error"), exit 1.
+TEST(StatusJson, NoSidecarIsAJsonObjectAndExit1WithOrWithoutWatch) {
+    TempDir dir;
+    const std::string sock = dir.file("nobody.sock");
+    for (const std::string args : {" --json", " --watch --json --interval 0.1 --count 2"}) {
+        const CmdResult r = runCmd(kCli + " status --socket " + sock + args, false);
+        EXPECT_EQ(r.rc, 1) << args << ": " << r.out;
+        std::istringstream in(r.out);
+        int objects = 0;
+        for (std::string line; std::getline(in, line);) {
+            const auto j = nlohmann::json::parse(line, nullptr, false);
+            ASSERT_TRUE(j.is_object()) << args << ": " << line;
+            EXPECT_NE(j.value("error", "").find("TL_ECONN"), std::string::npos) << line;
+            EXPECT_EQ(j.value("socket", ""), sock);
+            ++objects;
+        }
+        EXPECT_GE(objects, 1) << args << ": " << r.out;
+    }
+}
+
+// Issue 24: a peer no session was tried with is "not connected yet", not "down"; the status
+// command's own session is not listed among the clients.
+TEST(StatusText, APeerNeverUsedIsNotConnectedYetAndItsOwnSessionIsLeftOut) {
+    SidecarOptions o;
+    o.listen = "127.0.0.1:" + std::to_string(freePort());
+    o.peers = {{"node-b", "127.0.0.1:" + std::to_string(freePort())}};
+    Sidecar sc(o);
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    const CmdResult r = runCmd(kCli + " status --socket " + sc.socket(), false);
+    EXPECT_EQ(r.rc, 0) << r.out;
+    EXPECT_NE(r.out.find("node-b " + o.peers[0].address + " via tcp: not connected yet"),
+              std::string::npos)
+        << r.out;
+    EXPECT_EQ(r.out.find(" down"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("clients:\n  (none connected)\n"), std::string::npos) << r.out;
+    EXPECT_EQ(countOf(r.out, "  session "), 0u) << r.out;
+}
+
+/// tl_lookup of `name` on `peer`: its status.
+tl_status statusTestLookup(tl_client *c, const char *peer, const char *name) {
+    tl_remote r = 0;
+    return tl_lookup(c, peer, name, &r, nullptr);
+}
+
+// Issue 24: plain `status` says why a peer failed; once the peer is back (restarted with the
+// right key) the next lookup gets a fresh answer, not the old authentication error for the rest
+// of a long backoff, and the old reason is gone from status.
+TEST(StatusText, AFailedPeerSaysWhyAndItsReasonIsNotKeptOnceItIsBack) {
+    TempDir dir;
+    const std::string key_a = dir.file("a.key"), key_b = dir.file("b.key");
+    writeFile(key_a, keyText('a'), 0600);
+    writeFile(key_b, keyText('b'), 0600);
+    const uint16_t pa = freePort(), pb = freePort();
+    // Backoff doubling from 300 ms to a minute: after a few failures the next retry is seconds
+    // away, as on a node whose peer was down for a while.
+    const std::string tcp =
+        "connect_timeout_ms = 1000\nreconnect_min_ms = 300\n"
+        "reconnect_max_ms = 60000\n";
+    SidecarOptions a{.name = "node-a",
+                     .listen = "127.0.0.1:" + std::to_string(pa),
+                     .peers = {{"node-b", "127.0.0.1:" + std::to_string(pb)}},
+                     .key_file = key_a,
+                     .tcp = tcp};
+    SidecarOptions b{.name = "node-b",
+                     .listen = "127.0.0.1:" + std::to_string(pb),
+                     .peers = {{"node-a", "127.0.0.1:" + std::to_string(pa)}},
+                     .key_file = key_b,
+                     .tcp = tcp};
+    Sidecar sa(a);
+    auto sb = std::make_unique<Sidecar>(b);
+    ASSERT_TRUE(sa.ready() && sb->ready());
+    tl_client *ca = nullptr;
+    ASSERT_EQ(tl_connect(sa.socket().c_str(), &ca), TL_OK);
+    EXPECT_EQ(statusTestLookup(ca, "node-b", "inbox"), TL_EPEER) << tl_last_error();
+
+    // Failing on: wait for the fourth failure (the backoff is then at least 2.4 s).
+    auto peerOf = [&] {
+        const CmdResult r = runCmd(kCli + " status --json --socket " + sa.socket(), false);
+        const auto j = nlohmann::json::parse(r.out, nullptr, false);
+        return j.is_object() && j["peers"].is_array() && !j["peers"].empty() ? j["peers"][0]
+                                                                             : nlohmann::json();
+    };
+    ASSERT_TRUE(
+        eventually([&] { return peerOf().value("failures", 0) >= 4; }, std::chrono::seconds(15)))
+        << peerOf();
+    const CmdResult failed = runCmd(kCli + " status --socket " + sa.socket(), false);
+    EXPECT_NE(failed.out.find("via tcp: failed ("), std::string::npos) << failed.out;
+    EXPECT_NE(failed.out.find("authentication"), std::string::npos) << failed.out;
+
+    // node-b comes back with the right key and something to find.
+    sb.reset();
+    b.key_file = key_a;
+    sb = std::make_unique<Sidecar>(b);
+    ASSERT_TRUE(sb->ready()) << sb->log();
+    auto cb = tensorlane::Client::connect(sb->socket());
+    ASSERT_TRUE(cb.ok());
+    auto inbox = cb->allocHost(4096);
+    ASSERT_TRUE(inbox.ok() && inbox->expose("inbox").ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));  // the old reason is stale now
+
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(statusTestLookup(ca, "node-b", "inbox"), TL_OK) << tl_last_error();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+    const nlohmann::json up = peerOf();
+    EXPECT_EQ(up.value("state", ""), "up") << up;
+    EXPECT_EQ(up.value("last_error", "?"), "") << up;
+    const CmdResult now_up = runCmd(kCli + " status --socket " + sa.socket(), false);
+    EXPECT_NE(now_up.out.find("via tcp: up\n"), std::string::npos) << now_up.out;
+    tl_disconnect(ca);
 }
 
 TEST(StatusWatch, OnATerminalItRedrawsAndQuitsOnQ) {

@@ -87,7 +87,7 @@ def main():
           "status shows the connected worker's two regions (2 + 1 shards of 1 MiB)")
     check(re.search(r"^  session \d+ pid \d+ uid \d+: 2 regions, 2 requests, 0 rejected, 2097152 bytes written$",
                     status, re.M) is not None, "status lists the worker as a client with its regions and requests")
-    check(re.search(r"^  node-b 127\.0\.0\.1:\d+ up via tcp$", status, re.M) is not None, "status shows the peer up")
+    check(re.search(r"^  node-b 127\.0\.0\.1:\d+ via tcp: up$", status, re.M) is not None, "status shows the peer up")
 
     work = re.search(r"(/tmp/tensorlane-demo\.\w+)/", out)
     check(work is not None and not os.path.exists(work.group(1)), "the demo's temporary directory is removed")

@@ -168,6 +168,27 @@ def check_tree(args):
                 + [x for x in flags.stdout.split() if x.startswith("-I")])
         check(r.returncode == 0, "the C++ wrapper compiles from the installed headers" +
               ("" if r.returncode == 0 else ": " + r.stderr))
+        r = run(["c++", "-std=c++17", "-fsyntax-only", cpp_src]
+                + [x for x in flags.stdout.split() if x.startswith("-I")])
+        check(r.returncode != 0 and "tensorlane.hpp needs C++20" in r.stderr
+              and r.stderr.count(": error:") == 1,
+              "under -std=c++17 the wrapper stops at once with its own #error (not a pile of span errors)"
+              + ("" if r.returncode != 0 else ": it compiled"))
+        # A CMake project that sets no standard of its own: find_package(tensorlane) and
+        # tensorlane::shim must bring C++20 (the compiler's default is older).
+        proj = p("consumer")
+        os.makedirs(proj)
+        with open(os.path.join(proj, "CMakeLists.txt"), "w") as f:
+            f.write("cmake_minimum_required(VERSION 3.20)\nproject(consumer CXX)\n"
+                    "find_package(tensorlane REQUIRED)\n"
+                    "add_executable(use use.cpp)\ntarget_link_libraries(use PRIVATE tensorlane::shim)\n")
+        shutil.copy(cpp_src, os.path.join(proj, "use.cpp"))
+        r = run([args.cmake, "-S", proj, "-B", os.path.join(proj, "build"), f"-DCMAKE_PREFIX_PATH={prefix}"])
+        if r.returncode == 0:
+            r = run([args.cmake, "--build", os.path.join(proj, "build")])
+        check(r.returncode == 0, "a CMake project linking tensorlane::shim builds the C++ wrapper "
+              "without setting a standard (the target carries cxx_std_20)"
+              + ("" if r.returncode == 0 else ": " + (r.stdout + r.stderr)[-600:]))
 
 
 def check_systemd(args):
@@ -188,6 +209,16 @@ def check_systemd(args):
         score = float(m.group(1)) if m else 99.0
         check(score <= args.max_exposure,
               f"systemd-analyze security: exposure {score} <= {args.max_exposure}")
+        # docs/deploy.md gives the figure for the systemd release it names: what a reader
+        # running the same command there sees.
+        doc = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs",
+                                "deploy.md")).read()
+        said = re.search(r"rates the installed unit ([0-9.]+) with systemd (\d+)", doc.replace("\n", " "))
+        check(said is not None, "docs/deploy.md says what systemd-analyze security rates the unit")
+        version = re.search(r"systemd (\d+)", run([analyze, "--version"]).stdout)
+        if said and version and version.group(1) == said.group(2):
+            check(float(said.group(1)) == score,
+                  f"docs/deploy.md's rating {said.group(1)} is what systemd {said.group(2)} measures ({score})")
 
 
 def main():

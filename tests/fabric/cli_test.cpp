@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -94,6 +95,67 @@ TEST(DiagCli, FailingFindingExitsOne) {
     EXPECT_NE(r.out.find("fix: "), std::string::npos) << r.out;
     // TENSORLANE_SYSFS_ROOT does what --sysfs-root does.
     EXPECT_EQ(run(env(t) + kCli + " diag --config " + cfg).rc, 1);
+}
+
+/// The findings of `diag --json`, by check name (a check that appears twice keeps the last).
+std::map<std::string, nlohmann::json> diagFindings(const SysfsTree &t, const std::string &cfg,
+                                                   std::string *text_out) {
+    const std::string base =
+        kCli + " diag --no-probe --config " + cfg + " --sysfs-root " + t.rootString();
+    *text_out = run(base).out;
+    const auto j = nlohmann::json::parse(runStdout(base + " --json").out, nullptr, false);
+    std::map<std::string, nlohmann::json> out;
+    if (j.is_object() && j["findings"].is_array()) {
+        for (const auto &f : j["findings"]) {
+            out[f.value("check", "")] = f;
+        }
+    }
+    return out;
+}
+
+// Issue 24: on a host without an RDMA device the RDMA checks are skipped, said once with the
+// reason, instead of a dozen warnings that each say "fix the device finding first".
+TEST(DiagCli, WithoutAnRdmaDeviceTheRdmaChecksAreSkippedOnceWithTheReason) {
+    SysfsTree t;  // no class/infiniband at all
+    t.write("class/net/lo/operstate", "unknown");
+    const std::string cfg = writeConfig(t, "", kKey);
+    std::string text;
+    const auto f = diagFindings(t, cfg, &text);
+    ASSERT_TRUE(f.count("rdma")) << text;
+    EXPECT_NE(f.at("rdma").value("detail", "").find("no RDMA device"), std::string::npos) << text;
+    for (const char *gone : {"device", "port", "gid", "roce_version", "netdev", "mtu",
+                             "traffic_class", "trust", "pfc", "ecn", "counters", "dmabuf"}) {
+        EXPECT_EQ(f.count(gone), 0u) << gone << "\n" << text;
+    }
+    EXPECT_EQ(text.find("fix the device finding first"), std::string::npos) << text;
+    // What is left to warn about: that auto found tcp, and that there is no device.
+    EXPECT_EQ(f.at("transport").value("status", ""), "warn");
+    EXPECT_NE(text.find(", 2 warn, 0 fail"), std::string::npos) << text;
+    EXPECT_TRUE(f.count("memlock") && f.count("pcie") && f.count("peers")) << text;
+}
+
+TEST(DiagCli, TransportTcpSkipsTheRdmaChecksEvenWithADevice) {
+    SysfsTree t;
+    t.standardHost();
+    const std::string cfg = writeConfig(t, "transport = \"tcp\"", kKey);
+    std::string text;
+    const auto f = diagFindings(t, cfg, &text);
+    ASSERT_TRUE(f.count("rdma")) << text;
+    EXPECT_NE(f.at("rdma").value("detail", "").find("transport = \"tcp\""), std::string::npos)
+        << text;
+    EXPECT_EQ(f.count("gid"), 0u) << text;
+    EXPECT_NE(text.find(", 0 warn, 0 fail"), std::string::npos) << text;
+}
+
+TEST(DiagCli, DmabufWithoutAGpuIsNotApplicableNotOk) {
+    SysfsTree t;
+    t.standardHost();  // a RoCE NIC, no NVIDIA GPU
+    const std::string cfg = writeConfig(t, "", kKey, false);
+    std::string text;
+    const auto f = diagFindings(t, cfg, &text);
+    ASSERT_TRUE(f.count("dmabuf")) << text;
+    EXPECT_EQ(f.at("dmabuf").value("detail", "").rfind("not applicable: no NVIDIA GPU", 0), 0u)
+        << text;
 }
 
 TEST(DiagCli, MissingArgumentsAreNamed) {

@@ -124,7 +124,8 @@ rc=0
 "$script" --build-dir "$build" --config "$work/b.toml" --peer 127.0.0.1 --dry-run \
     --sizes "65536 1048576" >"$work/dry" 2>&1 || rc=$?
 expect=(
-    "tensorlane diag --config $work/b.toml"
+    "tensorlane diag --config $work/b.toml --no-probe"
+    "(no peer probe: no sidecar runs yet; step 3's bench writes to the peer)"
     "ib_write_lat -F -d sim1 -i 1 -x 3 --tclass 106 -p 18600 -s 64 -n 10000 127.0.0.1"
     "ib_write_bw -F -d sim1 -i 1 -x 3 --tclass 106 -p 18601 -s 65536 -n 5000 -q 2 -t 128 127.0.0.1"
     "ib_write_bw -F -d sim1 -i 1 -x 3 --tclass 106 -p 18602 -s 1048576 -n 5000 -q 2 -t 128 127.0.0.1"
@@ -178,6 +179,7 @@ else
         grep -q "^\[  PASSED  \] 2 tests" "$work/client.txt" &&
         grep -q "^\[  PASSED  \] 2 tests" "$work/server.txt" &&
         grep -q "the bench on node-b is done" "$work/server/bench.bw.txt" &&
+        ! grep -q "^\[warn\] peer" "$work/client/diag.txt" "$work/server/diag.txt" &&
         [ ! -e "$work/node-a.sock" ] && [ ! -e "$work/node-b.sock" ]; then
         ok "real run: both sides finish diag, perftest, bench and conformance; the client prints the ratios; the sidecars stopped"
         sed -n '/== tensorlane vs perftest/,$p' "$work/client.txt" | sed 's/^/    /'

@@ -144,6 +144,15 @@ check "tclass: not written" lacks "would run: echo 106"
 setup --dry-run --set-tclass --netdev eth0 --device mlx5_0
 check "tclass: --set-tclass writes it" has "would run: echo 106 > $sys/class/infiniband/mlx5_0/tc/1/traffic_class"
 
+# --- no RDMA device and netdev auto: the reason, not "()" (issue 24) ---------------------------
+new_case mlnx_qos sysctl
+rm -rf "$sys/class/infiniband"
+setup --dry-run
+check "no device: exit 2" test "$rc" -eq 2
+check "no device: the reason is given" has "the transport resolves to tcp: no RDMA device under"
+check "no device: never an empty reason" lacks "()"
+check "no device: what to do" has "pass --netdev IFACE or set [fabric] netdev"
+
 # --- usage ------------------------------------------------------------------------------------
 new_case
 set +e

@@ -2,6 +2,14 @@
 // (tensorlane::Error), never exceptions, so it can be used in code built without them.
 #pragma once
 
+// The wrapper uses std::span and other C++20 parts; say so before they fail to parse. MSVC
+// reports __cplusplus as 199711L unless /Zc:__cplusplus, so its own macro is asked there.
+#if defined(_MSVC_LANG) ? _MSVC_LANG < 202002L : __cplusplus < 202002L
+// Nothing else of the header is read, so the compiler shows this one line, not a page of
+// std::span errors.
+#error "tensorlane.hpp needs C++20: -std=c++20 (CMake: link tensorlane::shim); C: tensorlane.h"
+#else
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -361,3 +369,5 @@ inline Result<bool> Region::expose(const std::string &name, const Access &access
 }
 
 }  // namespace tensorlane
+
+#endif  // C++20

@@ -129,6 +129,30 @@ DiagEnvironment DiagEnvironment::host() {
     return env;
 }
 
+namespace {
+
+// The peer probe needs the running sidecar (its sessions to the peers): `tensorlane diag` sets
+// probe_peer; the sidecar's own preflight, which runs before it has any, does not.
+void addPeerFindings(const config::Config &cfg, const DiagEnvironment &env,
+                     std::vector<Finding> *out) {
+    if (cfg.peers.empty()) {
+        return;
+    }
+    if (env.probe_peer) {
+        for (const config::PeerConfig &p : cfg.peers) {
+            out->push_back(env.probe_peer(p));
+        }
+    } else {
+        out->push_back(make("peers", FindingStatus::kOk,
+                            std::to_string(cfg.peers.size()) +
+                                " peer(s) configured; `tensorlane diag` probes each with a "
+                                "write with immediate while the sidecar runs",
+                            ""));
+    }
+}
+
+}  // namespace
+
 DiagReport runDiag(const config::Config &cfg, const SysfsRoot &root, const DiagEnvironment &env) {
     const config::FabricConfig &f = cfg.fabric;
     DiagReport r;
@@ -141,7 +165,7 @@ DiagReport runDiag(const config::Config &cfg, const SysfsRoot &root, const DiagE
     if (f.transport == config::TransportKind::kTcp) {
         out.push_back(make("transport", S::kOk,
                            "transport = \"tcp\" in the file: the sidecar does not use the RDMA "
-                           "NIC; the checks below are for information"));
+                           "NIC"));
     } else if (!verbs) {
         out.push_back(make("transport", S::kWarn,
                            "transport auto resolves to tcp: " + r.transport.reason,
@@ -153,6 +177,32 @@ DiagReport runDiag(const config::Config &cfg, const SysfsRoot &root, const DiagE
 
     // devices
     const std::vector<DeviceInfo> devices = listDevices(root);
+    if (!verbs && (f.transport == config::TransportKind::kTcp || devices.empty())) {
+        // Issue 24: on a tcp host the RDMA checks only repeat, a dozen times over, that there
+        // is no device (or that it is not used). Said once; what matters over tcp stays.
+        if (devices.empty() && f.transport != config::TransportKind::kTcp) {
+            out.push_back(make("devices", S::kWarn,
+                               "no RDMA device under " + root.pathOf("class/infiniband"),
+                               "load the NIC's RDMA driver (`modprobe mlx5_ib`) and check `rdma "
+                               "link show`; in a container, mount the host's "
+                               "/sys/class/infiniband"));
+        }
+        out.push_back(make("rdma", S::kOk,
+                           std::string("skipped (device, port, gid, roce_version, netdev, mtu, "
+                                       "traffic_class, trust, dscp_map, pfc, ecn, counters, "
+                                       "pause, dmabuf): ") +
+                               (f.transport == config::TransportKind::kTcp
+                                    ? "transport = \"tcp\" does not use the RDMA NIC"
+                                    : "there is no RDMA device; peers use tcp")));
+        r.selection_error = f.transport == config::TransportKind::kTcp
+                                ? "not made: transport = \"tcp\""
+                                : "not made: " + r.transport.reason;
+        CheckTarget none;
+        checkPcie(root, none, &out);
+        checkMemlock(cfg, env, &out);
+        addPeerFindings(cfg, env, &out);
+        return r;
+    }
     if (devices.empty()) {
         out.push_back(make("devices", S::kFail,
                            "no RDMA device under " + root.pathOf("class/infiniband"),
@@ -328,21 +378,7 @@ DiagReport runDiag(const config::Config &cfg, const SysfsRoot &root, const DiagE
     checkGpuDirect(root, env, &out);
     checkMemlock(cfg, env, &out);
 
-    // The peer probe needs the running sidecar (its sessions to the peers): `tensorlane diag`
-    // sets probe_peer; the sidecar's own preflight, which runs before it has any, does not.
-    if (!cfg.peers.empty()) {
-        if (env.probe_peer) {
-            for (const config::PeerConfig &p : cfg.peers) {
-                out.push_back(env.probe_peer(p));
-            }
-        } else {
-            out.push_back(make("peers", S::kOk,
-                               std::to_string(cfg.peers.size()) +
-                                   " peer(s) configured; `tensorlane diag` probes each with a "
-                                   "write with immediate while the sidecar runs",
-                               ""));
-        }
-    }
+    addPeerFindings(cfg, env, &out);
 
     // A NIC the sidecar does not use cannot stop it: fabric failures become warnings (an
     // unreachable peer stays a failure: it matters over any transport).

@@ -373,7 +373,11 @@ void checkGpuDirect(const SysfsRoot &root, const DiagEnvironment &env, std::vect
     const std::string peermem_text =
         peermem ? "nvidia-peermem loaded" : "nvidia-peermem not loaded";
     const std::string detail = kernel_text + ", " + verbs_text + ", " + peermem_text;
-    if (kernel_ok && verbs_ok) {
+    if (!gpus) {
+        // Nothing to register: say what the host offers, not that GPU memory works.
+        out->push_back(make("dmabuf", S::kOk,
+                            "not applicable: no NVIDIA GPU visible (host memory only); " + detail));
+    } else if (kernel_ok && verbs_ok) {
         out->push_back(make("dmabuf", S::kOk, "GPU memory registers as dma-buf: " + detail));
     } else if (peermem) {
         out->push_back(make("dmabuf", S::kWarn,

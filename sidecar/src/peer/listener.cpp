@@ -470,7 +470,10 @@ void PeerListener::promote(uint64_t token, const HandshakeOutcome &o, int64_t no
         p->in = std::move(s);
         // A session from a new incarnation means the peer restarted: the session we hold to it
         // is dead (or soon will be), and the descriptors we hold are from the old run.
-        if (p->remote_incarnation != 0 && p->remote_incarnation != o.peer_incarnation) {
+        // A peer we failed to reach and now hear from (it started, or came back with the right
+        // key) is reachable too: the dialer retries now instead of after the backoff.
+        if ((p->remote_incarnation != 0 && p->remote_incarnation != o.peer_incarnation) ||
+            (!p->out && p->attempt_scheduled)) {
             loop_.peerRestarted(*p, now);
         }
         return;

@@ -252,13 +252,21 @@ void PeerManagerImpl::lookup(PeerId peer, const std::string &name,
         signalWake();
         return;
     }
-    if (p->state == PeerState::kFailed && p->attempt_scheduled) {
-        // Fail fast while the peer is known to be down; reconnection goes on in the background.
-        answer(
-            {Code::kPeer, "peer '" + p->name + "' (" + p->address + ") is down: " + p->last_error});
-        return;
-    }
     const int64_t now = monotonicMs();
+    if (p->state == PeerState::kFailed && p->attempt_scheduled) {
+        // Fail fast while the reason is fresh (at most reconnect_min_ms old); reconnection goes
+        // on in the background. An older reason may be stale (the peer restarted, its key was
+        // fixed): the retry is pulled forward and this lookup waits for its fresh answer, so a
+        // peer that came back is not reported down for the rest of a long backoff. At most one
+        // attempt per reconnect_min_ms comes from lookups.
+        if (now - p->last_failure_ms < static_cast<int64_t>(cfg_.tcp.reconnect_min_ms)) {
+            answer({Code::kPeer,
+                    "peer '" + p->name + "' (" + p->address + ") is down: " + p->last_error});
+            return;
+        }
+        p->next_attempt_ms = now;
+        noteDeadline(now);
+    }
     // Bounded by the two phase deadlines of a connect attempt (TCP connect, then handshake).
     const int64_t deadline = now + 2 * static_cast<int64_t>(cfg_.tcp.connect_timeout_ms) + 100;
     p->lookups.push_back(PendingLookup{name, std::move(done), deadline});

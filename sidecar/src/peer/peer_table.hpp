@@ -95,7 +95,9 @@ struct Peer {
     uint64_t remote_incarnation = 0;  ///< of the regions in the directory
     std::vector<PendingLookup> lookups;
     uint64_t failures = 0;
+    /// Why the last attempt or session failed; cleared when a session comes up.
     std::string last_error;
+    int64_t last_failure_ms = 0;  ///< when it failed (monotonic), for how fresh the reason is
     std::string last_logged_error;
 };
 

@@ -255,6 +255,9 @@ struct Error {
     std::string message;
     /// "FILE:LINE:COL: key 'K': expected E, found F"; ":LINE:COL" is left out when line is 0.
     std::string text() const;
+    /// What to change, for people and tools (`--check-config --json`): "set 'K' to E", "remove
+    /// or rename 'K'", or where the TOML syntax or the file is wrong.
+    std::string fix() const;
 };
 
 /// The outcome of parsing: a Config, or every error found (never just the first).
