@@ -142,12 +142,12 @@ Status EngineImpl::init() {
             transports_.add(std::move(t));
         }
         given_remote_.clear();
-    } else if (!cfg_.peers.empty()) {
+    } else if (cfg_.hasPeers()) {
         if (Status st = addRemoteTransports(cfg_, regions_, &transports_); !st.isOk()) {
             return st;
         }
     }
-    if (!cfg_.peers.empty()) {
+    if (cfg_.hasPeers()) {
         Status st;
         peers_ = makePeerManager(cfg_, regions_, transports_, &st);
         if (!peers_) {

@@ -158,7 +158,7 @@ Status PeerManagerImpl::start() {
     if (started_) {
         return Status::ok();
     }
-    if (peers_.empty()) {
+    if (!cfg_.hasPeers()) {
         peerLog().info("no [[peers]] configured: not listening for peers");
         started_ = true;
         return Status::ok();
@@ -588,13 +588,15 @@ std::unique_ptr<PeerManager> makePeerManager(const config::Config &cfg, RegionTa
     if (Status s = checkPeerConfig(cfg); !s.isOk()) {
         return fail(std::move(s));
     }
-    if (!cfg.peers.empty() && transports.remote().empty()) {
+    if (cfg.hasPeers() && transports.remote().empty()) {
         return fail({Code::kInvalid, "no transport to reach peers"});
     }
     PeerKey key;
     // A node without peers needs no key: it neither listens nor connects; nor does one whose
     // peers all have a key_file of their own (init() reads those).
-    const bool shared_key_used = std::any_of(cfg.peers.begin(), cfg.peers.end(),
+    // The peers of an etcd directory all use the shared key (its fingerprint is registered).
+    const bool shared_key_used = cfg.directory.kind == config::DirectoryKind::kEtcd ||
+                                 std::any_of(cfg.peers.begin(), cfg.peers.end(),
                                              [](const auto &p) { return p.key_file.empty(); });
     if (shared_key_used) {
         if (Status s = PeerKey::fromFile(cfg.security.peer_key_file, &key); !s.isOk()) {
