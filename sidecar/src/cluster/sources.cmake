@@ -2,4 +2,6 @@
 # tensorlane_sidecar_core.
 set(TENSORLANE_CLUSTER_SOURCES
   src/cluster/etcd_client.cpp
+  src/cluster/membership.cpp
+  src/cluster/node_record.cpp
 )
