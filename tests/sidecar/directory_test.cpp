@@ -49,6 +49,19 @@ protected:
     }
 
     /// The status document (200 peers do not fit status_json.hpp's 64 KiB).
+    /// The CLI's output (stdout and stderr).
+    static std::string runCli(const std::string &args) {
+        std::string out;
+        FILE *p = ::popen((std::string(TENSORLANE_CLI_BIN) + " " + args + " 2>&1").c_str(), "r");
+        char buf[4096];
+        for (size_t n; p != nullptr && (n = std::fread(buf, 1, sizeof buf, p)) > 0;) {
+            out.append(buf, n);
+        }
+        if (p != nullptr) {
+            ::pclose(p);
+        }
+        return out;
+    }
     static nlohmann::json bigStatus(tl_client *c) {
         std::string buf(8 << 20, '\0');
         size_t len = 0;
@@ -125,6 +138,13 @@ TEST_F(DirectoryTest, NodesJoinWriteAndLeaveOnACleanStop) {
     EXPECT_TRUE(d.value("registered", false)) << d.dump();
     EXPECT_EQ(d.value("nodes", 0), 1) << d.dump();
     EXPECT_EQ(d.value("key", ""), "/tensorlane/t/nodes/node-a");
+    // `tensorlane status` and `tensorlane diag` say it too.
+    const std::string status = runCli("status --socket " + a.socket());
+    EXPECT_NE(status.find("directory: etcd " + etcd_.url() + " cluster t up, registered, 1 nodes"),
+              std::string::npos)
+        << status;
+    const std::string diag = runCli("diag --config " + a.configPath());
+    EXPECT_NE(diag.find("cluster 't' up, registered, 1 nodes"), std::string::npos) << diag;
 
     // A clean stop deletes the key: node-a forgets node-b at once, well before the lease TTL.
     const auto t0 = Clock::now();
