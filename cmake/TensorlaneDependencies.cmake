@@ -12,6 +12,8 @@ find_package(CLI11 REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
 # The Prometheus endpoint: prometheus-cpp 1.0 (Debian's prometheus-cpp-dev; civetweb inside).
 find_package(prometheus-cpp CONFIG REQUIRED)  # the package ships no version file
+# The etcd directory's HTTP client (docs/directory.md): Debian's libcurl4-openssl-dev.
+find_package(CURL 7.68 REQUIRED)  # curl_multi_wakeup/curl_multi_poll
 
 # CUDA: headers from the toolkit; the driver library is opened at run time (dlopen), so the
 # binaries run on machines with no GPU or driver and say so clearly. Nothing links libcuda or

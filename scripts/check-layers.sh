@@ -3,7 +3,7 @@
 # and the include, when
 #   - a public header (any */include/) includes something that is not a public header;
 #   - a folder of sidecar/src includes a folder it may not (the allowed edges are below: net,
-#     cuda, fabric and metrics stand alone; transport uses net and cuda; peer uses net and the
+#     cuda, fabric, metrics and cluster stand alone; transport uses net and cuda; peer uses net and the
 #     seam, transport/set.hpp; the engine's files at the top of sidecar/src use them all);
 #   - a library other than the sidecar (config, ipc, cuda, shim) includes sidecar internals.
 # Run by scripts/test.sh and as the CTest `layering`.
@@ -30,6 +30,7 @@ declare -A allowed=(
     [cuda]=""
     [fabric]=""
     [metrics]=""
+    [cluster]=""
     [transport]="net cuda"
     [peer]="net transport"
 )

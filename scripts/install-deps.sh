@@ -16,7 +16,9 @@ for the Python package's tests: pytest, numpy, PyTorch (CPU), pip and mypy (Debi
 python3-*); for the simulated HCA's tests: zlib, perftest, tcpdump, tshark, nftables,
 iptables, libnetfilter-queue; for the deployment tests: PyYAML and systemd-analyze; for the
 metrics tests: Prometheus (the server and promtool; on a host run by systemd, Debian's package
-also starts prometheus.service on port 9090, which the tests do not need: the script says so).
+also starts prometheus.service on port 9090, which the tests do not need: the script says so);
+libcurl (the etcd directory's HTTP client) and etcd-server (the directory tests start their own
+etcd on loopback; Debian's package may also start etcd.service on port 2379, unused by them).
   --dry-run   print what would be installed, change nothing
 USAGE
 }
@@ -42,6 +44,7 @@ packages=(
     zlib1g-dev perftest tcpdump tshark nftables iptables libnetfilter-queue-dev
     python3-yaml systemd
     prometheus gnuplot-nox
+    libcurl4-openssl-dev etcd-server
 )
 
 is_installed() {

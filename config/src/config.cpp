@@ -153,6 +153,10 @@ const char *toString(TcpIntegrity t) {
     return t == TcpIntegrity::kNone ? "none" : "mac";
 }
 
+const char *toString(DirectoryKind k) {
+    return k == DirectoryKind::kEtcd ? "etcd" : "static";
+}
+
 std::string formatBytes(uint64_t bytes) {
     // The largest binary unit that divides it exactly, as a person would write it in the file.
     static constexpr const char *kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};

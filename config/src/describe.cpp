@@ -154,8 +154,44 @@ std::string describeText(const Config &cfg, const TransportChoice &choice) {
                               : std::string("\"\" (off)"))
        << "\n";
 
+    const DirectoryConfig &d = cfg.directory;
+    os << "\n[directory]\n"
+       << "kind = " << toString(d.kind)
+       << (d.kind == DirectoryKind::kStatic ? " (peers are the [[peers]] entries)" : "") << "\n";
+    if (d.kind == DirectoryKind::kEtcd) {
+        os << "endpoints = [";
+        for (size_t i = 0; i < d.endpoints.size(); ++i) {
+            os << (i == 0 ? "" : ", ") << quote(d.endpoints[i], kNoCut);
+        }
+        os << "]\n"
+           << "cluster = " << quote(d.cluster, kNoCut) << " (keys under "
+           << quote(d.prefix(), kNoCut) << ", this node at "
+           << quote(d.prefix() + "nodes/" + cfg.node.name, kNoCut) << ")\n"
+           << "lease_ttl_ms = " << d.lease_ttl_ms << " (etcd TTL " << (d.lease_ttl_ms + 999) / 1000
+           << " s)\n"
+           << "advertise = " << quote(cfg.advertisedAddress().text(), kNoCut)
+           << (d.advertise ? "" : " ([node] listen)") << "\n"
+           << "request_timeout_ms = " << d.request_timeout_ms << "\n"
+           << "reconnect_min_ms = " << d.reconnect_min_ms << "\n"
+           << "reconnect_max_ms = " << d.reconnect_max_ms << "\n"
+           << "ca_file = "
+           << (d.ca_file.empty() ? std::string("(the system's CAs)") : quote(d.ca_file, kNoCut))
+           << "\n"
+           << "cert_file = "
+           << (d.cert_file.empty() ? std::string("(none)") : quote(d.cert_file, kNoCut)) << "\n"
+           << "key_file = "
+           << (d.key_file.empty() ? std::string("(none)") : quote(d.key_file, kNoCut)) << "\n"
+           << "username = "
+           << (d.username.empty() ? std::string("(no etcd auth)") : quote(d.username, kNoCut))
+           << "\n"
+           << "password_file = "
+           << (d.password_file.empty() ? std::string("(none)") : quote(d.password_file, kNoCut))
+           << "\n";
+    }
+
     if (cfg.peers.empty()) {
-        os << "\n# peers: none\n";
+        os << (d.kind == DirectoryKind::kEtcd ? "\n# peers: learned from etcd\n"
+                                              : "\n# peers: none\n");
     }
     for (const auto &peer : cfg.peers) {
         os << "\n[[peers]]\n"
@@ -246,6 +282,23 @@ std::string describeJson(const Config &cfg, const TransportChoice &choice) {
                          {"key_file", peer.key_file.empty() ? s.peer_key_file : peer.key_file}});
     }
     j["peers"] = std::move(peers);
+    const DirectoryConfig &d = cfg.directory;
+    j["directory"] = {{"kind", toString(d.kind)}};
+    if (d.kind == DirectoryKind::kEtcd) {
+        j["directory"].update({{"endpoints", d.endpoints},
+                               {"cluster", d.cluster},
+                               {"prefix", d.prefix()},
+                               {"lease_ttl_ms", d.lease_ttl_ms},
+                               {"advertise", cfg.advertisedAddress().text()},
+                               {"request_timeout_ms", d.request_timeout_ms},
+                               {"reconnect_min_ms", d.reconnect_min_ms},
+                               {"reconnect_max_ms", d.reconnect_max_ms},
+                               {"ca_file", d.ca_file},
+                               {"cert_file", d.cert_file},
+                               {"key_file", d.key_file},
+                               {"username", d.username},
+                               {"password_file", d.password_file}});
+    }
     // rc_timeout_s is 0 for timeout 0, as rcTimeoutSeconds() returns; the flag says what it means.
     j["derived"] = {{"traffic_class", cfg.trafficClass()},
                     {"rc_timeout_s", cfg.rcTimeoutSeconds()},

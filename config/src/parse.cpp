@@ -411,8 +411,21 @@ constexpr std::array<std::string_view, 9> kLimitsKeys = {
     "sessions_per_pid", "fd_reserve",           "node_registered_bytes"};
 constexpr std::array<std::string_view, 1> kMetricsKeys = {"listen"};
 constexpr std::array<std::string_view, 3> kPeerKeys = {"name", "address", "key_file"};
-constexpr std::array<std::string_view, 8> kTopKeys = {"node",     "fabric", "tcp",     "ipc",
-                                                      "security", "limits", "metrics", "peers"};
+constexpr std::array<std::string_view, 13> kDirectoryKeys = {"kind",
+                                                             "endpoints",
+                                                             "cluster",
+                                                             "lease_ttl_ms",
+                                                             "advertise",
+                                                             "ca_file",
+                                                             "cert_file",
+                                                             "key_file",
+                                                             "username",
+                                                             "password_file",
+                                                             "request_timeout_ms",
+                                                             "reconnect_min_ms",
+                                                             "reconnect_max_ms"};
+constexpr std::array<std::string_view, 9> kTopKeys = {
+    "node", "fabric", "tcp", "ipc", "security", "limits", "metrics", "peers", "directory"};
 
 constexpr std::array<std::pair<std::string_view, TransportKind>, 3> kTransports = {
     {{"auto", TransportKind::kAuto},
@@ -428,6 +441,8 @@ constexpr std::array<std::pair<std::string_view, GdrFlush>, 3> kGdrFlushes = {
     {{"auto", GdrFlush::kAuto}, {"on", GdrFlush::kOn}, {"off", GdrFlush::kOff}}};
 constexpr std::array<std::pair<std::string_view, TcpIntegrity>, 2> kTcpIntegrities = {
     {{"mac", TcpIntegrity::kMac}, {"none", TcpIntegrity::kNone}}};
+constexpr std::array<std::pair<std::string_view, DirectoryKind>, 2> kDirectoryKinds = {
+    {{"static", DirectoryKind::kStatic}, {"etcd", DirectoryKind::kEtcd}}};
 constexpr std::array<std::pair<std::string_view, PollMode>, 3> kPollModes = {
     {{"busy", PollMode::kBusy}, {"adaptive", PollMode::kAdaptive}, {"event", PollMode::kEvent}}};
 
@@ -742,6 +757,156 @@ void readMetrics(const TableReader &r, MetricsConfig &out) {
     }
 }
 
+/// An etcd client URL: "http://host:port" or "https://host:port", no path, query or user.
+bool isEtcdUrl(std::string_view url) {
+    std::string_view rest;
+    if (url.starts_with("http://")) {
+        rest = url.substr(7);
+    } else if (url.starts_with("https://")) {
+        rest = url.substr(8);
+    } else {
+        return false;
+    }
+    if (!rest.empty() && rest.back() == '/') {
+        rest.remove_suffix(1);
+    }
+    if (rest.find_first_of("/?#@ ") != std::string_view::npos || hasNul(rest)) {
+        return false;
+    }
+    return detail::parseEndpoint(rest).has_value();
+}
+
+/// A file path option of [directory]: non-empty, and the file readable when the files are
+/// checked (a wrong path is found by --check-config, not at the first reconnect).
+bool directoryFile(const TableReader &r, std::string_view key, bool check, std::string &out) {
+    const toml::node *n = r.node(key);
+    if (n == nullptr) {
+        return true;
+    }
+    if (!r.string(
+            key, "a non-empty file path",
+            [](std::string_view s) { return !s.empty() && !hasNul(s); }, out)) {
+        return false;
+    }
+    if (check && ::access(out.c_str(), R_OK) != 0) {
+        r.collector().add(
+            n->source(), r.keyPath(key), "a readable file",
+            quote(out) + ": " + std::error_code(errno, std::generic_category()).message());
+        return false;
+    }
+    return true;
+}
+
+/// [directory]. Returns where `kind` sits (for the cross rule with [[peers]]), or nullptr.
+const toml::node *readDirectory(const TableReader &r, const ParseOptions &opts,
+                                const NodeConfig &node, const toml::table &tbl,
+                                DirectoryConfig &out) {
+    Collector &c = r.collector();
+    r.enumeration("kind", kDirectoryKinds, out.kind);
+    if (out.kind == DirectoryKind::kStatic) {
+        // Keys of an etcd directory in a static one are a mistake worth saying (a kind left out).
+        for (const auto &[k, v] : tbl) {
+            if (k.str() != "kind" && std::find(kDirectoryKeys.begin(), kDirectoryKeys.end(),
+                                               k.str()) != kDirectoryKeys.end()) {
+                c.add(v.source(), r.keyPath(k.str()), "directory.kind = \"etcd\" to use it",
+                      "directory.kind = \"static\"");
+            }
+        }
+        return r.node("kind");
+    }
+    static const std::string kUrls =
+        "a non-empty array of etcd client URLs (\"http://host:port\" or \"https://host:port\")";
+    if (const toml::node *n = r.node("endpoints")) {
+        const toml::array *arr = n->as_array();
+        if (arr == nullptr || arr->empty()) {
+            c.add(n->source(), r.keyPath("endpoints"), kUrls,
+                  arr == nullptr ? foundTyped(*n) : "an empty array");
+        } else {
+            for (size_t i = 0; i < arr->size(); ++i) {
+                const toml::node &el = *arr->get(i);
+                const std::string key = r.keyPath("endpoints") + "[" + std::to_string(i) + "]";
+                const std::string *v = el.is_string() ? &el.as_string()->get() : nullptr;
+                if (v == nullptr || !isEtcdUrl(*v)) {
+                    c.add(el.source(), key,
+                          "an etcd client URL \"http://host:port\" or \"https://host:port\"",
+                          v == nullptr ? foundTyped(el) : quote(*v));
+                    continue;
+                }
+                std::string url = *v;
+                if (url.back() == '/') {
+                    url.pop_back();
+                }
+                out.endpoints.push_back(std::move(url));
+            }
+        }
+    } else {
+        c.add(tbl.source(), r.keyPath("endpoints"), kUrls, "no endpoints key");
+    }
+    if (r.node("cluster") == nullptr) {
+        c.add(tbl.source(), r.keyPath("cluster"), kNameExpected, "no cluster key");
+    } else {
+        r.string("cluster", kNameExpected, detail::isValidName, out.cluster);
+    }
+    r.range("lease_ttl_ms", 2000, 600000, out.lease_ttl_ms);
+    r.range("request_timeout_ms", 100, 60000, out.request_timeout_ms);
+    const bool min_ok = r.range("reconnect_min_ms", 10, 600000, out.reconnect_min_ms);
+    const bool max_ok = r.range("reconnect_max_ms", 10, 600000, out.reconnect_max_ms);
+    if (min_ok && max_ok && out.reconnect_max_ms < out.reconnect_min_ms) {
+        const toml::node *n =
+            r.node("reconnect_max_ms") ? r.node("reconnect_max_ms") : r.node("reconnect_min_ms");
+        c.add(n->source(), r.keyPath("reconnect_max_ms"),
+              "an integer >= directory.reconnect_min_ms (" + std::to_string(out.reconnect_min_ms) +
+                  ")",
+              std::to_string(out.reconnect_max_ms));
+    }
+    Endpoint advertise;
+    if (r.node("advertise") != nullptr) {
+        if (r.endpoint("advertise", advertise)) {
+            if (advertise.host == "0.0.0.0" || advertise.host == "::") {
+                c.add(r.node("advertise")->source(), r.keyPath("advertise"),
+                      "an address peers can dial, not a wildcard", quote(advertise.text()));
+            } else {
+                out.advertise = advertise;
+            }
+        }
+    } else if (node.listen.host == "0.0.0.0" || node.listen.host == "::") {
+        c.add(tbl.source(), r.keyPath("advertise"),
+              "the address peers dial (\"host:port\"), needed because node.listen = " +
+                  quote(node.listen.text()) + " is a wildcard",
+              "no advertise key");
+    }
+    const bool check = opts.check_key_file;
+    directoryFile(r, "ca_file", check, out.ca_file);
+    const bool cert_ok = directoryFile(r, "cert_file", check, out.cert_file);
+    const bool key_ok = directoryFile(r, "key_file", check, out.key_file);
+    if (cert_ok && key_ok && out.cert_file.empty() != out.key_file.empty()) {
+        const char *set = out.cert_file.empty() ? "key_file" : "cert_file";
+        const char *unset = out.cert_file.empty() ? "cert_file" : "key_file";
+        c.add(r.node(set)->source(), r.keyPath(unset),
+              std::string("directory.") + unset + " with directory." + set + " (both or neither)",
+              std::string("no ") + unset + " key");
+    }
+    r.string(
+        "username", "a non-empty user name",
+        [](std::string_view s) { return !s.empty() && !hasNul(s); }, out.username);
+    const bool pw_ok = directoryFile(r, "password_file", check, out.password_file);
+    if (pw_ok && out.username.empty() != out.password_file.empty()) {
+        const char *set = out.username.empty() ? "password_file" : "username";
+        const char *unset = out.username.empty() ? "username" : "password_file";
+        c.add(r.node(set)->source(), r.keyPath(unset),
+              std::string("directory.") + unset + " with directory." + set + " (both or neither)",
+              std::string("no ") + unset + " key");
+    }
+    const bool https = std::any_of(out.endpoints.begin(), out.endpoints.end(),
+                                   [](const std::string &u) { return u.starts_with("https://"); });
+    if (!https && (!out.ca_file.empty() || !out.cert_file.empty())) {
+        const char *key = !out.ca_file.empty() ? "ca_file" : "cert_file";
+        c.add(r.node(key)->source(), r.keyPath(key), "https:// endpoints to use TLS files",
+              "only http:// endpoints");
+    }
+    return r.node("kind");
+}
+
 /// Where a peer's values sit in the file, for the cross rules after all peers are read.
 struct PeerSource {
     const toml::node *name = nullptr;
@@ -911,12 +1076,26 @@ ParseResult validate(const toml::table &root, const std::string &source, const P
         readPeers(c, *n, cfg.peers, peer_sources);
     }
 
+    if (const toml::table *t = section("directory")) {
+        const TableReader r(c, *t, "directory", "[directory]", kDirectoryKeys);
+        const toml::node *kind = readDirectory(r, opts, cfg.node, *t, cfg.directory);
+        if (cfg.directory.kind == DirectoryKind::kEtcd && !cfg.peers.empty()) {
+            // One source of peers: a [[peers]] entry next to etcd would be a node nobody else
+            // learns of, or one whose etcd entry and file entry disagree.
+            c.add(kind != nullptr ? kind->source() : t->source(), "directory.kind",
+                  "no [[peers]] entries with directory.kind = \"etcd\" (peers come from etcd)",
+                  std::to_string(cfg.peers.size()) + " [[peers]] entries");
+        }
+    }
+
     checkPeers(c, cfg, node_name_ok, peer_sources);
     // The key authenticates peers: a node with no [[peers]] neither listens nor connects, so it
     // needs no key file (docs/peers.md).
     // The shared key is needed only when some peer has no key_file of its own (a peer whose
     // key_file is wrong has its own error, not a second one about the shared key).
+    // An etcd directory's peers all use the shared key (its fingerprint is what nodes compare).
     const bool shared_key_used =
+        cfg.directory.kind == DirectoryKind::kEtcd ||
         std::any_of(peer_sources.begin(), peer_sources.end(),
                     [](const PeerSource &p) { return p.key_file == nullptr; });
     if (opts.check_key_file && key_file_ok && shared_key_used) {

@@ -665,9 +665,14 @@ void ControlServer::onLookup(Session &s, const ipc::LookupMsg &m) {
     }
     std::optional<PeerId> pid = peers_ ? peers_->peerByName(peer) : std::nullopt;
     if (!pid) {
-        reply(s, m.h.seq, Code::kNotFound, 0, 0,
-              std::string("tl_lookup: '") + peer + "' is neither this node (" + cfg_.node.name +
-                  ") nor a configured peer");
+        if (peers_ == nullptr) {
+            reply(s, m.h.seq, Code::kNotFound, 0, 0,
+                  std::string("tl_lookup: '") + peer + "' is neither this node (" + cfg_.node.name +
+                      ") nor a configured peer");
+            return;
+        }
+        const Status why = peers_->unknownPeer(peer);
+        reply(s, m.h.seq, why.code(), 0, 0, "tl_lookup: " + why.message());
         return;
     }
     SessionId sid = s.id;

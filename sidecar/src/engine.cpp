@@ -88,6 +88,7 @@ EngineImpl::~EngineImpl() {
     }
     metrics_.reset();
     sessions_.clear();
+    directory_.reset();  // its threads first: they feed the peer layer
     if (peers_) {
         peers_->stop();
     }
@@ -142,12 +143,12 @@ Status EngineImpl::init() {
             transports_.add(std::move(t));
         }
         given_remote_.clear();
-    } else if (!cfg_.peers.empty()) {
+    } else if (cfg_.hasPeers()) {
         if (Status st = addRemoteTransports(cfg_, regions_, &transports_); !st.isOk()) {
             return st;
         }
     }
-    if (!cfg_.peers.empty()) {
+    if (cfg_.hasPeers()) {
         Status st;
         peers_ = makePeerManager(cfg_, regions_, transports_, &st);
         if (!peers_) {
@@ -189,6 +190,21 @@ Status EngineImpl::start() {
         }
         if (int rc = addToEpoll(epoll_.get(), peers_->wakeFd(), EPOLLIN, kTagPeers)) {
             return {Code::kInternal, std::string("epoll_ctl: ") + std::strerror(rc)};
+        }
+        if (cfg_.directory.kind == config::DirectoryKind::kEtcd) {
+            std::vector<std::string> offered;
+            for (const Transport *t : transports_.remote()) {
+                if (t->available()) {
+                    offered.emplace_back(t->name());
+                }
+            }
+            directory_ = ClusterDirectory::start(cfg_, *peers_, offered, &st);
+            if (!directory_) {
+                return st;
+            }
+            if (int rc = addToEpoll(epoll_.get(), directory_->fd(), EPOLLIN, kTagDirectory)) {
+                return {Code::kInternal, std::string("epoll_ctl: ") + std::strerror(rc)};
+            }
         }
     }
     if (Status st = startMetrics(); !st.isOk()) {
@@ -283,6 +299,17 @@ size_t EngineImpl::pollEvents(int timeout_ms) {
                 break;
             case kTagPeers:
                 peers_->readable();  // its progress() this turn looks at its sockets
+                break;
+            case kTagDirectory:
+                work += directory_->apply();
+                // Peers the directory added get their write counters.
+                for (size_t id = stats_.names().size();; ++id) {
+                    std::string name = peers_->peerName(static_cast<PeerId>(id));
+                    if (name.empty()) {
+                        break;
+                    }
+                    stats_.addPeer(id, std::move(name));
+                }
                 break;
             case kTagTransport:
                 // progress() runs every turn; a transport that looks at its fds only when
@@ -413,6 +440,9 @@ void EngineImpl::run() {
             last_work = Clock::now();  // only the sleeping modes look at it
         }
     }
+    if (directory_) {
+        directory_->stop(true);  // a clean stop: our key goes from etcd now, not at lease expiry
+    }
     running_ = false;
 }
 
@@ -520,6 +550,9 @@ EngineReport EngineImpl::report(std::optional<uid_t> only_uid) const {
     c.writes_in_flight = pipeline_->inFlight();
     if (peers_) {
         r.peers = peers_->report().peers;
+    }
+    if (directory_) {
+        r.directory = directory_->report();
     }
     return r;
 }

@@ -19,6 +19,7 @@
 #include <string>
 #include <string_view>
 
+#include "cluster_directory.hpp"
 #include "control_server.hpp"
 #include "engine_counters.hpp"
 #include "metrics/snapshot.hpp"
@@ -95,6 +96,8 @@ private:
     std::vector<std::unique_ptr<Transport>> given_remote_;  ///< Engine::create's, until init()
     LocalTransport *local_ = nullptr;                       ///< transports_'s local one
     std::unique_ptr<PeerManager> peers_;
+    /// The etcd directory ([directory] kind = "etcd"), feeding peers_.
+    std::unique_ptr<ClusterDirectory> directory_;
     ipc::UniqueFd epoll_;
     ipc::UniqueFd stop_fd_;
     std::atomic<bool> stopping_{false};

@@ -133,7 +133,28 @@ std::string toJsonText(const EngineReport &r, int indent) {
     j["limits"] = toJson(r.limits);
     j["counters"] = toJson(r.counters);
     j["peers"] = toJson(r.peers);
-    return j.dump(indent);
+    const DirectoryReport &d = r.directory;
+    j["directory"] = {{"kind", d.kind}};
+    if (d.kind != "static") {
+        j["directory"].update({{"state", d.state},
+                               {"endpoint", d.endpoint},
+                               {"cluster", d.cluster},
+                               {"key", d.key},
+                               {"registered", d.registered},
+                               {"lease_ttl_s", d.lease_ttl_s},
+                               {"revision", d.revision},
+                               {"nodes", d.nodes},
+                               {"joined", d.joined},
+                               {"left", d.left},
+                               {"restarts", d.restarts},
+                               {"refused", d.refused},
+                               {"reconnects", d.reconnects},
+                               {"events", d.events},
+                               {"down_for_s", d.down_for_s},
+                               {"last_error", d.last_error},
+                               {"last_refusal", d.last_refusal}});
+    }
+    return j.dump(indent, ' ', false, json::error_handler_t::replace);
 }
 
 std::string toJsonText(const PeersReport &r) {

@@ -94,6 +94,41 @@ public:
         return {"peer", S::kOk, what + buf, ""};
     }
 
+    /// The running sidecar's directory state as a finding.
+    sidecar::Finding directory() {
+        using S = sidecar::FindingStatus;
+        if (!connectOnce()) {
+            return {"directory", S::kWarn, "the sidecar is not running: " + why_, ""};
+        }
+        std::string buf(1 << 16, '\0');
+        size_t len = 0;
+        if (tl_sidecar_status(c_, buf.data(), buf.size(), &len) != TL_OK) {
+            return {"directory", S::kWarn, "no status from the sidecar", ""};
+        }
+        buf.resize(std::min(len, buf.size() - 1));
+        // The keys are sorted: "directory" (flat) precedes "peers", so a cut document has it.
+        const size_t at = buf.find("\"directory\":");
+        const size_t open = at == std::string::npos ? at : buf.find('{', at);
+        const size_t end = open == std::string::npos ? open : buf.find('}', open);
+        auto d = end == std::string::npos
+                     ? nlohmann::json()
+                     : nlohmann::json::parse(buf.substr(open, end + 1 - open), nullptr, false);
+        if (!d.is_object()) {
+            return {"directory", S::kWarn, "the sidecar reports no directory", ""};
+        }
+        const std::string detail =
+            "etcd " + d.value("endpoint", "?") + " cluster '" + d.value("cluster", "?") + "' " +
+            d.value("state", "?") +
+            (d.value("registered", false) ? ", registered, " : ", not registered, ") +
+            std::to_string(d.value("nodes", 0)) + " nodes";
+        if (d.value("state", "") == "up" && d.value("registered", false)) {
+            return {"directory", S::kOk, detail, ""};
+        }
+        return {"directory", S::kFail, detail + ": " + d.value("last_error", ""),
+                "check that etcd answers at [directory] endpoints (etcdctl endpoint health) and "
+                "the sidecar's log (tensorlane.sidecar.cluster)"};
+    }
+
 private:
     bool connectOnce() {
         if (c_ != nullptr) {
@@ -159,6 +194,7 @@ int runDiagCommand(const DiagOptions &o) {
     if (!o.no_probe) {
         probe = std::make_shared<PeerProbe>(parsed.config->node.socket, 5);
         env.probe_peer = [probe](const config::PeerConfig &p) { return probe->probe(p); };
+        env.probe_directory = [probe] { return probe->directory(); };
     }
     const sidecar::DiagReport report = sidecar::runDiag(*parsed.config, root, env);
     std::cout << (o.json ? sidecar::diagJson(report) : sidecar::diagText(report)) << "\n";

@@ -193,6 +193,33 @@ void formatVerbsPeer(std::ostringstream &os, const Json &p) {
 
 /// The status for people. With `prev` (the last refresh, `dt_s` ago) each client also shows
 /// its write rate.
+/// The cluster directory's lines (issue 23), kept apart from the rest of the layout: nothing
+/// for a static ([[peers]]) node.
+void formatDirectory(std::ostringstream &os, const Json &j) {
+    if (!j.contains("directory") || !j["directory"].is_object()) {
+        return;
+    }
+    const Json &d = j["directory"];
+    if (text(d, "kind", "static") == "static") {
+        return;
+    }
+    os << "directory: etcd " << text(d, "endpoint") << " cluster " << text(d, "cluster") << " "
+       << text(d, "state") << (d.value("registered", false) ? ", registered" : ", not registered")
+       << ", " << static_cast<uint64_t>(num(d, "nodes")) << " nodes, revision "
+       << static_cast<uint64_t>(num(d, "revision")) << "\n";
+    os << "  joined " << static_cast<uint64_t>(num(d, "joined")) << ", left "
+       << static_cast<uint64_t>(num(d, "left")) << ", restarts "
+       << static_cast<uint64_t>(num(d, "restarts")) << ", refused "
+       << static_cast<uint64_t>(num(d, "refused")) << ", reconnects "
+       << static_cast<uint64_t>(num(d, "reconnects")) << "\n";
+    if (text(d, "state", "") == "down") {
+        os << "  down for " << num(d, "down_for_s") << " s: " << text(d, "last_error", "") << "\n";
+    }
+    if (!text(d, "last_refusal", "").empty()) {
+        os << "  last refusal: " << text(d, "last_refusal", "") << "\n";
+    }
+}
+
 std::string formatStatus(const Json &j, const ClientBytes *prev, double dt_s) {
     std::ostringstream os;
     os << "node " << text(j, "node") << " (socket " << text(j, "socket") << ", poll mode "
@@ -242,6 +269,7 @@ std::string formatStatus(const Json &j, const ClientBytes *prev, double dt_s) {
             formatVerbsPeer(os, p);
         }
     }
+    formatDirectory(os, j);
     os << "counters:\n";
     if (j.contains("counters") && j["counters"].is_object()) {
         for (const auto &[k, v] : j["counters"].items()) {

@@ -133,9 +133,20 @@ TEST(ConfigExamples, RocePairIsCommentedLineByLine) {
     }
 }
 
+TEST(ConfigExamples, EtcdClusterParses) {
+    const ParseResult r = parseFile(example("etcd-cluster.toml"), kNoKeyCheck);
+    ASSERT_TRUE(r.ok()) << allErrors(r);
+    const Config &c = *r.config;
+    EXPECT_EQ(c.directory.kind, DirectoryKind::kEtcd);
+    EXPECT_EQ(c.directory.prefix(), "/tensorlane/prod/");
+    EXPECT_EQ(c.advertisedAddress().text(), "10.0.0.1:18515");
+    EXPECT_TRUE(c.peers.empty());
+    EXPECT_TRUE(c.hasPeers());
+}
+
 TEST(ConfigExamples, EveryPrefixParsesOrReportsErrors) {
     for (const std::string name : {"single-node.toml", "two-node.toml", "two-node-b.toml",
-                                   "roce-pair-a.toml", "roce-pair-b.toml"}) {
+                                   "roce-pair-a.toml", "roce-pair-b.toml", "etcd-cluster.toml"}) {
         const std::string text = readAll(example(name));
         ASSERT_FALSE(text.empty()) << name;
         size_t failures = 0;

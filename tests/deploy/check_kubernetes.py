@@ -144,6 +144,10 @@ def check_configs(configmap, sidecar, cli, key_mount, sock_dir):
             other = resolved.get(peer["name"])
             check(other is not None and other["node"]["listen"] == peer["address"],
                   f"{name} lists {peer['name']} at {peer['address']}, where {peer['name']} listens")
+    # Nodes of an etcd directory find each other only when they share its endpoints and cluster.
+    directories = {(tuple(c["directory"].get("endpoints", [])), c["directory"].get("cluster"))
+                   for c in resolved.values() if c.get("directory", {}).get("kind") == "etcd"}
+    check(len(directories) <= 1, f"the nodes' etcd directories are one (endpoints, cluster): {sorted(directories)}")
     return resolved
 
 

@@ -380,6 +380,17 @@ DiagReport runDiag(const config::Config &cfg, const SysfsRoot &root, const DiagE
 
     addPeerFindings(cfg, env, &out);
 
+    if (cfg.directory.kind == config::DirectoryKind::kEtcd) {
+        if (env.probe_directory) {
+            out.push_back(env.probe_directory());
+        } else {
+            out.push_back(make("directory", S::kOk,
+                               "etcd directory, cluster '" + cfg.directory.cluster +
+                                   "'; `tensorlane diag` shows its state while the sidecar runs",
+                               ""));
+        }
+    }
+
     // A NIC the sidecar does not use cannot stop it: fabric failures become warnings (an
     // unreachable peer stays a failure: it matters over any transport).
     if (!verbs) {

@@ -36,12 +36,13 @@ Status StartupReport::status() const {
 StartupReport checkStartup(const config::Config &cfg, const SysfsRoot &root,
                            const DiagEnvironment &env) {
     StartupReport r;
-    const bool has_peers = !cfg.peers.empty();
+    const bool has_peers = cfg.hasPeers();
     const bool explicit_verbs = cfg.fabric.transport == config::TransportKind::kVerbs;
 
     // The peer key: the parser checks the file's existence and mode; its content (length) is
     // checked here, as the peer manager reads it at start (the same reader, the same words).
-    bool shared_key_used = false;
+    // An etcd directory's peers all use the shared key.
+    bool shared_key_used = cfg.directory.kind == config::DirectoryKind::kEtcd;
     for (const auto &peer : cfg.peers) {
         config::KeyBytes key;
         if (peer.key_file.empty()) {

@@ -198,6 +198,35 @@ void qpFamilies(const std::string &peer, const char *direction,
     }
 }
 
+/// The cluster directory ([directory] kind = "etcd"; nothing for a static one).
+void directoryFamilies(const DirectoryReport &d, Families *f) {
+    if (d.kind == "static") {
+        return;
+    }
+    f->gauge("tensorlane_directory_up", "1 while the etcd directory's watch is established", {},
+             d.state == "up" ? 1 : 0);
+    f->gauge("tensorlane_directory_registered",
+             "1 while this node's key is in etcd under a live lease", {}, d.registered ? 1 : 0);
+    f->gauge("tensorlane_directory_nodes", "Peers learned from the directory now", {},
+             static_cast<double>(d.nodes));
+    f->gauge("tensorlane_directory_revision", "The last etcd revision the watch saw", {},
+             static_cast<double>(d.revision));
+    f->gauge("tensorlane_directory_down_seconds", "How long etcd has been unreachable (0 while up)",
+             {}, d.down_for_s);
+    f->counter("tensorlane_directory_joined_total", "Nodes that joined since start", {},
+               static_cast<double>(d.joined));
+    f->counter("tensorlane_directory_left_total",
+               "Nodes whose key was deleted or whose lease expired", {},
+               static_cast<double>(d.left));
+    f->counter("tensorlane_directory_restarts_total", "Known nodes seen with a new epoch", {},
+               static_cast<double>(d.restarts));
+    f->counter("tensorlane_directory_refused_total",
+               "Nodes refused (another key fingerprint, an invalid record)", {},
+               static_cast<double>(d.refused));
+    f->counter("tensorlane_directory_reconnects_total", "Times the watch was lost and made again",
+               {}, static_cast<double>(d.reconnects));
+}
+
 void peerFamilies(const std::vector<PeerReport> &peers, Families *f) {
     bool verbs_seen = false;
     for (const PeerReport &p : peers) {
@@ -275,6 +304,7 @@ std::vector<MetricFamily> buildFamilies(const Snapshot *snap,
         engineFamilies(*snap, &f);
         writeFamilies(*snap, &f);
         peerFamilies(snap->report.peers, &f);
+        directoryFamilies(snap->report.directory, &f);
     }
     nicFamilies(nic, &f);
     return f.take();

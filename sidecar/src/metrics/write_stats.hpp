@@ -132,6 +132,16 @@ public:
         }
     }
 
+    /// Peer id `id` (the next one) is `name`: a peer the cluster directory added.
+    void addPeer(size_t id, std::string name) {
+        if (id != names_.size()) {
+            return;
+        }
+        by_name_.emplace(name, id);
+        names_.push_back(std::move(name));
+        peers_.emplace_back();
+    }
+
     /// Whether writes are timed (the metrics endpoint is on): otherwise the request path does
     /// not even read the clock.
     bool timing() const { return timing_; }

@@ -49,6 +49,19 @@ void RegionDirectory::replace(PeerId peer, uint64_t incarnation,
     }
 }
 
+void RegionDirectory::forget(PeerId peer, const std::string &reason) {
+    std::vector<uint64_t> dead;
+    for (const auto &[h, handle] : handles_) {
+        if (handle.peer == peer) {
+            dead.push_back(h);
+        }
+    }
+    for (uint64_t h : dead) {
+        bury(h, reason);
+    }
+    peers_.erase(peer);
+}
+
 bool RegionDirectory::add(PeerId peer, RegionDescriptor d) {
     PeerRegions &p = peers_[peer];
     auto old = p.by_id.find(d.id);

@@ -30,6 +30,9 @@ public:
     /// A fresh snapshot from `peer` (its session synchronised): replaces what we knew. A new
     /// incarnation turns every handle of the old one into a tombstone.
     void replace(PeerId peer, uint64_t incarnation, std::map<uint64_t, RegionDescriptor> regions);
+    /// Forgets every descriptor of `peer` and turns its handles into tombstones saying `reason`
+    /// (the cluster directory says it left, or restarted with a new epoch).
+    void forget(PeerId peer, const std::string &reason);
     /// REGION_ADD. False when the peer is over its limit (the descriptor is ignored).
     bool add(PeerId peer, RegionDescriptor d);
     /// REGION_DEL.

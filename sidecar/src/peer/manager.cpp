@@ -158,7 +158,7 @@ Status PeerManagerImpl::start() {
     if (started_) {
         return Status::ok();
     }
-    if (peers_.empty()) {
+    if (!cfg_.hasPeers()) {
         peerLog().info("no [[peers]] configured: not listening for peers");
         started_ = true;
         return Status::ok();
@@ -543,9 +543,133 @@ void PeerManagerImpl::disconnect(PeerId peer) {
     setState(*p, PeerState::kDown, "disconnected by the engine");
 }
 
+// ----- peers of a cluster directory
+
+Status PeerManagerImpl::addPeer(const DirectoryPeer &dp, PeerId *id) {
+    if (dp.name == cfg_.node.name) {
+        return {Code::kInvalid, "the directory's node '" + dp.name + "' is this node's name"};
+    }
+    if (dp.name.empty() || dp.name.size() > kMaxNodeNameBytes || dp.address.port == 0 ||
+        dp.address.host.empty()) {
+        return {Code::kInvalid, "the directory's node '" + dp.name + "' has no usable address"};
+    }
+    const int64_t now = monotonicMs();
+    Peer *p = peers_.byNameAny(dp.name);
+    if (p != nullptr && !p->dynamic) {
+        return {Code::kInvalid, "the directory's node '" + dp.name + "' is a [[peers]] entry"};
+    }
+    const std::string address = endpointText(dp.address);
+    if (p == nullptr) {
+        Peer fresh;
+        fresh.id = static_cast<PeerId>(peers_.size() + 1);
+        fresh.name = dp.name;
+        fresh.key = key_;
+        fresh.backoff_ms = cfg_.tcp.reconnect_min_ms;
+        fresh.dynamic = true;
+        fresh.listed = false;
+        transports_.unbind(fresh.id, "peer '" + fresh.name + "' is down: not connected");
+        peers_.add(std::move(fresh));
+        p = peers_.byId(static_cast<PeerId>(peers_.size()));
+    }
+    const bool restarted = p->epoch != 0 && dp.epoch != 0 && p->epoch != dp.epoch;
+    const bool moved = p->address != address;
+    if (restarted) {
+        const std::string why =
+            "peer '" + p->name + "' restarted (new epoch " + hex64(dp.epoch) + " in the directory)";
+        peerLog().info("{}: its sessions and handles are dropped", why);
+        dialer_.peerRestarted(*p, now);  // fails our session; a waiting reconnect goes now
+        listener_.closeIn(*p, why, false);
+        directory_.forget(p->id, "the region belongs to an earlier run of peer '" + p->name +
+                                     "' (it restarted); look it up again");
+    } else if (moved && p->out) {
+        dialer_.failOut(*p, "peer '" + p->name + "' moved to " + address, p->wanted, now);
+    }
+    if (moved || !p->listed) {
+        p->host = dp.address.host;
+        p->port = dp.address.port;
+        p->address = address;
+        p->hosts.clear();
+        p->numeric = false;
+        p->hosts_resolving = false;
+        SockAddr literal;
+        if (parseNumericAddress(p->host, p->port, &literal)) {
+            p->numeric = true;
+            p->hosts = {hostOf(literal)};
+        }
+    }
+    const bool joined = !p->listed;
+    p->listed = true;
+    p->epoch = dp.epoch;
+    gone_.erase(p->name);
+    if (joined) {
+        peerLog().info("peer '{}' joined at {} (epoch {})", p->name, p->address, hex64(dp.epoch));
+    }
+    if (running() && !p->numeric) {
+        listener_.refreshPeerHosts(now);
+    }
+    if (running() && cfg_.node.connect_eagerly) {
+        (void)ensureConnected(p->id);
+    }
+    signalWake();
+    *id = p->id;
+    return Status::ok();
+}
+
+void PeerManagerImpl::removePeer(std::string_view name, const std::string &reason) {
+    constexpr size_t kMaxGone = 4096;
+    if (gone_.size() >= kMaxGone) {
+        gone_.erase(gone_.begin());
+    }
+    gone_[std::string(name)] = reason;
+    Peer *p = peers_.byName(name);
+    if (p == nullptr || !p->dynamic) {
+        return;
+    }
+    const int64_t now = monotonicMs();
+    const std::string why = "peer '" + p->name + "' " + reason;
+    peerLog().info("{}", why);
+    p->listed = false;
+    p->wanted = false;
+    p->attempt_scheduled = false;
+    dialer_.failOut(*p, why, false, now, true);
+    listener_.closeIn(*p, why, false);
+    for (PendingLookup &l : p->lookups) {
+        callbacks_.push_back([done = std::move(l.done), why] {
+            done(Status{Code::kPeer, why}, RemoteRegion{});
+        });
+    }
+    p->lookups.clear();
+    directory_.forget(p->id, why);
+    p->hosts.clear();
+    p->epoch = 0;
+    p->remote_incarnation = 0;
+    transports_.unbind(p->id, why);
+    setState(*p, PeerState::kDown, why);
+    signalWake();
+}
+
+void PeerManagerImpl::setUnknownPeerAnswer(Code code, std::string text) {
+    unknown_answer_ = std::make_pair(code, std::move(text));
+}
+
+Status PeerManagerImpl::unknownPeer(std::string_view name) const {
+    const std::string quoted = "'" + std::string(name) + "'";
+    if (auto it = gone_.find(name); it != gone_.end()) {
+        return {Code::kNotFound, "node " + quoted + " " + it->second};
+    }
+    if (unknown_answer_) {
+        return {unknown_answer_->first, "node " + quoted + " " + unknown_answer_->second};
+    }
+    return {Code::kNotFound,
+            quoted + " is neither this node (" + cfg_.node.name + ") nor a configured peer"};
+}
+
 PeersReport PeerManagerImpl::report() const {
     PeersReport out;
     for (const Peer &p : peers_) {
+        if (!p.listed) {
+            continue;  // left the cluster
+        }
         size_t conns = 0;
         if (p.out) {
             conns += p.out->control && p.out->control->isOpen() ? 1 : 0;
@@ -596,13 +720,15 @@ std::unique_ptr<PeerManager> makePeerManager(const config::Config &cfg, RegionTa
     if (Status s = checkPeerConfig(cfg); !s.isOk()) {
         return fail(std::move(s));
     }
-    if (!cfg.peers.empty() && transports.remote().empty()) {
+    if (cfg.hasPeers() && transports.remote().empty()) {
         return fail({Code::kInvalid, "no transport to reach peers"});
     }
     PeerKey key;
     // A node without peers needs no key: it neither listens nor connects; nor does one whose
     // peers all have a key_file of their own (init() reads those).
-    const bool shared_key_used = std::any_of(cfg.peers.begin(), cfg.peers.end(),
+    // The peers of an etcd directory all use the shared key (its fingerprint is registered).
+    const bool shared_key_used = cfg.directory.kind == config::DirectoryKind::kEtcd ||
+                                 std::any_of(cfg.peers.begin(), cfg.peers.end(),
                                              [](const auto &p) { return p.key_file.empty(); });
     if (shared_key_used) {
         if (Status s = PeerKey::fromFile(cfg.security.peer_key_file, &key); !s.isOk()) {

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -74,6 +75,10 @@ public:
     void regionExposed(const Region &r) override;
     void regionRevoked(RegionId r) override;
     void disconnect(PeerId peer) override;
+    Status addPeer(const DirectoryPeer &p, PeerId *id) override;
+    void removePeer(std::string_view name, const std::string &reason) override;
+    void setUnknownPeerAnswer(Code code, std::string text) override;
+    Status unknownPeer(std::string_view name) const override;
     int wakeFd() const override { return poller_.fd(); }
     void readable() override { poll_due_ = true; }
     size_t progress(EventSink &sink) override;
@@ -82,7 +87,7 @@ public:
     /// The port the listener is bound to (0 before start()); tests bind port 0.
     uint16_t listenPort() const { return listener_.port(); }
     /// This process's incarnation (random, announced in every handshake).
-    uint64_t incarnation() const { return incarnation_; }
+    uint64_t incarnation() const override { return incarnation_; }
 
 private:
     // ----- TransportHost (the transport's requests)
@@ -154,6 +159,10 @@ private:
     std::vector<std::unique_ptr<OutSession>> dead_out_;
     std::vector<std::unique_ptr<InSession>> dead_in_;
     std::vector<std::unique_ptr<Connection>> dead_conns_;
+
+    /// Names the directory removed or refused, and why (lookups say it); bounded.
+    std::map<std::string, std::string, std::less<>> gone_;
+    std::optional<std::pair<Code, std::string>> unknown_answer_;
 
     bool in_progress_ = false;
     bool started_ = false;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -99,9 +100,17 @@ struct Peer {
     std::string last_error;
     int64_t last_failure_ms = 0;  ///< when it failed (monotonic), for how fresh the reason is
     std::string last_logged_error;
+    /// A peer of the cluster directory (docs/directory.md), not of [[peers]].
+    bool dynamic = false;
+    /// False once the directory removed it: its name is unknown (byName), its id stays
+    /// (handles and writes that name it fail) until the directory lists the name again.
+    bool listed = true;
+    /// Its boot epoch as the directory says (0: static, or not said).
+    uint64_t epoch = 0;
 };
 
-/// The configured peers, by id (1..n, in [[peers]] order) and by name.
+/// The peers, by id (1..n: [[peers]] in order, then the directory's in the order they joined)
+/// and by name. A deque, so that adding a peer while a handler holds a Peer& keeps it valid.
 class PeerTable {
 public:
     /// Appends `p`; its id must be size() + 1.
@@ -110,7 +119,16 @@ public:
     const Peer *byId(PeerId id) const {
         return id >= 1 && id <= peers_.size() ? &peers_[id - 1] : nullptr;
     }
+    /// The listed peer of this name (a removed one is nobody's).
     Peer *byName(std::string_view name) {
+        Peer *p = byNameAny(name);
+        return p != nullptr && p->listed ? p : nullptr;
+    }
+    const Peer *byName(std::string_view name) const {
+        return const_cast<PeerTable *>(this)->byName(name);
+    }
+    /// The entry of this name, listed or not.
+    Peer *byNameAny(std::string_view name) {
         for (Peer &p : peers_) {
             if (p.name == name) {
                 return &p;
@@ -118,21 +136,18 @@ public:
         }
         return nullptr;
     }
-    const Peer *byName(std::string_view name) const {
-        return const_cast<PeerTable *>(this)->byName(name);
-    }
     size_t size() const { return peers_.size(); }
     bool empty() const { return peers_.empty(); }
     /// Destroys every entry and its sessions (their connections leave the poller).
     void clear() { peers_.clear(); }
 
-    std::vector<Peer>::iterator begin() { return peers_.begin(); }
-    std::vector<Peer>::iterator end() { return peers_.end(); }
-    std::vector<Peer>::const_iterator begin() const { return peers_.begin(); }
-    std::vector<Peer>::const_iterator end() const { return peers_.end(); }
+    std::deque<Peer>::iterator begin() { return peers_.begin(); }
+    std::deque<Peer>::iterator end() { return peers_.end(); }
+    std::deque<Peer>::const_iterator begin() const { return peers_.begin(); }
+    std::deque<Peer>::const_iterator end() const { return peers_.end(); }
 
 private:
-    std::vector<Peer> peers_;
+    std::deque<Peer> peers_;
 };
 
 /// What a transport's openSession is told about a session with `p`.

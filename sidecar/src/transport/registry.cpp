@@ -53,7 +53,7 @@ constexpr Entry kRegistry[] = {
 }  // namespace
 
 Status addRemoteTransports(const config::Config &cfg, RegionTable &regions, TransportSet *set) {
-    if (cfg.peers.empty()) {
+    if (!cfg.hasPeers()) {
         return Status::ok();  // nothing to reach: no transport opens a device or a socket
     }
     const std::vector<std::string> wanted = config::transportPreference(cfg.fabric);

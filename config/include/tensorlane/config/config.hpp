@@ -194,6 +194,45 @@ struct MetricsConfig {
     std::optional<Endpoint> listen;
 };
 
+/// [directory] kind: where this node learns its peers.
+enum class DirectoryKind { kStatic, kEtcd };
+
+/// [directory]: how nodes find each other. "static" (the default) is [[peers]]; "etcd" keeps
+/// the cluster's membership in etcd (docs/directory.md): this node registers itself under
+/// /tensorlane/<cluster>/nodes/<name> with a lease and learns the others from a watch.
+struct DirectoryConfig {
+    /// static | etcd.
+    DirectoryKind kind = DirectoryKind::kStatic;
+    /// etcd's client URLs, "http://host:port" or "https://host:port" (no path), tried in turn.
+    std::vector<std::string> endpoints;
+    /// The cluster's name, 1-63 characters of [A-Za-z0-9._-]: the key prefix
+    /// /tensorlane/<cluster>/, so clusters sharing one etcd never see each other.
+    std::string cluster;
+    /// TTL of this node's lease, 2000-600000 ms (etcd counts whole seconds: rounded up); a node
+    /// that dies leaves the cluster this long after its last keep-alive.
+    uint32_t lease_ttl_ms = 10000;
+    /// The bootstrap address peers dial, registered in etcd; unset: [node] listen (which must
+    /// then not be a wildcard address).
+    std::optional<Endpoint> advertise;
+    /// How long one request to etcd may take before the endpoint counts as down, 100-60000.
+    uint32_t request_timeout_ms = 2000;
+    /// Backoff between reconnects to etcd (jittered, doubling from min to max), 10-600000.
+    uint32_t reconnect_min_ms = 200;
+    uint32_t reconnect_max_ms = 5000;
+    /// TLS (https endpoints): the CA bundle that signs etcd's certificate; empty: the system's.
+    std::string ca_file;
+    /// TLS client certificate and its key (etcd's --client-cert-auth); both or neither.
+    std::string cert_file;
+    std::string key_file;
+    /// etcd authentication (etcd's user/role auth): user name, and a file holding the password
+    /// (one line, mode 0600); both or neither.
+    std::string username;
+    std::string password_file;
+
+    /// "/tensorlane/<cluster>/".
+    std::string prefix() const { return "/tensorlane/" + cluster + "/"; }
+};
+
 /// One [[peers]] entry; name and address are required.
 struct PeerConfig {
     /// 1-63 characters of [A-Za-z0-9._-]; unique, and not this node's name.
@@ -225,6 +264,16 @@ struct Config {
     MetricsConfig metrics;
     /// [[peers]], in file order.
     std::vector<PeerConfig> peers;
+    /// [directory].
+    DirectoryConfig directory;
+
+    /// Whether this node talks to peers at all: it has [[peers]] or an etcd directory (then it
+    /// listens, and needs the shared key, even before any other node joined).
+    bool hasPeers() const { return !peers.empty() || directory.kind == DirectoryKind::kEtcd; }
+    /// The bootstrap address registered in the directory: [directory] advertise or [node] listen.
+    const Endpoint &advertisedAddress() const {
+        return directory.advertise ? *directory.advertise : node.listen;
+    }
 
     /// DSCP << 2 | (ecn ? 2 : 0): DSCP 26 with ECN gives 106.
     uint8_t trafficClass() const;
@@ -325,6 +374,8 @@ const char *toString(Preflight p);
 const char *toString(GdrFlush g);
 /// The name used in the file: "mac", "none".
 const char *toString(TcpIntegrity t);
+/// The name used in the file: "static", "etcd".
+const char *toString(DirectoryKind k);
 /// Bytes as the file may write them: "1TiB", "512MiB", "4096".
 std::string formatBytes(uint64_t bytes);
 

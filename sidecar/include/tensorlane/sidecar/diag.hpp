@@ -47,6 +47,9 @@ struct DiagEnvironment {
     /// Sends writes with immediate to `peer` through the running sidecar and reports their
     /// round trip (`tensorlane diag` sets it; unset, the peers are listed, not probed).
     std::function<Finding(const config::PeerConfig &peer)> probe_peer;
+    /// The etcd directory's state as the running sidecar reports it ([directory] kind = "etcd";
+    /// `tensorlane diag` sets it); unset: a finding that says where to look.
+    std::function<Finding()> probe_directory;
 
     /// The running host: PATH programs, getrlimit, uname, dlopen("libibverbs.so.1").
     static DiagEnvironment host();

@@ -23,6 +23,14 @@ struct RemoteRegion {
     uint64_t bytes = 0;
 };
 
+/// A node the cluster directory lists (docs/directory.md), as the engine's directory part hands
+/// it to the peer layer once it checked the record (its key fingerprint among others).
+struct DirectoryPeer {
+    std::string name;
+    config::Endpoint address;  ///< its bootstrap address
+    uint64_t epoch = 0;        ///< its boot epoch; another one under the same name: a restart
+};
+
 /// Owns everything about remote peers. Peer ids are 1 + the index in cfg.peers (kLocalPeer, 0,
 /// is this node). Every method is called on the engine thread; internal threads hand their
 /// results over through wakeFd()/progress().
@@ -63,6 +71,26 @@ public:
 
     /// Closes our session to `peer` and stops reconnecting it until it is used again.
     virtual void disconnect(PeerId peer) = 0;
+
+    // ----- peers of a cluster directory (docs/directory.md); [[peers]] never change
+
+    /// Adds the directory's node as a peer, or updates the entry of that name: a new address
+    /// is dialled from the next attempt on; a new epoch is a restarted node (our sessions with
+    /// it fail, writes in flight end kPeer, its handles die: writes through them kNotFound).
+    /// Connected eagerly with [node] connect_eagerly. Returns its id (kept across leaving and
+    /// joining again). Fails (kInvalid) for this node's own name or a [[peers]] name.
+    virtual Status addPeer(const DirectoryPeer &p, PeerId *id) = 0;
+    /// The directory no longer lists `name` (or refuses it): writes in flight fail with kPeer
+    /// and `reason`, pending lookups too, its handles die, and lookups of the name say
+    /// `reason` until it is listed again.
+    virtual void removePeer(std::string_view name, const std::string &reason) = 0;
+    /// What a lookup of a name that is no peer answers: `code` and "node 'NAME' " + `text`
+    /// (the directory: not registered, or etcd down). Unset: not a configured peer.
+    virtual void setUnknownPeerAnswer(Code code, std::string text) = 0;
+    /// The answer to a lookup of `name`, which is no peer (peerByName said nullopt).
+    virtual Status unknownPeer(std::string_view name) const = 0;
+    /// This process's incarnation (random, announced in every handshake; the directory's epoch).
+    virtual uint64_t incarnation() const = 0;
 
     /// Readable when progress() has work.
     virtual int wakeFd() const = 0;

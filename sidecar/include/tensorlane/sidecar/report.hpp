@@ -138,6 +138,28 @@ struct EngineCountersReport {
     uint64_t writes_in_flight = 0;
 };
 
+/// The cluster directory ([directory]; docs/directory.md).
+struct DirectoryReport {
+    std::string kind = "static";  ///< static | etcd; the rest is etcd's
+    std::string state;            ///< connecting | up | down | stopped
+    std::string endpoint;         ///< the etcd endpoint in use
+    std::string cluster;
+    std::string key;          ///< this node's key
+    bool registered = false;  ///< our key is in etcd under a live lease
+    int64_t lease_ttl_s = 0;
+    int64_t revision = 0;   ///< the last revision the watch saw
+    uint64_t nodes = 0;     ///< peers learned from it now
+    uint64_t joined = 0;    ///< PUTs of new nodes since start
+    uint64_t left = 0;      ///< deletions and lease expiries
+    uint64_t restarts = 0;  ///< new epochs under a known name
+    uint64_t refused = 0;   ///< nodes refused (key fingerprint, invalid record)
+    uint64_t reconnects = 0;
+    uint64_t events = 0;
+    double down_for_s = 0;  ///< how long it has been unreachable; 0 while up
+    std::string last_error;
+    std::string last_refusal;
+};
+
 /// The whole sidecar (Engine::report): what `tensorlane status` shows.
 struct EngineReport {
     std::string node;
@@ -154,6 +176,7 @@ struct EngineReport {
     LimitsReport limits;
     EngineCountersReport counters;
     std::vector<PeerReport> peers;
+    DirectoryReport directory;
 };
 
 /// The documents `tensorlane status --json` shows (status_json.cpp): `indent` as
