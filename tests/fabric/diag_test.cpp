@@ -258,6 +258,36 @@ TEST(Diag, PeersWithoutAProbeAreListedForTheRunningSidecarsProbe) {
     EXPECT_EQ(statusOf(r, "peer node-b"), FindingStatus::kOk);
 }
 
+// The etcd directory's finding comes on every path: a tcp host skips the RDMA checks but not
+// the directory (a merge once lost it there), and a verbs host has it too.
+TEST(Diag, TheDirectoryFindingComesOverTcpAndVerbs) {
+    SysfsTree t;
+    t.standardHost();
+    FakeHost host;
+    const std::string node_extra =
+        "[directory]\nkind = \"etcd\"\nendpoints = [\"http://127.0.0.1:2379\"]\n"
+        "cluster = \"prod\"\n\n[security]\npeer_key_file = \"/nonexistent/peer.key\"\n";
+    for (const char *transport : {"transport = \"tcp\"", "transport = \"verbs\""}) {
+        const auto cfg = fabricConfig(transport, node_extra);
+        DiagEnvironment env = host.env();
+        DiagReport r = runDiag(cfg, SysfsRoot(t.rootString()), env);
+        ASSERT_NE(find(r, "directory"), nullptr) << transport;
+        EXPECT_NE(find(r, "directory")->detail.find("cluster 'prod'"), std::string::npos);
+        env.probe_directory = [] {
+            return Finding{"directory", FindingStatus::kOk,
+                           "etcd x cluster 'prod' up, registered, 3 nodes", ""};
+        };
+        r = runDiag(cfg, SysfsRoot(t.rootString()), env);
+        ASSERT_NE(find(r, "directory"), nullptr) << transport;
+        EXPECT_NE(find(r, "directory")->detail.find("3 nodes"), std::string::npos) << transport;
+    }
+    // A static directory has no such finding.
+    EXPECT_EQ(
+        find(runDiag(fabricConfig("transport = \"tcp\""), SysfsRoot(t.rootString()), host.env()),
+             "directory"),
+        nullptr);
+}
+
 TEST(DiagJson, HasTheDocumentedShape) {
     SysfsTree t;
     t.standardHost();

@@ -151,6 +151,23 @@ void addPeerFindings(const config::Config &cfg, const DiagEnvironment &env,
     }
 }
 
+// The etcd directory's state, from the running sidecar where `tensorlane diag` can ask it. It
+// matters over any transport, so both the tcp and the verbs paths of runDiag add it.
+void addDirectoryFinding(const config::Config &cfg, const DiagEnvironment &env,
+                         std::vector<Finding> *out) {
+    if (cfg.directory.kind != config::DirectoryKind::kEtcd) {
+        return;
+    }
+    if (env.probe_directory) {
+        out->push_back(env.probe_directory());
+    } else {
+        out->push_back(make("directory", FindingStatus::kOk,
+                            "etcd directory, cluster '" + cfg.directory.cluster +
+                                "'; `tensorlane diag` shows its state while the sidecar runs",
+                            ""));
+    }
+}
+
 }  // namespace
 
 DiagReport runDiag(const config::Config &cfg, const SysfsRoot &root, const DiagEnvironment &env) {
@@ -201,6 +218,7 @@ DiagReport runDiag(const config::Config &cfg, const SysfsRoot &root, const DiagE
         checkPcie(root, none, &out);
         checkMemlock(cfg, env, &out);
         addPeerFindings(cfg, env, &out);
+        addDirectoryFinding(cfg, env, &out);
         return r;
     }
     if (devices.empty()) {
@@ -379,17 +397,7 @@ DiagReport runDiag(const config::Config &cfg, const SysfsRoot &root, const DiagE
     checkMemlock(cfg, env, &out);
 
     addPeerFindings(cfg, env, &out);
-
-    if (cfg.directory.kind == config::DirectoryKind::kEtcd) {
-        if (env.probe_directory) {
-            out.push_back(env.probe_directory());
-        } else {
-            out.push_back(make("directory", S::kOk,
-                               "etcd directory, cluster '" + cfg.directory.cluster +
-                                   "'; `tensorlane diag` shows its state while the sidecar runs",
-                               ""));
-        }
-    }
+    addDirectoryFinding(cfg, env, &out);
 
     // A NIC the sidecar does not use cannot stop it: fabric failures become warnings (an
     // unreachable peer stays a failure: it matters over any transport).
