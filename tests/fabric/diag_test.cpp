@@ -266,7 +266,8 @@ TEST(Diag, TheDirectoryFindingComesOverTcpAndVerbs) {
     FakeHost host;
     const std::string node_extra =
         "[directory]\nkind = \"etcd\"\nendpoints = [\"http://127.0.0.1:2379\"]\n"
-        "cluster = \"prod\"\n\n[security]\npeer_key_file = \"/nonexistent/peer.key\"\n";
+        "cluster = \"prod\"\nadvertise = \"10.0.0.1:18515\"\n\n[security]\npeer_key_file = "
+        "\"/nonexistent/peer.key\"\n";
     for (const char *transport : {"transport = \"tcp\"", "transport = \"verbs\""}) {
         const auto cfg = fabricConfig(transport, node_extra);
         DiagEnvironment env = host.env();
