@@ -115,8 +115,36 @@ const char *toString(PollMode m) {
             return "adaptive";
         case PollMode::kEvent:
             return "event";
+        case PollMode::kAuto:
+            return "auto";
     }
     return "?";
+}
+
+PollModeChoice resolvePollMode(PollMode configured, unsigned cpus, std::string_view cpu_source) {
+    const std::string count = std::to_string(cpus) + " usable CPU" + (cpus == 1 ? "" : "s") + " (" +
+                              std::string(cpu_source) + ")";
+    if (configured != PollMode::kAuto) {
+        PollModeChoice c{configured, "set in the file", false};
+        if (configured != PollMode::kEvent && cpus < kAdaptiveMinCpus) {
+            c.warn = true;
+            c.reason += std::string("; with only ") + count + ", " + toString(configured) +
+                        " spinning takes the CPU the other side of each hand-off needs " +
+                        "(round trips of milliseconds): \"event\" or \"auto\" suits this host";
+        }
+        return c;
+    }
+    if (cpus >= kAdaptiveMinCpus) {
+        return {PollMode::kAdaptive,
+                "auto: " + count + ": spin up to spin_us, then sleep (\"busy\" for the lowest " +
+                    "latency where a core per side can be spared)",
+                false};
+    }
+    return {PollMode::kEvent,
+            "auto: only " + count + ": sleep at once instead of spinning, since a spinning " +
+                "client or sidecar would take the CPU the other side of each hand-off needs " +
+                "(adaptive from " + std::to_string(kAdaptiveMinCpus) + " CPUs)",
+            false};
 }
 
 const char *toString(TrustMode t) {

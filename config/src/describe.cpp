@@ -100,7 +100,12 @@ std::string describeText(const Config &cfg, const TransportChoice &choice) {
 
     os << "\n[ipc]\n"
        << "ring_depth = " << cfg.ipc.ring_depth << "\n"
-       << "poll_mode = " << toString(cfg.ipc.poll_mode) << "\n"
+       << "poll_mode = " << toString(cfg.ipc.poll_mode)
+       << (cfg.ipc.poll_mode == PollMode::kAuto
+               ? " (adaptive from " + std::to_string(kAdaptiveMinCpus) +
+                     " usable CPUs, else event; the sidecar logs its choice)"
+               : std::string())
+       << "\n"
        << "spin_us = " << cfg.ipc.spin_us << "\n";
 
     const SecurityConfig &s = cfg.security;

@@ -443,8 +443,11 @@ constexpr std::array<std::pair<std::string_view, TcpIntegrity>, 2> kTcpIntegriti
     {{"mac", TcpIntegrity::kMac}, {"none", TcpIntegrity::kNone}}};
 constexpr std::array<std::pair<std::string_view, DirectoryKind>, 2> kDirectoryKinds = {
     {{"static", DirectoryKind::kStatic}, {"etcd", DirectoryKind::kEtcd}}};
-constexpr std::array<std::pair<std::string_view, PollMode>, 3> kPollModes = {
-    {{"busy", PollMode::kBusy}, {"adaptive", PollMode::kAdaptive}, {"event", PollMode::kEvent}}};
+constexpr std::array<std::pair<std::string_view, PollMode>, 4> kPollModes = {
+    {{"auto", PollMode::kAuto},
+     {"busy", PollMode::kBusy},
+     {"adaptive", PollMode::kAdaptive},
+     {"event", PollMode::kEvent}}};
 
 const std::string kNameExpected = "a name of 1-63 characters [A-Za-z0-9._-]";
 const std::string kPeerKeyName = "security.peer_key_file";

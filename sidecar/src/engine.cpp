@@ -16,6 +16,7 @@
 #include "epoll_tags.hpp"
 #include "logging.hpp"
 #include "metrics/metrics_server.hpp"
+#include "net/cpus.hpp"
 #include "tensorlane/ipc/doorbell.hpp"
 
 namespace tensorlane::sidecar {
@@ -76,6 +77,11 @@ int addToEpoll(int epfd, int fd, uint32_t events, uint64_t tag) {
 
 EngineImpl::EngineImpl(const config::Config &cfg, std::vector<std::unique_ptr<Transport>> remote)
     : cfg_(cfg), log_(sidecarLogger()), stats_(peerNames(cfg)) {
+    // [ipc] poll_mode = "auto" becomes a mode before anything reads it (the transports, the
+    // clients' hello): event on a host too small to spin, adaptive elsewhere.
+    const CpuBudget cpus = usableCpus();
+    poll_choice_ = config::resolvePollMode(cfg_.ipc.poll_mode, cpus.cpus, cpus.source);
+    cfg_.ipc.poll_mode = poll_choice_.mode;
     given_remote_ = std::move(remote);
     stats_.setTiming(cfg_.metrics.listen.has_value());
 }
@@ -211,6 +217,13 @@ Status EngineImpl::start() {
         return st;
     }
     control_->takeFdBaseline();
+    if (poll_choice_.warn) {
+        log_->warn("[ipc] poll_mode {}: {}", config::toString(cfg_.ipc.poll_mode),
+                   poll_choice_.reason);
+    } else {
+        log_->info("[ipc] poll_mode {}: {}", config::toString(cfg_.ipc.poll_mode),
+                   poll_choice_.reason);
+    }
     log_->info(
         "node {} serving workers on {} (mode {:04o}, poll mode {}, ring depth {}, in flight {}), "
         "{} peer(s)",
@@ -481,6 +494,7 @@ EngineReport EngineImpl::report(std::optional<uid_t> only_uid) const {
     r.node = cfg_.node.name;
     r.socket = cfg_.node.socket;
     r.poll_mode = config::toString(cfg_.ipc.poll_mode);
+    r.poll_mode_reason = poll_choice_.reason;
     for (const Transport *t : transports_.all()) {
         r.link_mbps = std::max(r.link_mbps, t->caps().link_mbps);
     }
@@ -542,6 +556,7 @@ EngineReport EngineImpl::report(std::optional<uid_t> only_uid) const {
     c.notifications = counters_.notifications;
     c.notifications_dropped = counters_.notifications_dropped;
     c.probes_received = counters_.probes_received;
+    c.probes_sent = counters_.probes_sent;
     c.quota_refusals = counters_.quota_refusals;
     c.session_cap_refusals = counters_.session_cap_refusals;
     c.accept_pauses = counters_.accept_pauses;

@@ -86,8 +86,10 @@ private:
 
     // Declared in the order they are made; destroyed in reverse (the parts first, holding
     // references to what comes before them).
-    config::Config cfg_;
+    config::Config cfg_;  ///< [ipc] poll_mode resolved (never auto): see poll_choice_
     std::shared_ptr<spdlog::logger> log_;
+    /// How [ipc] poll_mode was resolved for this host's CPUs, and why (logged, in the status).
+    config::PollModeChoice poll_choice_;
     std::chrono::steady_clock::time_point started_;
     RegionTable regions_;
     /// Every transport, local first (what pollFds/arm/progress iterate); the peer layer binds

@@ -104,6 +104,7 @@ json toJson(const EngineCountersReport &c) {
             {"notifications", c.notifications},
             {"notifications_dropped", c.notifications_dropped},
             {"probes_received", c.probes_received},
+            {"probes_sent", c.probes_sent},
             {"quota_refusals", c.quota_refusals},
             {"session_cap_refusals", c.session_cap_refusals},
             {"accept_pauses", c.accept_pauses},
@@ -119,6 +120,7 @@ std::string toJsonText(const EngineReport &r, int indent) {
     j["node"] = r.node;
     j["socket"] = r.socket;
     j["poll_mode"] = r.poll_mode;
+    j["poll_mode_reason"] = r.poll_mode_reason;
     j["link_mbps"] = r.link_mbps;
     j["uptime_s"] = r.uptime_s;
     json clients = json::array();

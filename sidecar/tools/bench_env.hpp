@@ -93,7 +93,7 @@ struct NodeSettings {
     uint16_t peer_port = 0;
     uint32_t connections = 0;  ///< [tcp] connections_per_peer; 0 keeps the default
     uint64_t chunk_bytes = 0;  ///< [tcp] chunk_bytes; 0 keeps the default
-    std::string poll_mode = "adaptive";
+    std::string poll_mode = "auto";
     int spin_us = -1;  ///< [ipc] spin_us; negative keeps the default
     uint32_t ring_depth = 1024;
     std::string integrity;          ///< [security] tcp_integrity; empty keeps the default (mac)

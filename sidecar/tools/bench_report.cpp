@@ -222,6 +222,9 @@ std::string formatTable(const RunInfo &info, const std::vector<SizeResult> &resu
         o << ", spin " << info.spin_us << " us";
     }
     o << "), " << info.date << ", " << info.host << "\n";
+    if (!info.poll_mode_reason.empty()) {
+        o << "poll mode " << info.poll_mode << ": " << info.poll_mode_reason << "\n";
+    }
     if (info.rounds > 1) {
         o << info.rounds << " rounds per size, alternating with the baseline\n";
     }
@@ -393,6 +396,7 @@ std::string formatJson(const RunInfo &info, const std::vector<SizeResult> &resul
     }
     if (!info.poll_mode.empty()) {
         j["poll_mode"] = info.poll_mode;
+        j["poll_mode_reason"] = info.poll_mode_reason;
     }
     if (info.spin_us >= 0) {
         j["spin_us"] = info.spin_us;

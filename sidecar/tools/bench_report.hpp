@@ -71,8 +71,9 @@ struct RunInfo {
     std::string peer_node;
     uint32_t connections = 0;  ///< 0: the sidecars' own setting
     uint64_t chunk_bytes = 0;
-    std::string poll_mode;
-    int spin_us = -1;  ///< negative: the sidecars' own setting
+    std::string poll_mode;         ///< loopback: what the sidecars resolved [ipc] poll_mode to
+    std::string poll_mode_reason;  ///< and why (the sidecar's status)
+    int spin_us = -1;              ///< negative: the sidecars' own setting
     uint32_t window = 0;
     uint64_t iters = 0;
     double duration_s = 0;

@@ -81,7 +81,8 @@ TEST(ConfigDescribe, TextShowsEveryTableAndPeer) {
                                "reconnect_max_ms = 5000\n",
                                "[ipc]\n",
                                "ring_depth = 1024\n",
-                               "poll_mode = adaptive\n",
+                               "poll_mode = auto (adaptive from 4 usable CPUs, else event; the "
+                               "sidecar logs its choice)\n",
                                "spin_us = 50\n",
                                "[security]\n",
                                "allowed_uids = [1000]\n",
@@ -155,7 +156,7 @@ TEST(ConfigDescribe, JsonMirrorsTheTables) {
     EXPECT_EQ(j["tcp"]["chunk_bytes"], 1048576);
     EXPECT_EQ(j["tcp"].size(), 9u);
     EXPECT_EQ(j["tcp"]["tag_threads"], "auto");
-    EXPECT_EQ(j["ipc"]["poll_mode"], "adaptive");
+    EXPECT_EQ(j["ipc"]["poll_mode"], "auto");
     EXPECT_EQ(j["ipc"].size(), 3u);
     EXPECT_EQ(j["security"]["allowed_uids"], nlohmann::json::array({1000}));
     EXPECT_EQ(j["security"]["allowed_gids"], nlohmann::json::array());

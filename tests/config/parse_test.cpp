@@ -50,7 +50,7 @@ TEST(ConfigDefaults, EmptyFileGivesEveryDefault) {
     EXPECT_EQ(c.tcp.reconnect_max_ms, 5000u);
     EXPECT_FALSE(c.tcp.tag_threads.has_value());
     EXPECT_EQ(c.ipc.ring_depth, 1024u);
-    EXPECT_EQ(c.ipc.poll_mode, PollMode::kAdaptive);
+    EXPECT_EQ(c.ipc.poll_mode, PollMode::kAuto);
     EXPECT_EQ(c.ipc.spin_us, 50u);
     EXPECT_TRUE(c.security.allowed_uids.empty());
     EXPECT_TRUE(c.security.allowed_gids.empty());
@@ -318,14 +318,44 @@ TEST(ConfigEnums, TransportValues) {
 }
 
 TEST(ConfigEnums, PollModeValues) {
+    EXPECT_EQ(parse("[ipc]\npoll_mode = \"auto\"\n").config->ipc.poll_mode, PollMode::kAuto);
     EXPECT_EQ(parse("[ipc]\npoll_mode = \"busy\"\n").config->ipc.poll_mode, PollMode::kBusy);
     EXPECT_EQ(parse("[ipc]\npoll_mode = \"adaptive\"\n").config->ipc.poll_mode,
               PollMode::kAdaptive);
     EXPECT_EQ(parse("[ipc]\npoll_mode = \"event\"\n").config->ipc.poll_mode, PollMode::kEvent);
     const Error e = onlyError(parse("[ipc]\npoll_mode = \"spin\"\n"));
     EXPECT_EQ(e.text(),
-              "test.toml:2:13: key 'ipc.poll_mode': expected one of \"busy\", \"adaptive\", "
-              "\"event\", found \"spin\"");
+              "test.toml:2:13: key 'ipc.poll_mode': expected one of \"auto\", \"busy\", "
+              "\"adaptive\", \"event\", found \"spin\"");
+}
+
+// Issue 24: on 2 vCPUs the default (then adaptive) made a 64 B bench round trip ~90x a TCP
+// ping-pong; auto sleeps at once there and spins only where CPUs can be spared.
+TEST(ConfigEnums, AutoPollModeSpinsOnlyWhereCpusCanBeSpared) {
+    const PollModeChoice small = resolvePollMode(PollMode::kAuto, 2, "affinity");
+    EXPECT_EQ(small.mode, PollMode::kEvent);
+    EXPECT_FALSE(small.warn);
+    EXPECT_NE(small.reason.find("auto: only 2 usable CPUs (affinity)"), std::string::npos)
+        << small.reason;
+    const PollModeChoice three = resolvePollMode(PollMode::kAuto, 3, "cgroup cpu.max");
+    EXPECT_EQ(three.mode, PollMode::kEvent);
+    EXPECT_NE(three.reason.find("cgroup cpu.max"), std::string::npos) << three.reason;
+    const PollModeChoice big = resolvePollMode(PollMode::kAuto, kAdaptiveMinCpus, "affinity");
+    EXPECT_EQ(big.mode, PollMode::kAdaptive);
+    EXPECT_NE(big.reason.find("auto: 4 usable CPUs"), std::string::npos) << big.reason;
+    // An explicit mode is kept; a spinning one on a small host is kept with a warning.
+    for (PollMode m : {PollMode::kBusy, PollMode::kAdaptive}) {
+        const PollModeChoice c = resolvePollMode(m, 2, "affinity");
+        EXPECT_EQ(c.mode, m);
+        EXPECT_TRUE(c.warn);
+        EXPECT_NE(c.reason.find("\"event\" or \"auto\" suits this host"), std::string::npos)
+            << c.reason;
+        EXPECT_FALSE(resolvePollMode(m, 16, "affinity").warn);
+    }
+    const PollModeChoice event = resolvePollMode(PollMode::kEvent, 1, "affinity");
+    EXPECT_EQ(event.mode, PollMode::kEvent);
+    EXPECT_FALSE(event.warn);
+    EXPECT_EQ(event.reason, "set in the file");
 }
 
 TEST(ConfigEnums, TrustValues) {
@@ -343,6 +373,7 @@ TEST(ConfigEnums, ToStringNamesMatchTheFile) {
     EXPECT_STREQ(toString(PollMode::kBusy), "busy");
     EXPECT_STREQ(toString(PollMode::kAdaptive), "adaptive");
     EXPECT_STREQ(toString(PollMode::kEvent), "event");
+    EXPECT_STREQ(toString(PollMode::kAuto), "auto");
     EXPECT_STREQ(toString(TrustMode::kDscp), "dscp");
     EXPECT_STREQ(toString(TrustMode::kPcp), "pcp");
 }

@@ -9,12 +9,15 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <thread>
 #include <vector>
 
 #include "net/connection.hpp"
+#include "net/cpus.hpp"
 #include "net/tag_pool.hpp"
 #include "socket_pair.hpp"
 
@@ -76,6 +79,50 @@ TEST(TagPool, AutoGivesNoneOnSmallHostsAndAtMostFour) {
     EXPECT_EQ(two.threads(), 2u);
     EXPECT_FALSE(two.offloads(TagPool::kOffloadFrom - 1));
     EXPECT_TRUE(two.offloads(TagPool::kOffloadFrom));
+}
+
+// The CPU budget behind [ipc] poll_mode and [tcp] tag_threads "auto": the affinity, lowered by
+// a container's CPU quota (cgroup v2 cpu.max on the way up to the root, v1 cfs_quota_us).
+TEST(CpuBudget, ACgroupQuotaLowersTheAffinityCount) {
+    EXPECT_EQ(cpusOfQuota("200000 100000"), 2u);
+    EXPECT_EQ(cpusOfQuota("150000 100000"), 2u);
+    EXPECT_EQ(cpusOfQuota("50000 100000"), 1u);
+    EXPECT_EQ(cpusOfQuota("max 100000"), std::nullopt);
+    EXPECT_EQ(cpusOfQuota("garbage"), std::nullopt);
+    EXPECT_EQ(cpusOfQuota("-1 100000"), std::nullopt);
+    const CpuBudget plain = usableCpus("/nonexistent", "/nonexistent");
+    EXPECT_GE(plain.cpus, 1u);
+    EXPECT_EQ(plain.source, "affinity");
+
+    namespace fs = std::filesystem;
+    const fs::path root = fs::temp_directory_path() / ("tl-cpus-" + std::to_string(::getpid()));
+    fs::remove_all(root);
+    auto put = [&root](const std::string &rel, const std::string &text) {
+        fs::create_directories((root / rel).parent_path());
+        std::ofstream(root / rel) << text;
+    };
+    // v2: no quota on the leaf, one CPU on its parent: the parent binds.
+    put("proc/self/cgroup", "0::/pods/worker\n");
+    put("cg/pods/worker/cpu.max", "max 100000\n");
+    put("cg/pods/cpu.max", "100000 100000\n");
+    CpuBudget v2 = usableCpus((root / "proc").string(), (root / "cg").string());
+    EXPECT_EQ(v2.cpus, 1u);
+    EXPECT_NE(v2.source.find("pods/cpu.max 100000 100000"), std::string::npos) << v2.source;
+    // v1: cpu,cpuacct with a quota of 1.5 CPUs: 2 (or the affinity, if that is 1).
+    put("proc/self/cgroup", "12:memory:/x\n4:cpu,cpuacct:/x\n");
+    put("cg/cpu,cpuacct/x/cpu.cfs_quota_us", "150000\n");
+    put("cg/cpu,cpuacct/x/cpu.cfs_period_us", "100000\n");
+    const CpuBudget v1 = usableCpus((root / "proc").string(), (root / "cg").string());
+    EXPECT_EQ(v1.cpus, std::min(2u, plain.cpus));
+    if (plain.cpus > 2) {
+        EXPECT_NE(v1.source.find("cpu.cfs_quota_us 150000"), std::string::npos) << v1.source;
+    }
+    // A quota above the affinity changes nothing.
+    put("cg/cpu,cpuacct/x/cpu.cfs_quota_us", "100000000\n");
+    const CpuBudget wide = usableCpus((root / "proc").string(), (root / "cg").string());
+    EXPECT_EQ(wide.cpus, plain.cpus);
+    EXPECT_EQ(wide.source, "affinity");
+    fs::remove_all(root);
 }
 
 TEST(TagPool, WorkersSignAndVerifyAsTheEngineThreadWould) {

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "net/cpus.hpp"
+
 namespace tensorlane::sidecar {
 
 unsigned TagPool::autoThreads(unsigned cpus) {
@@ -15,12 +17,7 @@ unsigned TagPool::autoThreads(unsigned cpus) {
 }
 
 unsigned TagPool::usableCpus() {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    if (sched_getaffinity(0, sizeof set, &set) != 0) {
-        return std::max(1u, std::thread::hardware_concurrency());
-    }
-    return static_cast<unsigned>(CPU_COUNT(&set));
+    return sidecar::usableCpus().cpus;
 }
 
 TagPool::TagPool(unsigned threads) {

@@ -16,8 +16,9 @@ namespace tensorlane::config {
 
 /// Transport selection in [fabric] transport.
 enum class TransportKind { kAuto, kVerbs, kTcp };
-/// Ring poll mode in [ipc] poll_mode.
-enum class PollMode { kBusy, kAdaptive, kEvent };
+/// Ring poll mode in [ipc] poll_mode. kAuto is resolved by resolvePollMode() when the sidecar
+/// starts; nothing downstream of it ever sees kAuto.
+enum class PollMode { kBusy, kAdaptive, kEvent, kAuto };
 /// Switch trust mode in [fabric] trust.
 enum class TrustMode { kDscp, kPcp };
 /// [fabric] tclass_override: what to do when the host-wide traffic class in sysfs differs.
@@ -123,8 +124,8 @@ struct TcpConfig {
 struct IpcConfig {
     /// Power of two, 16-65536.
     uint32_t ring_depth = 1024;
-    /// busy | adaptive | event.
-    PollMode poll_mode = PollMode::kAdaptive;
+    /// auto | busy | adaptive | event; auto: see resolvePollMode().
+    PollMode poll_mode = PollMode::kAuto;
     /// Adaptive: spin this long before sleeping, 0-10000.
     uint32_t spin_us = 50;
 };
@@ -345,6 +346,24 @@ struct TransportChoice {
 /// Reads files only (no libibverbs). A root of "/sys" is replaced by $TENSORLANE_SYSFS_ROOT
 /// when that is set. Never throws.
 TransportChoice resolveTransport(const Config &cfg, const std::string &sysfs_root = "/sys");
+
+/// What [ipc] poll_mode resolves to on a host with `cpus` usable CPUs.
+struct PollModeChoice {
+    /// Never kAuto.
+    PollMode mode = PollMode::kEvent;
+    /// Why, for the log, the status and the bench, e.g. "auto: 2 usable CPUs (affinity) ...".
+    std::string reason;
+    /// An explicit spinning mode on a host too small for it: worth a warning in the log.
+    bool warn = false;
+};
+/// Spinning modes need a CPU for each spinning side: from this many usable CPUs, auto is
+/// adaptive; below it, event (a spinning client or sidecar takes the CPU that the other side
+/// of each hand-off needs: on 2 vCPUs, adaptive made a 64 B round trip ~90x a TCP ping-pong).
+constexpr unsigned kAdaptiveMinCpus = 4;
+/// auto gives adaptive with kAdaptiveMinCpus or more usable CPUs, else event; an explicit mode is
+/// kept (warn set for busy or adaptive below kAdaptiveMinCpus). `cpu_source` says where the
+/// count comes from ("affinity", "cgroup cpu.max"). Never throws.
+PollModeChoice resolvePollMode(PollMode configured, unsigned cpus, std::string_view cpu_source);
 
 /// The resolved configuration with derived values, as text for people: one "key = value" line
 /// per setting, grouped by table, derived values next to what they derive from. No final newline.

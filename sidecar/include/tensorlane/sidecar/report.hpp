@@ -130,6 +130,7 @@ struct EngineCountersReport {
     uint64_t notifications = 0;
     uint64_t notifications_dropped = 0;
     uint64_t probes_received = 0;
+    uint64_t probes_sent = 0;  ///< `tensorlane diag`'s writes: not in writes_remote
     uint64_t quota_refusals = 0;
     uint64_t session_cap_refusals = 0;
     uint64_t accept_pauses = 0;
@@ -164,7 +165,8 @@ struct DirectoryReport {
 struct EngineReport {
     std::string node;
     std::string socket;
-    std::string poll_mode;
+    std::string poll_mode;         ///< resolved: busy, adaptive or event
+    std::string poll_mode_reason;  ///< why ("auto: 2 usable CPUs (affinity): ...")
     /// The fastest remote transport's link rate in Mb/s (the verbs port's); 0 when none knows.
     uint64_t link_mbps = 0;
     double uptime_s = 0;
