@@ -170,11 +170,26 @@ int main(int argc, char **argv) {
         std::fprintf(stderr, "expose: %s\n", e.error().detail.c_str());
         return 1;
     }
-    // The peer worker may not have exposed its buffer yet: retry for a while.
+    // The peer worker may not have exposed its buffer yet (TL_ENOENT), or its sidecar may not
+    // be up yet (TL_EPEER): retry for a while, saying so every 2 s. Anything else (a name that
+    // is no configured peer, a refusal) cannot get better by waiting: stop at once.
     tensorlane::Result<tensorlane::Remote> remote = tensorlane::Error{TL_ENOENT, ""};
-    auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    const auto start = std::chrono::steady_clock::now();
+    const auto give_up = start + std::chrono::seconds(30);
+    auto next_note = start + std::chrono::seconds(2);
     while (!(remote = client->lookup(peer, "demo-recv")).ok() &&
+           (remote.error().status == TL_ENOENT || remote.error().status == TL_EPEER) &&
            std::chrono::steady_clock::now() < give_up) {
+        if (const auto now = std::chrono::steady_clock::now(); now >= next_note) {
+            next_note = now + std::chrono::seconds(2);
+            std::fprintf(
+                stderr,
+                "[%s] waiting for %s's worker to expose demo-recv (%lld s of 30 s): %s: %s\n",
+                me.c_str(), peer.c_str(),
+                static_cast<long long>(
+                    std::chrono::duration_cast<std::chrono::seconds>(now - start).count()),
+                remote.error().name(), remote.error().detail.c_str());
+        }
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     if (!remote.ok()) {

@@ -666,9 +666,9 @@ void ControlServer::onLookup(Session &s, const ipc::LookupMsg &m) {
     std::optional<PeerId> pid = peers_ ? peers_->peerByName(peer) : std::nullopt;
     if (!pid) {
         if (peers_ == nullptr) {
-            reply(s, m.h.seq, Code::kNotFound, 0, 0,
+            reply(s, m.h.seq, Code::kInvalid, 0, 0,
                   std::string("tl_lookup: '") + peer + "' is neither this node (" + cfg_.node.name +
-                      ") nor a configured peer");
+                      ") nor a configured peer; retrying cannot help");
             return;
         }
         const Status why = peers_->unknownPeer(peer);
@@ -678,24 +678,25 @@ void ControlServer::onLookup(Session &s, const ipc::LookupMsg &m) {
     SessionId sid = s.id;
     uint64_t seq = m.h.seq;
     std::string region_name = name;
-    peers_->lookup(*pid, region_name,
-                   [this, sid, seq, id = *pid, region_name](Status st, RemoteRegion rr) {
-                       Session *cs = sessions_.find(sid);
-                       if (!cs || cs->closing) {
-                           return;
-                       }
-                       if (!st.isOk()) {
-                           reply(*cs, seq, st.code(), 0, 0, "tl_lookup: " + st.message());
-                           return;
-                       }
-                       const uint64_t handle =
-                           cs->remoteHandle(RemoteRef{id, rr.id, rr.bytes}, cfg_.limits.regions);
-                       if (handle == 0) {
-                           reply(*cs, seq, Code::kNoMemory, 0, 0, remotesQuotaText());
-                           return;
-                       }
-                       reply(*cs, seq, Code::kOk, handle, rr.bytes, "");
-                   });
+    peers_->lookup(
+        *pid, region_name, [this, sid, seq, id = *pid, region_name](Status st, RemoteRegion rr) {
+            Session *cs = sessions_.find(sid);
+            if (!cs || cs->closing) {
+                return;
+            }
+            if (!st.isOk()) {
+                reply(*cs, seq, st.code(), 0, 0, "tl_lookup: " + st.message());
+                return;
+            }
+            const uint64_t handle =
+                cs->remoteHandle(RemoteRef{id, rr.id, rr.bytes, region_name == kProbeRegionName},
+                                 cfg_.limits.regions);
+            if (handle == 0) {
+                reply(*cs, seq, Code::kNoMemory, 0, 0, remotesQuotaText());
+                return;
+            }
+            reply(*cs, seq, Code::kOk, handle, rr.bytes, "");
+        });
 }
 
 void ControlServer::onStatus(Session &s, const ipc::StatusMsg &m) {

@@ -32,13 +32,34 @@ def test_unknown_names_and_peers_are_not_found(client_a):
         client_a.lookup("node-b", "no-such-region")
     assert isinstance(e.value, LookupError) and e.value.status == Status.ENOENT
     assert "no-such-region" in e.value.detail
-    with pytest.raises(tensorlane.NotFoundError) as e:
-        client_a.lookup("node-zz", "x")
-    assert "node-zz" in e.value.detail
     start = time.monotonic()
     with pytest.raises(tensorlane.NotFoundError):
         client_a.lookup("node-b", "no-such-region", timeout=0.3)  # retried, then given up
     assert 0.25 < time.monotonic() - start < 3
+
+
+def test_a_node_that_is_no_peer_fails_at_once_even_with_a_timeout(client_a):
+    # Issue 24: it was NotFoundError, retried for the whole timeout. The static peer list is
+    # fixed when the sidecar starts: waiting cannot help.
+    start = time.monotonic()
+    with pytest.raises(tensorlane.InvalidArgumentError) as e:
+        client_a.lookup("node-zz", "x", timeout=30)
+    assert time.monotonic() - start < 3
+    assert e.value.status == Status.EINVAL
+    assert "node-zz" in e.value.detail and "retrying cannot help" in e.value.detail
+
+
+def test_a_lookup_that_waits_says_what_it_waits_for(client_a, caplog, monkeypatch):
+    from tensorlane import _client
+
+    monkeypatch.setattr(_client, "_LOOKUP_NOTE_S", 0.2)
+    with caplog.at_level("WARNING", logger="tensorlane"):
+        with pytest.raises(tensorlane.NotFoundError):
+            client_a.lookup("node-b", "not-yet", timeout=0.7)
+    notes = [r.getMessage() for r in caplog.records if r.name == "tensorlane"]
+    assert len(notes) >= 2, notes
+    assert "still waiting for 'not-yet' on node-b" in notes[0]
+    assert "no region named 'not-yet'" in notes[0], notes[0]
 
 
 def test_wrong_on_its_face_is_invalid_argument(client_a, client_b, name):

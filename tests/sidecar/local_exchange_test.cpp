@@ -252,7 +252,10 @@ TEST(LocalRequests, WrongOnItsFaceFailsInTlWrite) {
     uint64_t bytes = 0;
     tl_remote r = 0;
     EXPECT_EQ(tl_lookup(c, client->nodeName().c_str(), "nothing-here", &r, &bytes), TL_ENOENT);
-    EXPECT_EQ(tl_lookup(c, "no-such-node", "dst", &r, &bytes), TL_ENOENT);
+    // Not a configured peer: wrong on its face (a name not exposed yet is TL_ENOENT, above).
+    EXPECT_EQ(tl_lookup(c, "no-such-node", "dst", &r, &bytes), TL_EINVAL);
+    EXPECT_NE(std::string(tl_last_error()).find("retrying cannot help"), std::string::npos)
+        << tl_last_error();
     int stack_var = 0;
     tl_region reg = 0;
     EXPECT_EQ(tl_register(c, &stack_var, sizeof(stack_var), &reg), TL_EINVAL);
@@ -284,4 +287,49 @@ TEST(LocalRequests, WriteIntoDeregisteredRegionFailsWithEnoent) {
     auto ticket = writer->write(*src, 0, *remote, 0, 64, 1);
     ASSERT_TRUE(ticket.ok());
     EXPECT_EQ(ticket->wait(std::chrono::seconds(5)), TL_ENOENT);
+}
+
+namespace {
+
+/// Runs `command` through the shell with a wall-clock cap; its stdout and stderr, and how long
+/// it took.
+std::pair<std::string, double> runFor(const std::string &command, int cap_s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string out;
+    FILE *p = ::popen(("timeout " + std::to_string(cap_s) + " " + command + " 2>&1").c_str(), "r");
+    char buf[4096];
+    for (size_t n; p != nullptr && (n = std::fread(buf, 1, sizeof buf, p)) > 0;) {
+        out.append(buf, n);
+    }
+    if (p != nullptr) {
+        ::pclose(p);
+    }
+    return {out, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+}
+
+}  // namespace
+
+// Issue 24: the example worker waited 30 s without a word for its peer, and a lookup of a node
+// that is no configured peer retried for its whole timeout. Now a name that cannot get better
+// fails at once, and a wait says every 2 s what it waits for.
+TEST(ExampleWorker, ANodeThatIsNoPeerFailsAtOnceAndAWaitSaysWhatItWaitsFor) {
+    SidecarOptions o;
+    o.name = "node-a";
+    o.listen = "127.0.0.1:" + std::to_string(freePort());
+    o.peers = {{"node-b", "127.0.0.1:" + std::to_string(freePort())}};  // never started
+    Sidecar a(o);
+    ASSERT_TRUE(a.ready()) << a.log();
+    const std::string exe =
+        std::string(TENSORLANE_EXAMPLE_BIN) + " --socket " + a.socket() + " --bytes 4096";
+    const auto [typo, typo_s] = runFor(exe + " --peer node-bb", 20);
+    EXPECT_LT(typo_s, 5.0) << typo;
+    EXPECT_NE(typo.find("TL_EINVAL"), std::string::npos) << typo;
+    EXPECT_NE(typo.find("retrying cannot help"), std::string::npos) << typo;
+    EXPECT_EQ(typo.find("waiting for"), std::string::npos) << typo;
+    // node-b is configured but down: worth waiting for, and said while waiting.
+    const auto [wait, wait_s] = runFor(exe + " --peer node-b", 5);
+    EXPECT_NE(wait.find("waiting for node-b's worker to expose demo-recv (2 s of 30 s)"),
+              std::string::npos)
+        << wait;
+    EXPECT_NE(wait.find("TL_EPEER"), std::string::npos) << wait;
 }

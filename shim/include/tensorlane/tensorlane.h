@@ -110,7 +110,11 @@ TL_API tl_status tl_deregister(tl_client *c, tl_region r);
  *  another region is TL_EINVAL (it is never taken over); one under a [security]
  *  reserved_names prefix that this uid does not hold is TL_EPERM. */
 TL_API tl_status tl_expose(tl_client *c, tl_region r, const char *name);
-/** Finds `name` exposed on node `peer` (this node's own name is valid). `bytes` may be NULL. */
+/** Finds `name` exposed on node `peer` (this node's own name is valid). `bytes` may be NULL.
+ *  TL_ENOENT: nothing is exposed under `name` there yet, or `peer` is not (yet, or no longer)
+ *  registered in an etcd directory: retrying may help. TL_EINVAL: `peer` is neither this node
+ *  nor one of a static [[peers]] list, which is fixed when the sidecar starts: retrying cannot
+ *  help. TL_EPEER: the peer is unreachable now (tl_last_error says why). */
 TL_API tl_status tl_lookup(tl_client *c, const char *peer, const char *name, tl_remote *out,
                            uint64_t *bytes);
 /** Writes `bytes` from src+src_off into dst+dst_off and delivers `imm` to the target's owner.

@@ -27,6 +27,7 @@ import collections
 import ctypes
 import functools
 import json
+import logging
 import math
 import os
 import sys
@@ -74,6 +75,9 @@ WAIT_SLICE = 0.05
 
 #: Writes consume dropped, unwaited tickets once this many have piled up.
 _REAP_BATCH = 32
+# Client.lookup(timeout=...) says every this many seconds what it still waits for.
+_LOOKUP_NOTE_S = 5.0
+_log = logging.getLogger("tensorlane")
 
 _fork_generation = 0
 
@@ -749,8 +753,12 @@ class Client:
     def lookup(self, peer: str, name: str, timeout: float = 0) -> Remote:
         """Finds ``name`` exposed on node ``peer`` (this node's own name is valid). With a
         ``timeout`` (seconds), NotFoundError is retried until the name appears or the time is
-        up (another process may not have exposed it yet)."""
-        deadline = time.monotonic() + timeout
+        up (another process may not have exposed it yet); while it waits, a line goes to the
+        ``tensorlane`` logger every 5 seconds saying what it waits for and why. A ``peer`` that
+        is no configured peer fails at once (InvalidArgumentError: retrying cannot help)."""
+        start = time.monotonic()
+        deadline = start + timeout
+        next_note = start + _LOOKUP_NOTE_S
         out, nbytes = c_uint64(), c_uint64()
         while True:
             self._enter()
@@ -762,8 +770,13 @@ class Client:
                 self._leave()
             if err is None:
                 return Remote(self, out.value, peer, name, nbytes.value)
-            if err.status != Status.ENOENT or time.monotonic() >= deadline:
+            now = time.monotonic()
+            if err.status != Status.ENOENT or now >= deadline:
                 raise err
+            if now >= next_note:
+                next_note = now + _LOOKUP_NOTE_S
+                _log.warning("still waiting for '%s' on %s (%.0f s of %.0f s): %s", name, peer,
+                             now - start, timeout, err)
             time.sleep(min(0.01, max(0.0, deadline - time.monotonic())))
 
     # ---- writes

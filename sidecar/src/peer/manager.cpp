@@ -660,8 +660,13 @@ Status PeerManagerImpl::unknownPeer(std::string_view name) const {
     if (unknown_answer_) {
         return {unknown_answer_->first, "node " + quoted + " " + unknown_answer_->second};
     }
-    return {Code::kNotFound,
-            quoted + " is neither this node (" + cfg_.node.name + ") nor a configured peer"};
+    // A static peer list is fixed at start: such a name is wrong on its face (TL_EINVAL), and
+    // a lookup loop that waits for a name to be exposed (TL_ENOENT) stops at once.
+    return {Code::kInvalid,
+            quoted + " is neither this node (" + cfg_.node.name +
+                ") nor a configured peer; retrying cannot help: fix the name or "
+                "add it under [[peers]] in " +
+                (cfg_.source.empty() ? std::string("the sidecar's file") : cfg_.source)};
 }
 
 PeersReport PeerManagerImpl::report() const {
