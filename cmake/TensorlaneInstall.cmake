@@ -104,9 +104,12 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/scripts/deploy/kubernetes/
         FILES_MATCHING PATTERN "*.yaml")
 
 # The Python package: pure Python; it finds the installed libtensorlane.so.0 through the
-# dynamic loader (ldconfig) or $TENSORLANE_LIBRARY.
+# install's record, tensorlane/_installed.py (the library directory of this install, --prefix
+# included), else the dynamic loader (ldconfig) or $TENSORLANE_LIBRARY (tensorlane/_lib.py).
 if(EXISTS ${PROJECT_SOURCE_DIR}/shim/python/tensorlane/__init__.py)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/shim/python/tensorlane
           DESTINATION ${TENSORLANE_INSTALL_PYTHONDIR} COMPONENT python
           PATTERN "__pycache__" EXCLUDE)
+  tensorlane_install_configured(${PROJECT_SOURCE_DIR}/cmake/_installed.py.in _installed.py
+                                ${TENSORLANE_INSTALL_PYTHONDIR}/tensorlane python)
 endif()

@@ -138,10 +138,15 @@ def check_tree(args):
         check(len(pkgs) == 1 and os.path.isfile(os.path.join(pkgs[0], "tensorlane", "__init__.py")),
               f"the Python package is under lib/.../dist-packages ({[os.path.relpath(x, prefix) for x in pkgs]})")
         if len(pkgs) == 1:
+            # Issue 24: with no TENSORLANE_LIBRARY and nothing on the loader's path, the
+            # install's record (tensorlane/_installed.py) names the library of this prefix.
+            record = os.path.join(pkgs[0], "tensorlane", "_installed.py")
+            check(os.path.isfile(record) and f'LIBDIR = "{lib}"' in open(record).read(),
+                  f"the install's record names the installed library directory {lib}")
             r = run([sys.executable, "-c", "import tensorlane; tensorlane._lib.library(); print(tensorlane.library_path())"],
-                    env={"PYTHONPATH": pkgs[0], "TENSORLANE_LIBRARY": os.path.join(lib, "libtensorlane.so.0")})
+                    env={"PYTHONPATH": pkgs[0]})
             check(r.returncode == 0 and os.path.realpath(r.stdout.strip()) == os.path.realpath(real),
-                  "the installed package imports and loads the installed library"
+                  "the installed package imports and loads the installed library through the install's record"
                   + ("" if r.returncode == 0 else ": " + r.stderr.strip()[-300:]))
 
         # Build against the installed files only.

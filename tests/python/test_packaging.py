@@ -82,6 +82,75 @@ def test_the_loader_path_is_the_last_resort(built_library):
     assert "missing:" in out.stdout and "TENSORLANE_LIBRARY" in out.stdout
 
 
+@pytest.fixture(scope="module")
+def prefix_install(tmp_path_factory):
+    """`pip install --prefix P ./shim/python` without TENSORLANE_WHEEL_LIBRARY: no library in
+    the wheel. Returns (P, the site directory the package went to)."""
+    if importlib.util.find_spec("pip") is None:
+        pytest.skip("pip is not installed for this Python (Debian: python3-pip)")
+    prefix = tmp_path_factory.mktemp("prefix")
+    env = {k: v for k, v in os.environ.items() if k != "TENSORLANE_WHEEL_LIBRARY"}
+    env["PIP_NO_INDEX"] = "1"
+    out = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--quiet",
+                          "--prefix", str(prefix), PKG_SRC], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    sites = [root for root, _dirs, files in os.walk(prefix)
+             if os.path.basename(root) == "tensorlane" and "__init__.py" in files]
+    assert len(sites) == 1, sites
+    assert not any(f.startswith("libtensorlane") for f in os.listdir(sites[0]))
+    return prefix, os.path.dirname(sites[0])
+
+
+def _as_prefix(prefix) -> str:
+    """Code that runs as under a Python whose prefix is `prefix` (a venv there)."""
+    return f"import sys\nsys.prefix = sys.base_prefix = {str(prefix)!r}\n"
+
+
+def test_a_wheel_without_the_library_finds_it_in_its_prefix(prefix_install, built_library):
+    # Issue 24: such a package could not find a library that `cmake --install` put into the
+    # same prefix (the loader does not look in <prefix>/lib before ldconfig, if ever).
+    prefix, site = prefix_install
+    libdir = prefix / "lib"
+    libdir.mkdir(exist_ok=True)
+    placed = libdir / "libtensorlane.so.0"
+    placed.write_bytes(open(built_library, "rb").read())
+    try:
+        out = python(_as_prefix(prefix) + SHOW, PYTHONPATH=site)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split()[0] == str(placed)
+    finally:
+        placed.unlink()
+
+
+def test_when_nothing_is_found_the_error_lists_every_place(prefix_install):
+    prefix, site = prefix_install
+    out = python(_as_prefix(prefix) + "import tensorlane\ntry:\n    tensorlane.library_path()\n"
+                 "except tensorlane.LibraryError as e:\n    print(e)\n", PYTHONPATH=site)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert f"{prefix}/lib/libtensorlane.so.0 (the prefix's library directory): not there" in text
+    assert "/usr/local/lib/libtensorlane.so.0 (the prefix's library directory)" in text
+    assert "(the loader path)" in text and "TENSORLANE_WHEEL_LIBRARY" in text
+
+
+def test_the_install_record_names_the_library_directory(prefix_install, built_library, tmp_path):
+    # What `cmake --install` writes next to the package it installs (tests/deploy checks the
+    # real install); here a copy of the pip-installed package with such a record.
+    import shutil
+
+    _prefix, site = prefix_install
+    pkg = tmp_path / "site" / "tensorlane"
+    shutil.copytree(os.path.join(site, "tensorlane"), pkg)
+    libdir = tmp_path / "somewhere" / "lib"
+    libdir.mkdir(parents=True)
+    (libdir / "libtensorlane.so.0").write_bytes(open(built_library, "rb").read())
+    (pkg / "_installed.py").write_text(f'LIBDIR = "{libdir}"\n')
+    out = python(SHOW, PYTHONPATH=str(tmp_path / "site"))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[0] == str(libdir / "libtensorlane.so.0")
+
+
 def test_import_needs_neither_the_library_nor_torch():
     out = python("import sys, tensorlane, tensorlane.testing\n"
                  "assert 'torch' not in sys.modules and 'numpy' not in sys.modules\n"

@@ -6,8 +6,16 @@ The library is looked for in this order, and the first one found wins:
    wrong path is an error and never a silent fall-back to another copy;
 2. next to this package (``tensorlane/libtensorlane.so*``: the build tree's package and a
    package installed together with the library);
-3. the dynamic loader's search path (``LD_LIBRARY_PATH``, ``ldconfig``'s cache: an installed
+3. the install's record: ``cmake --install`` writes ``tensorlane/_installed.py`` beside the
+   package it installs, naming the library directory of that install (``--prefix`` included);
+4. the library directories of the prefixes this Python runs in and of ``/usr/local``
+   (``lib/<multiarch>``, ``lib64``, ``lib``): ``pip install ./shim/python`` into a prefix (a
+   venv, ``/usr/local``) next to a ``cmake --install`` to the same prefix finds it there, even
+   before ``ldconfig`` ran;
+5. the dynamic loader's search path (``LD_LIBRARY_PATH``, ``ldconfig``'s cache: an installed
    ``libtensorlane.so.0``).
+
+When none loads, :class:`LibraryError` lists every place tried and why each failed.
 
 Nothing is loaded at import time: the first :class:`tensorlane.Client` loads it, so that
 ``import tensorlane`` (and the type stubs, ``tensorlane.testing``) work on a machine without it.
@@ -17,6 +25,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
+import sysconfig
 import threading
 from ctypes import POINTER, c_char, c_char_p, c_int, c_size_t, c_uint32, c_uint64, c_void_p
 from typing import Optional
@@ -195,8 +205,37 @@ _lib: Optional[ctypes.CDLL] = None
 _path: Optional[str] = None
 
 
+def _prefix_dirs() -> list[str]:
+    """The library directories of this Python's prefixes and of /usr/local, without repeats."""
+    multiarch = sysconfig.get_config_var("MULTIARCH") or ""
+    out: list[str] = []
+    for prefix in (sys.prefix, sys.base_prefix, "/usr/local"):
+        for sub in ([os.path.join("lib", multiarch)] if multiarch else []) + ["lib64", "lib"]:
+            d = os.path.join(prefix, sub)
+            if d not in out:
+                out.append(d)
+    return out
+
+
+def _recorded_dir(here: str) -> Optional[str]:
+    """The library directory named by the install's record (_installed.py), if there is one."""
+    path = os.path.join(here, "_installed.py")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("LIBDIR = "):
+            value = line[len("LIBDIR = "):].strip()
+            if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+                return value[1:-1]
+    return None
+
+
 def _candidates() -> list[tuple[str, str]]:
-    """(how it was found, what to dlopen), in the order they are tried."""
+    """(how it was found, what to dlopen), in the order they are tried. Paths that do not exist
+    are kept, so that the error lists them."""
     env = os.environ.get("TENSORLANE_LIBRARY")
     if env:
         return [("$TENSORLANE_LIBRARY", env)]
@@ -206,6 +245,12 @@ def _candidates() -> list[tuple[str, str]]:
         path = os.path.join(here, name)
         if os.path.exists(path):
             out.append(("next to the package", path))
+    recorded = _recorded_dir(here)
+    if recorded:
+        out.append(("the install's record, tensorlane/_installed.py",
+                    os.path.join(recorded, SONAME)))
+    for d in _prefix_dirs():
+        out.append(("the prefix's library directory", os.path.join(d, SONAME)))
     out.append(("the loader path", SONAME))
     out.append(("the loader path", "libtensorlane.so"))
     return out
@@ -226,6 +271,9 @@ def library() -> ctypes.CDLL:
             return _lib
         tried = []
         for how, what in _candidates():
+            if os.sep in what and how != "$TENSORLANE_LIBRARY" and not os.path.exists(what):
+                tried.append(f"{what} ({how}): not there")
+                continue
             try:
                 # CDLL, not PyDLL: ctypes releases the GIL around every call, so a thread
                 # blocked in tl_wait never stops the others.
@@ -248,8 +296,9 @@ def library() -> ctypes.CDLL:
         raise LibraryError(
             "cannot load libtensorlane.so; tried:\n  "
             + "\n  ".join(tried)
-            + "\nSet TENSORLANE_LIBRARY to the library's path, put it next to the package, "
-            "or install it where the dynamic loader finds it."
+            + "\nSet TENSORLANE_LIBRARY to the library's path, put it next to the package "
+            "(TENSORLANE_WHEEL_LIBRARY when building the wheel), `cmake --install` into this "
+            "Python's prefix, or install it where the dynamic loader finds it (then ldconfig)."
         )
 
 
