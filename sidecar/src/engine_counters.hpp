@@ -16,6 +16,7 @@ struct EngineCounters {
     uint64_t notifications = 0;          ///< request pipeline
     uint64_t notifications_dropped = 0;  ///< request pipeline
     uint64_t probes_received = 0;        ///< writes into the peer probe's region
+    uint64_t probes_sent = 0;            ///< writes into a peer's probe region (diag)
     uint64_t quota_refusals = 0;         ///< region lifecycle
     uint64_t session_cap_refusals = 0;   ///< sessions_per_uid/pid, fd_reserve
     uint64_t accept_pauses = 0;          ///< control server: accept() failed (EMFILE)

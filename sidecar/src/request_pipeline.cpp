@@ -121,7 +121,10 @@ void RequestPipeline::handleRequest(Session &s, const ipc::Request &r) {
         return;
     }
     op.op_id = next_op_++;
-    if (op.peer == kLocalPeer) {
+    const bool probe = s.remotes.at(r.dst_remote).probe;  // buildWrite found it
+    if (probe) {
+        ++counters_.probes_sent;  // `tensorlane diag`: not the node's traffic
+    } else if (op.peer == kLocalPeer) {
         ++counters_.writes_local;
     } else {
         ++counters_.writes_remote;
@@ -133,8 +136,11 @@ void RequestPipeline::handleRequest(Session &s, const ipc::Request &r) {
     }
     // Timed only with the metrics endpoint on: one clock read (the TSC where it is a clock,
     // else the vDSO's steady clock) per batch of requests drained (drainRequests invalidates it).
-    ops_.emplace(op.op_id, PendingOp{s.id, r.ticket, r.bytes, op.src, op.dst, op.peer,
-                                     stats_.timing() ? stats_.now() : 0, slot, s.cred.uid});
+    const int64_t accepted_ns = stats_.timing() ? stats_.now() : 0;
+    PendingOp pending{s.id,    r.ticket,    r.bytes, op.src,    op.dst,
+                      op.peer, accepted_ns, slot,    s.cred.uid};
+    pending.probe = probe;
+    ops_.emplace(op.op_id, std::move(pending));
     ++s.in_flight;
     if ((r.flags & ipc::kRequestGated) != 0) {
         // tl_write_on_stream: it waits for the client's GPU stream (pollStreams).
@@ -337,7 +343,9 @@ void RequestPipeline::completed(uint64_t op_id, Code status, std::string_view re
     ops_.erase(it);
     // Counted whether or not the writer is still there: the peer saw the write either way.
     // Timed to the end of this turn, after its completions are published (run()).
-    stats_.writeEndedSince(op.peer, status, op.bytes, op.accepted_ns);
+    if (!op.probe) {
+        stats_.writeEndedSince(op.peer, status, op.bytes, op.accepted_ns);
+    }
     lifecycle_.dropUser(op.src);
     lifecycle_.dropUser(op.dst);
     if (op.ex != 0) {

@@ -64,6 +64,7 @@ public:
         /// begin/payload/end record). 0: none.
         uint64_t ex = 0;
         uint32_t ex_part = 0;
+        bool probe = false;  ///< into a peer's probe region: not in the per-peer write stats
     };
     static constexpr uint32_t kExRecordPart = UINT32_MAX;
     /// Accepted writes to one peer that its transport could not take yet, oldest first.

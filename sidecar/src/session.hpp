@@ -27,6 +27,9 @@ struct RemoteRef {
     PeerId peer = kLocalPeer;
     RegionId region = 0;
     uint64_t bytes = 0;
+    /// The peer's probe region (kProbeRegionName, what `tensorlane diag` writes): its writes
+    /// are counted as probes_sent, not as the node's writes and traffic.
+    bool probe = false;
 };
 
 struct SessionCounters {

@@ -102,6 +102,16 @@ TEST(DiagProbe, ReachablePeerReportsItsRoundTrip) {
     auto st = nlohmann::json::parse(buf);
     EXPECT_EQ(st["counters"].value("probes_received", 0), 5) << st["counters"].dump();
     EXPECT_EQ(st["counters"].value("notifications_dropped", 0), 0);
+    // Issue 24: at node-a they are probes, not the node's writes (nor, in the metrics, its
+    // traffic to node-b).
+    auto ca = tensorlane::Client::connect(p.a->socket());
+    ASSERT_TRUE(ca.ok());
+    buf.assign(1 << 16, '\0');
+    ASSERT_EQ(tl_sidecar_status(ca->get(), buf.data(), buf.size(), &len), TL_OK);
+    buf.resize(len);
+    st = nlohmann::json::parse(buf);
+    EXPECT_EQ(st["counters"].value("probes_sent", 0), 5) << st["counters"].dump();
+    EXPECT_EQ(st["counters"].value("writes_remote", -1), 0) << st["counters"].dump();
 }
 
 TEST(DiagProbe, PeerThatIsDownFailsWithAFix) {
