@@ -96,10 +96,11 @@ class Instance:
         self.torch = torch
         self.tp, self.block_size, self.num_blocks = tp, block_size, num_blocks
         self.dtype = dtype or torch.bfloat16
-        extra = {"socket": socket, "transfer_timeout_s": 10, **(extra or {})}
+        extra_config = {"socket": socket, "transfer_timeout_s": 10, **(extra or {})}
 
         def config(rank: int) -> VllmConfig:
-            return VllmConfig(KVTransferConfig(role, engine_id, kv_connector_extra_config=extra),
+            return VllmConfig(KVTransferConfig(role, engine_id,
+                                               kv_connector_extra_config=extra_config),
                               ParallelConfig(tp, rank), CacheConfig(block_size))
 
         self.scheduler = TensorlaneConnector(config(0), KVConnectorRole.SCHEDULER)
@@ -169,9 +170,10 @@ def fill(inst: Instance, blocks: list, seed: int) -> None:
     torch = inst.torch
     for r, caches in enumerate(inst.caches):
         for i, t in enumerate(caches.values()):
-            g = torch.Generator().manual_seed(seed * 7919 + r * 131 + i)
-            src = torch.randn((2, len(blocks)) + tuple(t.shape[2:]), generator=g)
-            t[:, blocks] = src.to(inst.dtype).to(t.device)
+            g = torch.Generator(device=t.device).manual_seed(seed * 7919 + r * 131 + i)
+            src = torch.randn((2, len(blocks)) + tuple(t.shape[2:]), generator=g,
+                              device=t.device)
+            t[:, blocks] = src.to(inst.dtype)
 
 
 def prefill_request(inst: Instance, rid: str, prompt_tokens: int, seed: int,

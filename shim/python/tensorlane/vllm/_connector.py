@@ -160,6 +160,8 @@ def layout_of(tensor: Any) -> tuple[LayerLayout, Any]:
     head_dim)`` and ``(blocks, block_size, head_dim)`` (MLA); heads before tokens in memory
     (strides of a permuted view, vLLM's HND) make head slices possible."""
     shape, stride, e = list(tensor.shape), list(tensor.stride()), tensor.element_size()
+    planes: tuple[int, ...]
+    inner: tuple[int, ...]
     order = sorted(range(len(shape)), key=lambda i: -stride[i])
     dense = tensor.permute(*order)
     if not dense.is_contiguous():
