@@ -42,7 +42,7 @@ usage: scripts/device-run.sh fetch
                        16 MiB write, local and tcp), 3 repetitions
   --vllm-bench         shim/python/bench/vllm_kv.py: KV transfer time per request of the vLLM
                        connector (32 layers x 1,000 blocks) against torch.distributed send/recv
-                       (NCCL: needs two GPUs, else only the connector's side); builds
+                       (NCCL: two GPUs when there are, else both ranks on one); builds
                        tensorlane-python and tensorlane-sidecar (add them to --targets)
   --gpu-repeat N       run each gpu test up to N times, stopping at its first failure
   --simhca-bench       tests/simhca/tools/bench.sh: the simulator alone (perftest over it) against
