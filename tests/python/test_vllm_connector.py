@@ -264,7 +264,8 @@ _BASE = """
 
 
 def test_the_installed_vllm_base_class_is_checked_at_import(tmp_path):
-    same = _fake_vllm(tmp_path / "a", _BASE + "        def get_finished(self, finished_req_ids): ...\n")
+    same = _fake_vllm(tmp_path / "a",
+                      _BASE + "        def get_finished(self, finished_req_ids): ...\n")
     assert same.returncode == 0, same.stderr
     assert "KVConnectorBase_V1" in same.stdout and "RuntimeWarning" not in same.stderr
     renamed = _fake_vllm(tmp_path / "b", _BASE + "        def get_finished(self, done, x): ...\n")

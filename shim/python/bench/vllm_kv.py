@@ -17,7 +17,8 @@ scatters it into its blocks (what a connector built on send/recv does).
     python3 shim/python/bench/vllm_kv.py --device cpu --layers 4 --blocks 128 --requests 4
 
 With two GPUs the prefill is on cuda:0 and the decode on cuda:1 (``--devices``); with one, both
-sides of both are on it (an NCCL that refuses two ranks on one GPU is reported, not hidden). On the device:
+sides of both are on it (an NCCL that refuses two ranks on one GPU is reported, not hidden).
+On the device:
 ``scripts/device-run.sh run --no-rest --vllm-bench`` (a two-GPU kind for the NCCL side).
 """
 

@@ -375,9 +375,10 @@ class TensorlaneConnector(_Base):  # type: ignore[misc,valid-type]
 
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
         """Registers and exposes each layer's cache (``<prefix>/<engine>/<rank>/<layer>/g<n>``,
-        ``n`` the generation) and an inbox (``<prefix>/<engine>/<rank>/inbox``) for requests, and starts the receiver thread. CUDA tensors are
-        registered by address; CPU tensors must lie in memory of ``self.client``
-        (``connector.connect().alloc_host_tensor``), as every CPU tensor tensorlane moves."""
+        ``n`` the generation) and an inbox for requests (``<prefix>/<engine>/<rank>/inbox``),
+        and starts the receiver thread. CUDA tensors are registered by address; CPU tensors
+        must lie in memory of this connector's client (``connector.connect().alloc_host_tensor``),
+        as every CPU tensor tensorlane moves."""
         client = self.connect()
         layouts = []
         for name, t in kv_caches.items():
@@ -640,6 +641,10 @@ class TensorlaneConnector(_Base):  # type: ignore[misc,valid-type]
                 continue
             except (tensorlane.ClientClosedError, tensorlane.SidecarGoneError):
                 return
+            except tensorlane.TensorlaneError as e:  # logged, never the thread's end
+                log.warning("waiting for messages: %s", e)
+                time.sleep(0.05)
+                continue
             try:
                 if m.kind == tensorlane.NOTIFY_GROUP:
                     self._on_group(m)
