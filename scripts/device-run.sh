@@ -13,7 +13,7 @@ usage() {
 usage: scripts/device-run.sh fetch
        scripts/device-run.sh run [--out DIR] [--jobs N] [--budget SECONDS] [--bench-min-time S]
                                  [--bench-filter REGEX] [--verbs-bench] [--simhca-bench] [--tcp-compare]
-                                 [--latency-rounds N] [--host-latency] [--group-bench]
+                                 [--latency-rounds N] [--host-latency] [--group-bench] [--vllm-bench]
                                  [--gpu-repeat N] [--nccl "RUN; RUN; ..."] [--nccl-bench "ARGS; ..."] [--tar] [--no-rest]
                                  [--no-gpu] [--verbs-args "ARGS"] [--targets "T1 T2 ..."]
                                  [--gpu-filter REGEX] [--dry-run]
@@ -40,6 +40,10 @@ usage: scripts/device-run.sh fetch
                        RingNop and LocalWrite/busy/4096, metrics_bench's LocalWrite64 (metrics off, on)
   --group-bench        build/release/tests/bench/group_bench (a 1,000-entry group against one
                        16 MiB write, local and tcp), 3 repetitions
+  --vllm-bench         shim/python/bench/vllm_kv.py: KV transfer time per request of the vLLM
+                       connector (32 layers x 1,000 blocks) against torch.distributed send/recv
+                       (NCCL: two GPUs when there are, else both ranks on one); builds
+                       tensorlane-python and tensorlane-sidecar (add them to --targets)
   --gpu-repeat N       run each gpu test up to N times, stopping at its first failure
   --simhca-bench       tests/simhca/tools/bench.sh: the simulator alone (perftest over it) against
                        UDP ping-pong and stream on the same loopback
@@ -95,6 +99,7 @@ simhca_bench=0
 tcp_compare=0
 host_latency=0
 group_bench=0
+vllm_bench=0
 gpu_repeat=1
 nccl_runs=""
 nccl_bench=""
@@ -118,6 +123,7 @@ while [ $# -gt 0 ]; do
         --tcp-compare) tcp_compare=1 ;;
         --host-latency) host_latency=1 ;;
         --group-bench) group_bench=1 ;;
+        --vllm-bench) vllm_bench=1 ;;
         --gpu-repeat) gpu_repeat=$2; shift ;;
         --nccl) nccl_runs=$2; shift ;;
         --tar) tar_out=1 ;;
@@ -298,6 +304,17 @@ if [ "$group_bench" -eq 1 ] && [ "$(left)" -gt 20 ]; then
         >"$out/group_bench.txt" 2>&1
     note "group_bench: exit $?"
     grep -E '^Group' "$out/group_bench.txt" | tee -a "$summary"
+    set -e
+fi
+
+if [ "$vllm_bench" -eq 1 ] && [ "$(left)" -gt 30 ]; then
+    note "== vllm_kv ($(left) s left)"
+    set +e
+    run env PYTHONPATH=build/release/python TENSORLANE_BUILD_DIR=build/release \
+        timeout "$(left)" "${python:-python3}" shim/python/bench/vllm_kv.py \
+        --json "$out/vllm_kv.json" >"$out/vllm_kv.txt" 2>&1
+    note "vllm_kv: exit $?"
+    grep -E '^(tensorlane|torch|[0-9]+ requests)' "$out/vllm_kv.txt" | tee -a "$summary"
     set -e
 fi
 

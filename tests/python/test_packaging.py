@@ -48,7 +48,9 @@ def installed(tmp_path_factory, built_library):
 
 def test_pip_install_bundles_the_library_next_to_the_package(installed):
     files = sorted(os.listdir(installed / "tensorlane"))
-    assert {"__init__.py", "__init__.pyi", "py.typed", "libtensorlane.so"} <= set(files)
+    assert {"__init__.py", "__init__.pyi", "py.typed", "libtensorlane.so", "vllm"} <= set(files)
+    assert {"__init__.py", "_plan.py", "_connector.py"} <= set(
+        os.listdir(installed / "tensorlane" / "vllm"))  # subpackages go along
     out = python(SHOW, PYTHONPATH=str(installed))
     assert out.returncode == 0, out.stderr
     lib, pkg = out.stdout.split()

@@ -78,9 +78,12 @@ def _package_files() -> list[tuple[str, str]]:
     """(path in the archive, path on disk) of the package's files."""
     root = os.path.join(HERE, PACKAGE)
     out = []
-    for name in sorted(os.listdir(root)):
-        if name.endswith((".py", ".pyi")) or name == "py.typed":
-            out.append((f"{PACKAGE}/{name}", os.path.join(root, name)))
+    for top, dirs, names in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")  # subpackages: tensorlane.vllm
+        rel = os.path.relpath(top, HERE).replace(os.sep, "/")
+        for name in sorted(names):
+            if name.endswith((".py", ".pyi")) or name == "py.typed":
+                out.append((f"{rel}/{name}", os.path.join(top, name)))
     lib = os.environ.get("TENSORLANE_WHEEL_LIBRARY")
     if lib:
         if not os.path.isabs(lib):
