@@ -380,10 +380,12 @@ TEST(InProcessTickets, ABatchLargerThanTheRingSubmitsWhatFitsAndEachEndsOnce) {
 // ---- Back-pressure ----
 
 TEST(InProcessInFlight, TheCapLeavesTheRestInTheRingAndEveryEntryEndsOnce) {
-    // [limits] in_flight = 4: of 48 writes of 1 MiB published at once, the engine takes four,
+    // [limits] in_flight = 4: of 48 writes of 4 MiB published at once, the engine takes four,
     // then one more for each that ends; the ring holds the rest. Whenever the request head
     // (what the engine took) is read, it is at most 4 past the completions published by then.
-    constexpr uint64_t kCap = 4, kWrites = 48, kBytes = 1 << 20;
+    // 4 MiB each (192 MiB of copies) so that a sampler descheduled for a few ms on a loaded
+    // 2-core machine still sees writes in flight (with 1 MiB it once saw none: worst 0).
+    constexpr uint64_t kCap = 4, kWrites = 48, kBytes = 4 << 20;
     InProcessEngine e(InProcessOptions{.ring_depth = 64, .limits = "in_flight = 4"});
     ASSERT_TRUE(e.ok()) << e.error();
     auto owner = tensorlane::Client::connect(e.socket());
