@@ -148,3 +148,23 @@ def test_request_messages_round_trip_in_parts():
     assert len(payload) <= _plan.MAX_PAYLOAD
     assert _plan.parse_group_payload(payload) == (0xABCDEF, 1, 2, 3, "req-9")
     assert _plan.parse_group_payload(parts[0]) is None
+
+
+def test_a_flood_of_first_parts_keeps_the_reassembler_bounded():
+    # A peer's messages are input: half-sent requests are capped, the oldest dropped; a request
+    # claiming more parts than any real one is refused.
+    r = _plan.Reassembler()
+    first = [_plan.encode_request(t, {"blocks": list(range(200))})[0]
+             for t in range(_plan.MAX_PENDING_REQUESTS + 10)]
+    for p in first:
+        assert r.feed("node-b", p) is None
+    assert len(r) == _plan.MAX_PENDING_REQUESTS and r.dropped == 10
+    parts = _plan.encode_request(99999, {"blocks": list(range(200))})
+    got = None
+    for p in parts:
+        got = r.feed("node-c", p)
+    assert got == (99999, {"blocks": list(range(200))})  # a new request still goes through
+    huge = bytearray(parts[0])
+    huge[8:10] = (_plan.MAX_REQUEST_PARTS + 1).to_bytes(2, "little")  # parts
+    with pytest.raises(PlanError, match="request part 0/257"):
+        r.feed("node-b", bytes(huge))

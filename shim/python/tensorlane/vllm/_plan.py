@@ -267,11 +267,20 @@ def encode_request(token: int, body: dict, max_payload: int = MAX_PAYLOAD) -> li
             for i, c in enumerate(chunks)]
 
 
+#: A request of more parts than this (64 KiB: tens of thousands of block ids in runs) is
+#: refused, and at most this many requests are put together at once: a peer's messages are
+#: input, and a stream of first parts must not grow the prefill worker's memory without bound.
+MAX_REQUEST_PARTS = 256
+MAX_PENDING_REQUESTS = 1024
+
+
 class Reassembler:
     """Puts the decode's requests back together at the prefill, per writer and token."""
 
     def __init__(self) -> None:
         self._parts: dict[tuple[str, int], list[bytes]] = {}
+        #: Unfinished requests given up to keep at most MAX_PENDING_REQUESTS.
+        self.dropped = 0
 
     def __len__(self) -> int:
         return len(self._parts)
@@ -282,9 +291,13 @@ class Reassembler:
         if len(payload) < _REQ.size or payload[:4] != _REQ_MAGIC:
             return None
         magic, version, _, part, parts, token = _REQ.unpack_from(payload)
-        if version != _VERSION or parts == 0 or part >= parts:
+        if version != _VERSION or parts == 0 or part >= parts or parts > MAX_REQUEST_PARTS:
             raise PlanError(f"request part {part}/{parts} of version {version} from {peer}")
         key = (peer, token)
+        if key not in self._parts and len(self._parts) >= MAX_PENDING_REQUESTS:
+            # The oldest unfinished one goes (its decode times out and reports the blocks).
+            del self._parts[next(iter(self._parts))]
+            self.dropped += 1
         got = self._parts.setdefault(key, [])
         if part != len(got):
             del self._parts[key]
