@@ -256,7 +256,7 @@ Status EngineImpl::startMetrics() {
 
 Snapshot EngineImpl::buildSnapshot() const {
     Snapshot snap;
-    snap.report = report();
+    snap.report = report(std::nullopt, ReportDetail::kTyped);  // the metrics read no detail
     snap.timing = stats_.timing();
     snap.rejected = stats_.rejectedByStatus();
     const auto &names = stats_.names();
@@ -489,7 +489,7 @@ void EngineImpl::inboundClosed(PeerId peer, std::string_view reason) {
     }
 }
 
-EngineReport EngineImpl::report(std::optional<uid_t> only_uid) const {
+EngineReport EngineImpl::report(std::optional<uid_t> only_uid, ReportDetail want) const {
     EngineReport r;
     r.node = cfg_.node.name;
     r.socket = cfg_.node.socket;
@@ -564,7 +564,7 @@ EngineReport EngineImpl::report(std::optional<uid_t> only_uid) const {
     c.writes_queued = pipeline_->queued();
     c.writes_in_flight = pipeline_->inFlight();
     if (peers_) {
-        r.peers = peers_->report().peers;
+        r.peers = peers_->report(want).peers;
     }
     if (directory_) {
         r.directory = directory_->report();

@@ -53,7 +53,8 @@ public:
     void stop();
     /// The status document. With `only_uid`, the clients[] of that uid alone (a non-root
     /// client's tl_sidecar_status: it must not learn other users' pids and counters).
-    EngineReport report(std::optional<uid_t> only_uid = std::nullopt) const;
+    EngineReport report(std::optional<uid_t> only_uid = std::nullopt,
+                        ReportDetail want = ReportDetail::kFull) const;
     /// report() as `tensorlane status --json` prints it.
     std::string statusJson(std::optional<uid_t> only_uid = std::nullopt) const;
 

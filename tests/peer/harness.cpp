@@ -587,6 +587,10 @@ std::string Node::statusJson() {
     return call([&] { return pm_->statusJson(); });
 }
 
+sidecar::PeersReport Node::report(sidecar::ReportDetail want) {
+    return call([&] { return pm_->report(want); });
+}
+
 nlohmann::json peerStatus(Node &n, const std::string &peer) {
     auto j = nlohmann::json::parse(n.statusJson());
     for (auto &p : j["peers"]) {

@@ -203,6 +203,8 @@ public:
     bool remoteValid(const std::string &peer, RegionId remote);
     PeerState state(const std::string &peer);
     std::string statusJson();
+    /// PeerManager::report(want), taken on the loop thread.
+    sidecar::PeersReport report(sidecar::ReportDetail want);
 
     /// Stops calling progress() (a hung engine: sockets stay open, nothing is read or sent).
     void pause(bool paused) { paused_.store(paused); }

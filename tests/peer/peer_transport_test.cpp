@@ -167,6 +167,47 @@ TEST_P(Peers, LookupAndWriteDeliverRandomData) {
     }
 }
 
+// A metrics scrape asks for the typed figures only (issue 20): the same numbers as a status
+// report, without the transport's own detail object (for verbs, 13 sysfs reads a peer).
+TEST_P(Peers, AScrapesReportHasTheTypedFiguresWithoutTheDetail) {
+    startNodes(2);
+    Node &a = node(0);
+    Node &b = node(1);
+    auto dst = b.addRegion(1 << 16, "recv");
+    auto src = a.addRegion(1 << 16);
+    auto [ls, remote] = a.lookup("node-b", "recv");
+    ASSERT_TRUE(ls.isOk()) << ls.message();
+    auto [ps, op] = a.post("node-b", src, 0, remote.id, 0, 1 << 16, 7);
+    ASSERT_TRUE(ps.isOk()) << ps.message();
+    ASSERT_TRUE(a.sink.completion(op, 5s).has_value());
+    auto of = [](const sidecar::PeersReport &r) {
+        for (const auto &p : r.peers) {
+            if (p.name == "node-b") {
+                return p.transport;
+            }
+        }
+        ADD_FAILURE() << "no node-b in the report";
+        return sidecar::TransportPeerReport{};
+    };
+    const sidecar::TransportPeerReport full = of(a.report(sidecar::ReportDetail::kFull));
+    const sidecar::TransportPeerReport typed = of(a.report(sidecar::ReportDetail::kTyped));
+    ASSERT_NE(full.detail, nullptr);
+    EXPECT_TRUE(full.detail->is_object());
+    EXPECT_EQ(typed.detail, nullptr);
+    EXPECT_EQ(typed.transport, GetParam());
+    EXPECT_EQ(typed.in_flight, full.in_flight);
+    EXPECT_EQ(typed.data_connections, full.data_connections);
+    EXPECT_EQ(typed.work_requests, full.work_requests);
+    EXPECT_EQ(typed.completion_errors, full.completion_errors);
+    EXPECT_EQ(typed.send_qps.size(), full.send_qps.size());
+    if (GetParam() == "verbs") {
+        EXPECT_EQ(typed.send_qps.size(), 2u);
+        EXPECT_GE(typed.work_requests, 1u);
+    } else {
+        EXPECT_GE(typed.data_connections, 1u);
+    }
+}
+
 TEST_P(Peers, UnknownRegionNameIsNotFound) {
     startNodes(2);
     node(1).addRegion(4096, "there");

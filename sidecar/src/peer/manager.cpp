@@ -669,7 +669,7 @@ Status PeerManagerImpl::unknownPeer(std::string_view name) const {
                 (cfg_.source.empty() ? std::string("the sidecar's file") : cfg_.source)};
 }
 
-PeersReport PeerManagerImpl::report() const {
+PeersReport PeerManagerImpl::report(ReportDetail want) const {
     PeersReport out;
     for (const Peer &p : peers_) {
         if (!p.listed) {
@@ -686,7 +686,7 @@ PeersReport PeerManagerImpl::report() const {
                              : p.in && p.in->transport ? p.in->transport
                                                        : transports_.remote().front();
         PeerReport &r = out.peers.emplace_back();
-        r.transport = t->peerReport(p.id);
+        r.transport = t->peerReport(p.id, want);
         r.name = p.name;
         r.address = p.address;
         r.state = toString(p.state);

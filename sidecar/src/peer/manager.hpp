@@ -82,7 +82,7 @@ public:
     int wakeFd() const override { return poller_.fd(); }
     void readable() override { poll_due_ = true; }
     size_t progress(EventSink &sink) override;
-    PeersReport report() const override;
+    PeersReport report(ReportDetail want) const override;
 
     /// The port the listener is bound to (0 before start()); tests bind port 0.
     uint16_t listenPort() const { return listener_.port(); }

@@ -23,7 +23,7 @@ void Transport::adoptChannel(PeerId, SessionSide, uint32_t, std::unique_ptr<Conn
     conn->close();
 }
 
-TransportPeerReport Transport::peerReport(PeerId) const {
+TransportPeerReport Transport::peerReport(PeerId, ReportDetail) const {
     TransportPeerReport r;
     r.transport = name();
     return r;

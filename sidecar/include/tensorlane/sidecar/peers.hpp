@@ -100,8 +100,9 @@ public:
     /// Runs lookup callbacks, peer state changes, and the sockets of bootstrap and liveness.
     virtual size_t progress(EventSink &sink) = 0;
 
-    /// Peers, their state, transport and counters; the listener.
-    virtual PeersReport report() const = 0;
+    /// Peers, their state, transport and counters; the listener. kTyped leaves out what only
+    /// `tensorlane status` shows (the transports' `detail`).
+    virtual PeersReport report(ReportDetail want = ReportDetail::kFull) const = 0;
     /// report() as the JSON object's text (report_json.cpp).
     std::string statusJson() const;
 };

@@ -25,6 +25,11 @@ struct QueuePairReport {
     std::string state;  ///< RESET, INIT, RTR, RTS, SQD, SQE, ERR
 };
 
+/// What a report is for: `tensorlane status` (kFull: the typed figures and each transport's own
+/// `detail` object) or a metrics scrape (kTyped: the typed figures only, which is all the
+/// metrics read; a verbs peer's detail alone reads 13 sysfs files on the engine thread).
+enum class ReportDetail { kFull, kTyped };
+
 /// One transport's view of one peer (Transport::peerReport).
 struct TransportPeerReport {
     std::string transport;   ///< its name in [fabric] transports: "tcp", "verbs", ...
@@ -39,7 +44,8 @@ struct TransportPeerReport {
     uint64_t completion_errors = 0;    ///< error completions on our session
     uint64_t revocations_forced = 0;   ///< revocations the peer did not confirm in time
     uint64_t device_async_events = 0;  ///< the device's asynchronous events (device-wide)
-    /// The transport's own figures for `tensorlane status`, a JSON object; null: none.
+    /// The transport's own figures for `tensorlane status`, a JSON object; null: none (and
+    /// always null in a ReportDetail::kTyped report).
     std::shared_ptr<const nlohmann::json> detail;
 };
 

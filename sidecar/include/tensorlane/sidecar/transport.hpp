@@ -261,9 +261,9 @@ public:
     virtual bool arm() { return true; }
 
     // ----- status
-    /// Per-peer figures (`tensorlane status`, metrics): the typed ones, and the transport's own
-    /// as `detail` (report.hpp). The default: the name alone.
-    virtual TransportPeerReport peerReport(PeerId peer) const;
+    /// Per-peer figures (`tensorlane status`, metrics): the typed ones, and with kFull the
+    /// transport's own as `detail` (report.hpp). The default: the name alone.
+    virtual TransportPeerReport peerReport(PeerId peer, ReportDetail want) const;
 };
 
 }  // namespace tensorlane::sidecar

@@ -613,12 +613,14 @@ size_t TcpTransport::progress(EventSink &sink) {
     return events;
 }
 
-TransportPeerReport TcpTransport::peerReport(PeerId id) const {
+TransportPeerReport TcpTransport::peerReport(PeerId id, ReportDetail want) const {
     TransportPeerReport r;
     r.transport = "tcp";
     auto j = std::make_shared<nlohmann::json>(nlohmann::json::object());
     (*j)["transport"] = "tcp";
-    r.detail = j;
+    if (want == ReportDetail::kFull) {
+        r.detail = j;
+    }
     auto it = peers_.find(id);
     if (it == peers_.end()) {
         return r;
@@ -641,6 +643,9 @@ TransportPeerReport TcpTransport::peerReport(PeerId id) const {
     }
     r.data_connections = conns;
     r.in_flight = p.out && p.out->link ? p.out->link->inFlight() : 0;
+    if (want == ReportDetail::kTyped) {
+        return r;
+    }
     (*j)["data_connections"] = r.data_connections;
     (*j)["in_flight"] = r.in_flight;
     (*j)["writes_sent"] = p.writes_sent;

@@ -79,7 +79,7 @@ public:
     void adoptChannel(PeerId peer, SessionSide side, uint32_t index,
                       std::unique_ptr<Connection> conn) override;
     void regionRevoked(PeerId peer, RegionId r) override;
-    TransportPeerReport peerReport(PeerId peer) const override;
+    TransportPeerReport peerReport(PeerId peer, ReportDetail want) const override;
     /// Tag workers this transport runs (0: tags on the engine thread).
     unsigned tagThreads() const { return tags_->threads(); }
     /// Bytes read from one data connection per turn before the others get theirs.

@@ -630,13 +630,25 @@ bool VerbsTransport::arm() {
     return true;
 }
 
-TransportPeerReport VerbsTransport::peerReport(PeerId peer) const {
+TransportPeerReport VerbsTransport::peerReport(PeerId peer, ReportDetail want) const {
     TransportPeerReport r;
     r.transport = "verbs";
     r.device_async_events = async_events_;
     r.revocations_forced = forcedRevocations(peer);
     auto detail = std::make_shared<nlohmann::json>(nlohmann::json::object());
     nlohmann::json &j = *detail;
+    if (want == ReportDetail::kTyped) {
+        // The typed figures only: the sessions fill them (their JSON goes nowhere); no sysfs.
+        if (auto it = peers_.find(peer); it != peers_.end()) {
+            if (it->second.out) {
+                it->second.out->report(&r, &j["send"]);
+            }
+            if (it->second.in) {
+                it->second.in->report(&r, &j["receive"]);
+            }
+        }
+        return r;
+    }
     r.detail = detail;
     j["transport"] = "verbs";
     j["device"] = sel_.device;

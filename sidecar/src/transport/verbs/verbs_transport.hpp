@@ -269,7 +269,7 @@ public:
     void adoptChannel(PeerId peer, SessionSide side, uint32_t index,
                       std::unique_ptr<Connection> conn) override;
     void readable(int fd) override;
-    TransportPeerReport peerReport(PeerId peer) const override;
+    TransportPeerReport peerReport(PeerId peer, ReportDetail want) const override;
     void attach(TransportHost &host) override { link_ = &host; }
     void regionExposed(PeerId peer, const std::shared_ptr<Region> &r) override;
     void regionRevoked(PeerId peer, RegionId r) override;
