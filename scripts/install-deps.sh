@@ -18,7 +18,8 @@ iptables, libnetfilter-queue; for the deployment tests: PyYAML and systemd-analy
 metrics tests: Prometheus (the server and promtool; on a host run by systemd, Debian's package
 also starts prometheus.service on port 9090, which the tests do not need: the script says so);
 libcurl (the etcd directory's HTTP client) and etcd-server (the directory tests start their own
-etcd on loopback; Debian's package may also start etcd.service on port 2379, unused by them).
+etcd on loopback; Debian's package may also start etcd.service on port 2379, unused by them),
+openssl (the certificates of the directory's TLS tests).
   --dry-run   print what would be installed, change nothing
 USAGE
 }
@@ -44,7 +45,7 @@ packages=(
     zlib1g-dev perftest tcpdump tshark nftables iptables libnetfilter-queue-dev
     python3-yaml systemd
     prometheus gnuplot-nox
-    libcurl4-openssl-dev etcd-server
+    libcurl4-openssl-dev etcd-server openssl
 )
 
 is_installed() {

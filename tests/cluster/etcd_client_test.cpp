@@ -13,6 +13,8 @@ namespace tensorlane::sidecar {
 namespace {
 
 using tensorlane::testing::EtcdServer;
+using tensorlane::testing::haveOpenssl;
+using tensorlane::testing::TestPki;
 using Clock = std::chrono::steady_clock;
 
 class EtcdClientTest : public ::testing::Test {
@@ -208,6 +210,125 @@ TEST_F(EtcdClientTest, InterruptEndsAWatchAtOnce) {
     EXPECT_LT(Clock::now() - t0, std::chrono::milliseconds(200));
     EXPECT_EQ(result.code(), Code::kConnection);
     EXPECT_EQ(c->put("/i/x", "v").code(), Code::kConnection);
+}
+
+// ---- TLS and etcd authentication ([directory] ca_file, cert_file, key_file, username,
+// password_file): against a real etcd serving TLS with certificates made here by openssl, and a
+// real etcd with its user/role auth turned on.
+
+std::unique_ptr<EtcdClient> makeClient(EtcdOptions o, Status *st) {
+    o.request_timeout_ms = o.request_timeout_ms ? o.request_timeout_ms : 2000;
+    return EtcdClient::create(std::move(o), st);
+}
+
+/// The first put on a fresh etcd may come before it elected itself: retried for a while.
+Status putSoon(EtcdClient &c, const std::string &key, const std::string &value) {
+    Status s;
+    const auto until = Clock::now() + std::chrono::seconds(10);
+    while (!(s = c.put(key, value)).isOk() && Clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return s;
+}
+
+class EtcdTls : public ::testing::Test {
+protected:
+    void SetUp() override {
+        if (EtcdServer::binary().empty()) {
+            GTEST_SKIP() << "no etcd binary (apt-get install etcd-server)";
+        }
+        if (!haveOpenssl()) {
+            GTEST_SKIP() << "no openssl program to make the test certificates (apt-get install "
+                            "openssl)";
+        }
+        ASSERT_TRUE(pki_.ok()) << "openssl could not make the test certificates";
+    }
+    TestPki pki_;
+    EtcdServer etcd_;
+};
+
+TEST_F(EtcdTls, TheCaFileVerifiesEtcdAndWithoutItNothingIsSent) {
+    etcd_.useTls(pki_.file("server.pem"), pki_.file("server.key"));
+    std::string why;
+    ASSERT_TRUE(etcd_.start(&why)) << why;
+    ASSERT_EQ(etcd_.url().rfind("https://", 0), 0u);
+    Status st;
+    EtcdOptions o;
+    o.endpoints = {etcd_.url()};
+    o.ca_file = pki_.file("ca.pem");
+    auto c = makeClient(o, &st);
+    ASSERT_TRUE(c) << st.message();
+    ASSERT_TRUE(putSoon(*c, "/tls/x", "over tls").isOk());
+    std::optional<EtcdKv> kv;
+    ASSERT_TRUE(c->get("/tls/x", &kv).isOk());
+    ASSERT_TRUE(kv.has_value());
+    EXPECT_EQ(kv->value, "over tls");
+    // Without the CA (the system's trust store does not know it) the certificate fails, and
+    // the error says where.
+    o.ca_file.clear();
+    auto untrusting = makeClient(o, &st);
+    ASSERT_TRUE(untrusting) << st.message();
+    const Status refused = untrusting->put("/tls/y", "v");
+    EXPECT_FALSE(refused.isOk());
+    EXPECT_NE(refused.message().find(etcd_.url()), std::string::npos) << refused.message();
+    // Plain http to a TLS port is no answer either.
+    EtcdOptions plain;
+    plain.endpoints = {"http://127.0.0.1:" + std::to_string(etcd_.port())};
+    plain.request_timeout_ms = 1000;
+    auto http = makeClient(plain, &st);
+    ASSERT_TRUE(http) << st.message();
+    EXPECT_FALSE(http->put("/tls/z", "v").isOk());
+    std::optional<EtcdKv> none;
+    ASSERT_TRUE(c->get("/tls/y", &none).isOk());
+    EXPECT_FALSE(none.has_value()) << "a write without a verified server landed";
+}
+
+TEST_F(EtcdTls, ClientCertificatesWhereEtcdAsksForThem) {
+    etcd_.useTls(pki_.file("server.pem"), pki_.file("server.key"), pki_.file("ca.pem"));
+    std::string why;
+    ASSERT_TRUE(etcd_.start(&why)) << why;
+    Status st;
+    EtcdOptions o;
+    o.endpoints = {etcd_.url()};
+    o.ca_file = pki_.file("ca.pem");
+    o.cert_file = pki_.file("client.pem");
+    o.key_file = pki_.file("client.key");
+    auto c = makeClient(o, &st);
+    ASSERT_TRUE(c) << st.message();
+    ASSERT_TRUE(putSoon(*c, "/mtls/x", "v").isOk());
+    o.cert_file.clear();
+    o.key_file.clear();
+    auto anonymous = makeClient(o, &st);
+    ASSERT_TRUE(anonymous) << st.message();
+    EXPECT_FALSE(anonymous->put("/mtls/y", "v").isOk()) << "etcd took a client without a cert";
+}
+
+TEST_F(EtcdClientTest, AuthUsesTheUserAndRefusesAWrongPassword) {
+    // Auth on: a root user with the root role (what etcd requires), then auth/enable.
+    ASSERT_TRUE(tensorlane::testing::enableRootAuth(etcd_.port(), "s3cret"));
+    Status st;
+    EtcdOptions o;
+    o.endpoints = {etcd_.url()};
+    o.username = "root";
+    o.password = "s3cret";
+    auto c = makeClient(o, &st);
+    ASSERT_TRUE(c) << st.message();
+    ASSERT_TRUE(c->put("/auth/x", "v").isOk());
+    std::optional<EtcdKv> kv;
+    ASSERT_TRUE(c->get("/auth/x", &kv).isOk());
+    EXPECT_TRUE(kv.has_value());
+    // A wrong password: refused, as a permission error that names the endpoint.
+    o.password = "wrong";
+    auto wrong = makeClient(o, &st);
+    ASSERT_TRUE(wrong) << st.message();
+    const Status refused = wrong->put("/auth/y", "v");
+    EXPECT_EQ(refused.code(), Code::kPermission) << refused.message();
+    // No credentials at all: refused too (etcd: user name is empty).
+    auto none = client();
+    EXPECT_FALSE(none->put("/auth/z", "v").isOk());
+    std::optional<EtcdKv> absent;
+    ASSERT_TRUE(c->get("/auth/y", &absent).isOk());
+    EXPECT_FALSE(absent.has_value());
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,6 +40,16 @@ public:
         }
         return ::access("/usr/bin/etcd", X_OK) == 0 ? "/usr/bin/etcd" : "";
     }
+
+    /// Serve the client port over TLS with this certificate and key; with `client_ca`, ask
+    /// every client for a certificate signed by it (--client-cert-auth). Before start().
+    void useTls(std::string cert, std::string key, std::string client_ca = "") {
+        tls_cert_ = std::move(cert);
+        tls_key_ = std::move(key);
+        client_ca_ = std::move(client_ca);
+    }
+    /// Extra command-line flags (e.g. --auth-token-ttl=1). Before start().
+    void addFlag(std::string flag) { extra_.push_back(std::move(flag)); }
 
     /// Starts etcd and waits until it serves; false with the reason otherwise.
     bool start(std::string *why) {
@@ -80,7 +91,10 @@ public:
 
     bool running() const { return pid_ > 0; }
     uint16_t port() const { return client_port_; }
-    std::string url() const { return "http://127.0.0.1:" + std::to_string(client_port_); }
+    std::string url() const {
+        return (tls_cert_.empty() ? "http://127.0.0.1:" : "https://127.0.0.1:") +
+               std::to_string(client_port_);
+    }
     std::string logPath() const { return dir_ + ".log"; }
 
     /// A port nothing listens on now (bound and closed at once).
@@ -110,6 +124,15 @@ private:
                                          "--initial-cluster=tl=" + peer,
                                          "--logger=zap",
                                          "--log-level=warn"};
+        if (!tls_cert_.empty()) {
+            args.push_back("--cert-file=" + tls_cert_);
+            args.push_back("--key-file=" + tls_key_);
+        }
+        if (!client_ca_.empty()) {
+            args.push_back("--client-cert-auth");
+            args.push_back("--trusted-ca-file=" + client_ca_);
+        }
+        args.insert(args.end(), extra_.begin(), extra_.end());
         const std::string log = logPath();
         pid_ = ::fork();
         if (pid_ == 0) {
@@ -142,8 +165,19 @@ private:
         return false;
     }
 
-    /// A raw HTTP request to /health answered with "true" (etcd has a leader).
+    /// A raw HTTP request to /health answered with "true" (etcd has a leader). Over TLS the
+    /// client port accepting a connection is all this checks (callers retry their first call).
     bool answers() const {
+        if (!tls_cert_.empty()) {
+            const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+            sockaddr_in a{};
+            a.sin_family = AF_INET;
+            a.sin_port = htons(client_port_);
+            a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+            const bool ok = ::connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0;
+            ::close(fd);
+            return ok;
+        }
         const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
         sockaddr_in a{};
         a.sin_family = AF_INET;
@@ -172,6 +206,87 @@ private:
     uint16_t client_port_ = 0;
     uint16_t peer_port_ = 0;
     pid_t pid_ = -1;
+    std::string tls_cert_, tls_key_, client_ca_;
+    std::vector<std::string> extra_;
 };
+
+/// A throw-away CA, a server certificate for 127.0.0.1 and a client certificate, by openssl
+/// (for etcd's TLS in the tests).
+class TestPki {
+public:
+    TestPki() {
+        dir_ = (std::filesystem::temp_directory_path() /
+                ("tl-pki-" + std::to_string(::getpid()) + "-" + std::to_string(++count_)))
+                   .string();
+        std::filesystem::create_directories(dir_);
+        std::ofstream(file("san.ext")) << "subjectAltName=IP:127.0.0.1\n";
+        ok_ = run("req -x509 -newkey rsa:2048 -nodes -keyout " + file("ca.key") + " -out " +
+                  file("ca.pem") + " -days 2 -subj /CN=tl-test-ca") &&
+              leaf("server", "127.0.0.1", true) && leaf("client", "tl-node", false);
+    }
+    ~TestPki() {
+        std::error_code ec;
+        std::filesystem::remove_all(dir_, ec);
+    }
+    bool ok() const { return ok_; }
+    std::string file(const std::string &name) const { return dir_ + "/" + name; }
+
+private:
+    static bool run(const std::string &args) {
+        return std::system(("openssl " + args + " >/dev/null 2>&1").c_str()) == 0;
+    }
+    bool leaf(const std::string &name, const std::string &cn, bool san) {
+        return run("req -newkey rsa:2048 -nodes -keyout " + file(name + ".key") + " -out " +
+                   file(name + ".csr") + " -subj /CN=" + cn) &&
+               run("x509 -req -in " + file(name + ".csr") + " -CA " + file("ca.pem") + " -CAkey " +
+                   file("ca.key") + " -CAcreateserial -out " + file(name + ".pem") + " -days 2" +
+                   (san ? " -extfile " + file("san.ext") : std::string()));
+    }
+    static inline int count_ = 0;
+    std::string dir_;
+    bool ok_ = false;
+};
+
+inline bool haveOpenssl() {
+    return std::system("openssl version >/dev/null 2>&1") == 0;
+}
+
+/// A plain-http JSON call to etcd's gateway (the test's own, to set up users and auth).
+inline std::string gatewayPost(uint16_t port, const std::string &path, const std::string &body) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    std::string reply;
+    if (::connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0) {
+        const std::string req = "POST " + path +
+                                " HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: "
+                                "application/json\r\nContent-Length: " +
+                                std::to_string(body.size()) + "\r\n\r\n" + body;
+        if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size())) {
+            timeval tv{5, 0};
+            ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+            char buf[1024];
+            for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) {
+                reply.append(buf, static_cast<size_t>(n));
+            }
+        }
+    }
+    ::close(fd);
+    return reply;
+}
+
+/// Turns etcd's user/role auth on over plain http: a root user (with the root role, as etcd
+/// requires) with this password, then auth/enable. True when etcd said yes to all three.
+inline bool enableRootAuth(uint16_t port, const std::string &password) {
+    const auto ok = [](const std::string &reply) {
+        return reply.find(" 200 ") != std::string::npos;
+    };
+    return ok(gatewayPost(port, "/v3/auth/user/add",
+                          R"({"name":"root","password":")" + password + R"("})")) &&
+           ok(gatewayPost(port, "/v3/auth/user/grant", R"({"user":"root","role":"root"})")) &&
+           ok(gatewayPost(port, "/v3/auth/enable", "{}"));
+}
 
 }  // namespace tensorlane::testing

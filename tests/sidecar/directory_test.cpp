@@ -268,6 +268,98 @@ TEST_F(DirectoryTest, EtcdKilledUnderTrafficThenBack) {
     EXPECT_GT(directory(ca->get()).value("reconnects", 0), 0);
 }
 
+// [directory] ca_file and username/password_file with real sidecars: over TLS a node that
+// trusts etcd's CA joins and one that does not stays out, saying why; with etcd's auth on, the
+// right password registers and a wrong one is refused.
+class DirectorySecured : public DirectoryTest {
+protected:
+    void SetUp() override {}  // each part starts its own etcd
+};
+
+TEST_F(DirectorySecured, NodesJoinOverTlsAndWithEtcdAuth) {
+    using tensorlane::testing::TestPki;
+    if (EtcdServer::binary().empty()) {
+        GTEST_SKIP() << "no etcd binary (apt-get install etcd-server)";
+    }
+    if (!tensorlane::testing::haveOpenssl()) {
+        GTEST_SKIP() << "no openssl program to make the test certificates (apt-get install "
+                        "openssl)";
+    }
+    TestPki pki;
+    ASSERT_TRUE(pki.ok());
+    TempDir &dir = dir_;
+    const std::string key = dir.file("peer.key");
+    writeFile(key, keyText('d'), 0600);
+    auto node = [&](const std::string &name, const std::string &url, const std::string &more) {
+        SidecarOptions o;
+        o.name = name;
+        o.listen = "127.0.0.1:" + std::to_string(freePort());
+        o.key_file = key;
+        o.tcp = kFastFailureTcp;
+        o.extra = "[directory]\nkind = \"etcd\"\nendpoints = [\"" + url +
+                  "\"]\ncluster = \"s\"\nlease_ttl_ms = 2000\nrequest_timeout_ms = 1000\n"
+                  "reconnect_min_ms = 50\nreconnect_max_ms = 400\n" +
+                  more;
+        return o;
+    };
+    {
+        EtcdServer etcd;
+        etcd.useTls(pki.file("server.pem"), pki.file("server.key"));
+        std::string why;
+        ASSERT_TRUE(etcd.start(&why)) << why;
+        const std::string ca = "ca_file = \"" + pki.file("ca.pem") + "\"\n";
+        Sidecar a(node("node-a", etcd.url(), ca));
+        Sidecar b(node("node-b", etcd.url(), ca));
+        Sidecar x(node("node-x", etcd.url(), ""));  // trusts the system's CAs only
+        ASSERT_TRUE(a.ready() && b.ready() && x.ready()) << a.log() << x.log();
+        auto ca_client = tensorlane::Client::connect(a.socket());
+        ASSERT_TRUE(ca_client.ok());
+        EXPECT_TRUE(
+            eventually([&] { return knows(ca_client->get(), "node-b"); }, std::chrono::seconds(10)))
+            << a.log();
+        auto cx = tensorlane::Client::connect(x.socket());
+        ASSERT_TRUE(cx.ok());
+        nlohmann::json dx;
+        EXPECT_TRUE(eventually(
+            [&] { return !(dx = directory(cx->get())).value("last_error", "").empty(); }));
+        std::printf("node-x without the CA: %s\n", dx.dump().c_str());
+        EXPECT_NE(dx.value("state", ""), "up") << dx.dump();
+        EXPECT_NE(dx.value("last_error", "").find("SSL certificate problem"), std::string::npos);
+        EXPECT_FALSE(dx.value("registered", true)) << dx.dump();
+        EXPECT_FALSE(knows(ca_client->get(), "node-x"));
+    }
+    {
+        EtcdServer etcd;
+        std::string why;
+        ASSERT_TRUE(etcd.start(&why)) << why;
+        ASSERT_TRUE(tensorlane::testing::enableRootAuth(etcd.port(), "s3cret"));
+        writeFile(dir.file("etcd.pw"), "s3cret\n", 0600);
+        writeFile(dir.file("wrong.pw"), "guess\n", 0600);
+        Sidecar a(node("node-a", etcd.url(),
+                       "username = \"root\"\npassword_file = \"" + dir.file("etcd.pw") + "\"\n"));
+        Sidecar b(node("node-b", etcd.url(),
+                       "username = \"root\"\npassword_file = \"" + dir.file("etcd.pw") + "\"\n"));
+        Sidecar w(node("node-w", etcd.url(),
+                       "username = \"root\"\npassword_file = \"" + dir.file("wrong.pw") + "\"\n"));
+        ASSERT_TRUE(a.ready() && b.ready() && w.ready()) << a.log() << w.log();
+        auto ca_client = tensorlane::Client::connect(a.socket());
+        ASSERT_TRUE(ca_client.ok());
+        EXPECT_TRUE(
+            eventually([&] { return knows(ca_client->get(), "node-b"); }, std::chrono::seconds(10)))
+            << a.log();
+        EXPECT_TRUE(directory(ca_client->get()).value("registered", false));
+        auto cw = tensorlane::Client::connect(w.socket());
+        ASSERT_TRUE(cw.ok());
+        nlohmann::json dw;
+        EXPECT_TRUE(eventually(
+            [&] { return !(dw = directory(cw->get())).value("last_error", "").empty(); }));
+        std::printf("node-w with a wrong password: %s\n", dw.dump().c_str());
+        EXPECT_FALSE(dw.value("registered", true)) << dw.dump();
+        EXPECT_NE(dw.value("last_error", "").find("authentication failed"), std::string::npos);
+        EXPECT_FALSE(knows(ca_client->get(), "node-w"));
+    }
+}
+
 TEST_F(DirectoryTest, ANodeWithAnotherKeyIsRefused) {
     const std::string other = dir_.file("other.key");
     writeFile(other, keyText('e'), 0600);
