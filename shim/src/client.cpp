@@ -227,9 +227,21 @@ tl_status Client::lookup(const char *peer, const char *name, tl_remote *out, uin
 }
 
 tl_status Client::sidecarStatus(std::string *json) {
-    ipc::StatusMsg m{messageHeader(ipc::MsgType::kStatus), 0, 0};
-    ipc::ReplyMsg reply{};
-    return toStatus(control_.call(&m, sizeof(m), &reply, nullptr, json));
+    // Page by page (ipc::StatusMsg): a sidecar with hundreds of peers has more than one
+    // control message of status; one that does not page answers value1 = 0 (one page).
+    json->clear();
+    for (uint32_t page = 0;; ++page) {
+        ipc::StatusMsg m{messageHeader(ipc::MsgType::kStatus), 0, page};
+        ipc::ReplyMsg reply{};
+        std::string part;
+        if (Code c = control_.call(&m, sizeof(m), &reply, nullptr, &part); c != Code::kOk) {
+            return toStatus(c);
+        }
+        json->append(part);
+        if (part.empty() || json->size() >= reply.value1 || page >= kMaxStatusPages) {
+            return TL_OK;
+        }
+    }
 }
 
 tl_status Client::write(const tl_write_desc *w, size_t n, tl_ticket *out, size_t *submitted) {

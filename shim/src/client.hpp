@@ -59,7 +59,9 @@ public:
     tl_status waitNotificationEx(tl_notification_ex *out, int timeout_ms) {
         return waiter_.waitNotificationEx(out, timeout_ms);
     }
+    /// The whole status document, read in pages (at most kMaxStatusPages of them: 64 MiB).
     tl_status sidecarStatus(std::string *json);
+    static constexpr uint32_t kMaxStatusPages = 1024;
 
     // Stream-ordered calls (cuda_client.cpp; DESIGN.md, "Stream-ordered calls").
     tl_status writeOnStream(const tl_write_desc &w, void *stream, tl_ticket *out);

@@ -703,17 +703,31 @@ void ControlServer::onStatus(Session &s, const ipc::StatusMsg &m) {
     // Root and the sidecar's own uid (the operators) see every client; anyone else only the
     // sessions of its own uid.
     const bool all = s.cred.uid == 0 || s.cred.uid == ::geteuid();
-    std::string text = status_(all ? std::nullopt : std::optional<uid_t>(s.cred.uid));
-    if (text.size() > ipc::kMaxStatusText) {
-        text.resize(ipc::kMaxStatusText);
+    if (m.page == 0) {
+        // A fresh snapshot, which the later pages read: one consistent document whatever
+        // happens between the calls (hundreds of peers take several pages).
+        s.status_snapshot = status_(all ? std::nullopt : std::optional<uid_t>(s.cred.uid));
     }
-    std::string buf(sizeof(ipc::ReplyMsg) + text.size(), '\0');
+    const std::string &doc = s.status_snapshot;
+    const uint64_t from = uint64_t{m.page} * ipc::kMaxStatusText;
+    if (m.page != 0 && (doc.empty() || from >= doc.size())) {
+        reply(s, m.h.seq, Code::kInvalid, 0, doc.size(),
+              "status page " + std::to_string(m.page) + " is past the document (" +
+                  std::to_string(doc.size()) + " bytes; ask page 0 first)");
+        return;
+    }
+    const size_t n = std::min<uint64_t>(ipc::kMaxStatusText, doc.size() - from);
+    std::string buf(sizeof(ipc::ReplyMsg) + n, '\0');
     ipc::ReplyMsg r{};
     r.h = header(ipc::MsgType::kReply, m.h.seq);
     r.status = 0;
-    r.value0 = text.size();
+    r.value0 = n;
+    r.value1 = doc.size();
     std::memcpy(buf.data(), &r, sizeof(r));
-    std::memcpy(buf.data() + sizeof(r), text.data(), text.size());
+    std::memcpy(buf.data() + sizeof(r), doc.data() + from, n);
+    if (from + n == doc.size()) {
+        std::string().swap(s.status_snapshot);  // the last page: nothing kept
+    }
     if (int rc = ipc::sendMessage(s.sock.get(), buf.data(), buf.size())) {
         sessions_.close(s, std::string("cannot reply: ") + std::strerror(rc));
     }

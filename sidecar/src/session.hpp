@@ -69,6 +69,8 @@ struct Session {
     size_t notification_bound = kMaxBacklog;
     /// Dropped since the last one that entered the ring: the next one to enter carries it.
     uint64_t dropped_pending = 0;
+    /// The status document being read page by page (ipc::StatusMsg); empty between reads.
+    std::string status_snapshot;
     std::unordered_map<uint64_t, RemoteRef> remotes;
     /// The handle already given out for a (peer, region): a lookup repeated in a loop reuses
     /// it instead of growing `remotes`.

@@ -81,13 +81,19 @@ public:
         }
         std::string buf(1 << 20, '\0');
         size_t len = 0;
-        tl_status s = tl_sidecar_status(client_.get(), buf.data(), buf.size(), &len);
-        if (s != TL_OK) {
-            *error = std::string(tl_status_str(s)) + ": " + tl_last_error();
-            client_.reset();
-            return false;
+        for (;;) {
+            tl_status s = tl_sidecar_status(client_.get(), buf.data(), buf.size(), &len);
+            if (s != TL_OK) {
+                *error = std::string(tl_status_str(s)) + ": " + tl_last_error();
+                client_.reset();
+                return false;
+            }
+            if (len < buf.size()) {
+                break;
+            }
+            buf.assign(len + 1, '\0');  // hundreds of peers: all of it, however long
         }
-        buf.resize(std::min(len, buf.size() - 1));
+        buf.resize(len);
         *out = std::move(buf);
         return true;
     }

@@ -13,6 +13,7 @@
 #include "cluster/etcd_client.hpp"
 #include "harness.hpp"
 #include "status_json.hpp"
+#include "tensorlane/ipc/control.hpp"
 #include "tensorlane/tensorlane.hpp"
 
 using namespace tltest;
@@ -48,7 +49,7 @@ protected:
         return o;
     }
 
-    /// The status document (200 peers do not fit status_json.hpp's 64 KiB).
+    /// The whole status document (200 peers do not fit status_json.hpp's 64 KiB buffer).
     /// The CLI's output (stdout and stderr).
     static std::string runCli(const std::string &args) {
         std::string out;
@@ -72,9 +73,8 @@ protected:
         auto j = nlohmann::json::parse(buf, nullptr, false);
         return j.is_object() ? j : nlohmann::json::object();
     }
-    /// The status document's "directory" object. With hundreds of peers the document is cut
-    /// at ipc::kMaxStatusText; its keys are sorted, so "directory" (a flat object) comes before
-    /// "peers" and is read from the cut text.
+    /// The status document's "directory" object (its keys are sorted, so "directory", a flat
+    /// object, comes before "peers" and is read without parsing every peer).
     static nlohmann::json directory(tl_client *c) {
         std::string buf(8 << 20, '\0');
         size_t len = 0;
@@ -449,6 +449,16 @@ TEST_F(DirectoryTest, ScaleTwoHundredRegistrations) {
         << directory(ca->get()).dump() << a.log().substr(0, 3000);
     const auto t_all = Clock::now();
     const long rss_after = rssKiB(a.pid());
+    // The whole status document, in pages: every one of the 200 peers, and `tensorlane status
+    // --json` the same (one control message holds 64 KiB, a few dozen peers).
+    const nlohmann::json whole = bigStatus(ca->get());
+    ASSERT_TRUE(whole.contains("peers")) << "the status document did not parse";
+    EXPECT_EQ(whole["peers"].size(), 200u);
+    const std::string cli = runCli("status --json --socket " + a.socket());
+    const auto cli_doc = nlohmann::json::parse(cli, nullptr, false);
+    ASSERT_TRUE(cli_doc.is_object()) << cli.substr(0, 300);
+    EXPECT_EQ(cli_doc["peers"].size(), 200u);
+    EXPECT_GT(cli.size(), tensorlane::ipc::kMaxStatusText);
     // One change at a time: a new node, then its deletion, each until the sidecar shows it.
     std::vector<double> latencies;
     for (int i = 0; i < 20; ++i) {

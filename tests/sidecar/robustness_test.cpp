@@ -464,6 +464,34 @@ TEST(HostileClient, GarbageControlMessagesAreAnswered) {
 // tests/fuzz/findings/control-reply-out-of-order: a datagram larger than the sidecar reads (a
 // lookup header and 1.1 KiB after it) was refused with seq 0, which a client takes for a stale
 // reply; the refusal must name the seq of the call it answers, and the session go on.
+// The status document comes in pages of one snapshot (hundreds of peers take several): a page
+// asked for out of turn or past the end is refused with the reason, and the session goes on.
+TEST(HostileClient, StatusPagesOutOfTurnArePastTheDocument) {
+    Sidecar sc;
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    RawClient raw;
+    ASSERT_TRUE(raw.connect(sc.socket()));
+    for (const uint32_t page : {1u, 7u, UINT32_MAX}) {
+        ipc::StatusMsg m{};
+        m.h.type = static_cast<uint16_t>(ipc::MsgType::kStatus);
+        m.page = page;
+        const ipc::ReplyMsg r = raw.call(m);
+        EXPECT_EQ(r.status, static_cast<int32_t>(ipc::Code::kInvalid)) << page;
+        EXPECT_NE(std::string(r.error).find("past the document"), std::string::npos) << r.error;
+    }
+    ipc::StatusMsg first{};
+    first.h.type = static_cast<uint16_t>(ipc::MsgType::kStatus);
+    const ipc::ReplyMsg whole = raw.call(first);
+    EXPECT_EQ(whole.status, 0);
+    EXPECT_GT(whole.value0, 0u);
+    EXPECT_EQ(whole.value0, whole.value1) << "a small document is one page";
+    ipc::StatusMsg again{};
+    again.h.type = static_cast<uint16_t>(ipc::MsgType::kStatus);
+    again.page = 1;  // the snapshot went with its last page
+    EXPECT_EQ(raw.call(again).status, static_cast<int32_t>(ipc::Code::kInvalid));
+    EXPECT_TRUE(sc.alive());
+}
+
 TEST(HostileClient, OversizedControlMessageIsRefusedWithItsSeq) {
     Sidecar sc;
     ASSERT_TRUE(sc.ready()) << sc.log();

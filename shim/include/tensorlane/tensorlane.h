@@ -157,7 +157,9 @@ TL_API tl_status tl_write_batch(tl_client *c, const tl_write_desc *writes, size_
 TL_API tl_status tl_nop_batch(tl_client *c, size_t n, tl_ticket *out, size_t *submitted);
 /** The name of the node the sidecar serves (for tl_lookup of this node). */
 TL_API const char *tl_node_name(tl_client *c);
-/** The sidecar's status as JSON text, copied into buf (NUL-terminated). *len gets the length. */
+/** The sidecar's status as JSON text, copied into buf (NUL-terminated, cut at cap - 1). *len
+ *  gets the whole document's length: call again with a buffer of *len + 1 to have all of it.
+ *  The document is read from the sidecar in pages of one snapshot, so hundreds of peers fit. */
 TL_API tl_status tl_sidecar_status(tl_client *c, char *buf, size_t cap, size_t *len);
 
 /* ---- Access to exposed regions (who may write them) and attributed notifications ---- */

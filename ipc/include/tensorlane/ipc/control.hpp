@@ -193,10 +193,14 @@ struct LookupMsg {
     char name[kRegionNameBytes];
 };
 
+/// The status document in pages of at most kMaxStatusText bytes: page 0 makes a snapshot of it
+/// (kept by the session) and answers its first page, value0 = the page's bytes, value1 = the
+/// whole document's; page k > 0 answers the snapshot's k-th page. A sidecar before paging
+/// answered page 0 alone with value1 = 0 (the shim then takes that one page).
 struct StatusMsg {
     MsgHeader h;
     uint32_t flags;
-    uint32_t reserved;
+    uint32_t page;
 };
 
 /// The answer to every client call: a status, two values (region id, bytes, ...) and a reason.
