@@ -64,6 +64,7 @@ python=/usr/bin/python3
 [ -x "$python" ] || python=python3
 cmd=("$python" "$root/tests/soak/soak.py" --duration "$duration" --build-dir "$build_dir"
     --seed "$seed" "${extra[@]}")
+# (the namespace tag is added below, once it is drawn)
 if [ "$dry_run" -eq 1 ]; then
     echo "would run: PYTHONPATH=$build_dir/python ${cmd[*]}"
     exit 0
@@ -77,9 +78,8 @@ for tool in ip nft; do
 done
 
 # soak.py removes its namespaces and processes itself; this catches a kill of the script:
-# its own namespaces (they carry its child's pid-independent tag, so match the prefix of
-# the ones that appeared during this run).
-before=$(ip netns list | awk '{print $1}' | grep '^tlsk' || true)
+# the namespaces named with this run's tag (tlsk<tag>...), never another run's.
+tag=$(od -An -N2 -tx1 /dev/urandom | tr -d ' \n')
 child=""
 # shellcheck disable=SC2317  # (run by the trap)
 cleanup() {
@@ -88,10 +88,8 @@ cleanup() {
         wait "$child" 2>/dev/null || true
     fi
     local ns
-    for ns in $(ip netns list | awk '{print $1}' | grep '^tlsk' || true); do
-        if ! grep -qx "$ns" <<<"$before"; then
-            ip netns del "$ns" 2>/dev/null || true
-        fi
+    for ns in $(ip netns list | awk '{print $1}' | grep "^tlsk${tag}" || true); do
+        ip netns del "$ns" 2>/dev/null || true
     done
 }
 trap cleanup EXIT
@@ -101,7 +99,7 @@ export PYTHONPATH="$build_dir/python${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONDONTWRITEBYTECODE=1
 unset TENSORLANE_LIBRARY
 rc=0
-"${cmd[@]}" &
+"${cmd[@]}" --net-tag "$tag" &
 child=$!
 wait "$child" || rc=$?
 child=""

@@ -64,8 +64,8 @@ def percentile(xs: list[float], p: float) -> Optional[float]:
 class Net:
     """A hub namespace with a bridge, and one namespace per node on it (veth pairs)."""
 
-    def __init__(self, count: int):
-        self.tag = secrets.token_hex(2)
+    def __init__(self, count: int, tag: Optional[str] = None):
+        self.tag = tag or secrets.token_hex(2)
         self.subnet = f"10.234.{random.SystemRandom().randint(1, 250)}."
         self.hub = f"tlsk{self.tag}h"
         self.ns = [f"tlsk{self.tag}n{i}" for i in range(count)]
@@ -156,7 +156,9 @@ class Sidecar:
              f'[security]\npeer_key_file = "{key}"\n'
              "[tcp]\nkeepalive_ms = 200\npeer_timeout_ms = 1500\nconnect_timeout_ms = 1000\n"
              "reconnect_min_ms = 50\nreconnect_max_ms = 400\n"
-             f'[fabric]\ntransport = "{self.transport}"\n')
+             # verbs nodes: "auto" = transports ["verbs", "tcp"]: verbs with the other verbs
+             # node (the simulated HCA), tcp with the tcp nodes (which offer no verbs).
+             f'[fabric]\ntransport = "{"auto" if self.transport == "verbs" else "tcp"}"\n')
         if self.transport == "verbs":
             t += f'netdev = "{self.netdev}"\ntimeout = 14\nretry_cnt = 7\n'
         for p in peers:
@@ -173,6 +175,7 @@ class Sidecar:
             ld = env.get("LD_LIBRARY_PATH", "")
             env["LD_LIBRARY_PATH"] = self.simhca_dir + (":" + ld if ld else "")
             env["TENSORLANE_SYSFS_ROOT"] = self.sysfs
+            env.setdefault("TENSORLANE_SIMHCA_RT", "0")
         with open(self.log_path, "ab") as lf:
             self.process = subprocess.Popen(
                 ["ip", "netns", "exec", self.ns, self.binary, "--config",
@@ -260,7 +263,7 @@ class Soak:
         os.chmod(self.dir, 0o755)
         self.names = [f"tcp{i}" for i in range(a.tcp_nodes)] + \
                      [f"verbs{i}" for i in range(a.verbs_nodes)]
-        self.net = Net(len(self.names))
+        self.net = Net(len(self.names), a.net_tag)
         self.sidecars: list[Sidecar] = []
         self.workers: list[Optional[subprocess.Popen]] = []
         self.worker_proc_inc: list[int] = []
@@ -274,6 +277,7 @@ class Soak:
         self.samples: list[dict] = []
         self.cli = os.path.join(a.build_dir, "sidecar", "tensorlane")
         self.nq: Optional[subprocess.Popen] = None
+        self.peer_transports: dict[str, dict[str, Any]] = {}
 
     def violation(self, what: str) -> None:
         self.violations.append(what)
@@ -530,6 +534,8 @@ class Soak:
                 m["mrs"] = count_mrs(st.get("peers", []))
                 m["clients"] = len(st.get("clients", []))
                 m["regions"] = int(st.get("regions", -1))
+                self.peer_transports[sc.name] = {
+                    p.get("name", "?"): p.get("transport", "") for p in st.get("peers", [])}
             except (RuntimeError, ValueError, subprocess.TimeoutExpired) as e:
                 self.violation(f"status of {sc.name}: {e}")
             out[sc.name] = m
@@ -561,6 +567,7 @@ class Soak:
         sessions: dict[tuple[int, int], Optional[str]] = {}  # (worker, inc) -> end reason
         superseded: set[tuple] = set()  # (r, rinc, w, seq)
         dropped = 0
+        failnotes = 0
         for path in glob.glob(os.path.join(self.dir, "ledger-w*.log")):
             me = int(os.path.basename(path)[8:-4])
             with open(path, encoding="utf-8") as f:
@@ -585,6 +592,8 @@ class Soak:
                         res = x[6]
                         if res == "dropped":
                             dropped += int(x[5])
+                        elif res.startswith("failnote"):
+                            failnotes += 1
                         elif res == "superseded":
                             superseded.add((me, int(x[2]), int(x[3]), int(x[5])))
                         else:
@@ -675,6 +684,7 @@ class Soak:
             if len(oks) != len(set(oks)):
                 bad("notification twice", f"{key}: {rs}")
         st["superseded_notices"] = len(superseded)
+        st["failure_notices"] = failnotes
         st["by_status"] = by_status  # type: ignore[assignment]
         st["sessions"] = len(sessions)
         st["sessions_killed"] = sum(1 for x in sessions.values() if x is None)
@@ -782,6 +792,7 @@ class Soak:
             "ledger": led["stats"],
             "latency": self.latency(led["writes"]),
             "baseline": base, "after": final, "exits": exits,
+            "peer_transports": self.peer_transports,
             "sidecar_starts": {sc.name: sc.starts for sc in self.sidecars},
             "continuous_lines_checked": self.continuous["lines"],
             "violations": self.violations,
@@ -850,6 +861,7 @@ def main() -> int:
     p.add_argument("--workdir", help="keep everything here (default: a temporary directory)")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
     p.add_argument("--report", help="write the JSON report here")
+    p.add_argument("--net-tag", help="4 hex digits in this run's namespace names (soak.sh)")
     a = p.parse_args()
     if os.geteuid() != 0:
         print("soak: needs root (network namespaces)", file=sys.stderr)

@@ -30,6 +30,7 @@ later notification of the old write reads "superseded", counted by soak.py).
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import fcntl
 import math
 import mmap
@@ -124,6 +125,7 @@ class Worker:
         self.remotes: dict[tuple[int, int], tensorlane.Remote] = {}
         self.did_big = False
         self.src: Any = None
+        self.lookup_after: dict[int, float] = {}
 
     # ---- receiving
 
@@ -236,14 +238,18 @@ class Worker:
                 continue
             if m.dropped:
                 self.ledger.line("R", time.time(), inc, -1, -1, m.dropped, "dropped")
-            if m.kind == tensorlane.NOTIFY_MESSAGE:
+            if m.status != Status.OK and (m.kind != tensorlane.NOTIFY_GROUP or
+                                          len(m.payload) < GRP.size):
+                # The failure of a message, group or deadline told to the target (its writer's
+                # sidecar died, the peer failed): nothing was promised to be in place.
+                self.ledger.line("R", time.time(), inc, -1, -1, m.imm,
+                                 f"failnote:{m.status.c_name}")
+            elif m.kind == tensorlane.NOTIFY_MESSAGE:
                 self.on_message(seen, inc, m.payload)
             elif m.kind == tensorlane.NOTIFY_GROUP:
                 self.on_group(view, seen, inc, m.payload, m.status)
-            elif m.status == Status.OK:
+            else:
                 self.on_data(view, seen, inc, m.offset, m.bytes, m.imm)
-            else:  # a write's deadline told to the target: nothing landed that it promised
-                self.ledger.line("R", time.time(), inc, -1, -1, m.imm, f"failnote:{m.status.c_name}")
 
     def sweep(self, region: tensorlane.HostRegion, inc: int) -> None:
         """After the sidecar went away: every write found intact in place (the mapping stays
@@ -281,12 +287,20 @@ class Worker:
     def remote(self, client: tensorlane.Client, r: int, tinc: int) -> Optional[tensorlane.Remote]:
         rem = self.remotes.get((r, tinc))
         if rem is None:
+            if time.monotonic() < self.lookup_after.get(r, 0.0):
+                return None
+            t0 = time.monotonic()
             try:
                 rem = client.lookup(self.node_of[r], f"soak-w{r}-i{tinc}", timeout=0.5)
             except tensorlane.SidecarGoneError:
                 raise
-            except (tensorlane.TensorlaneError, TimeoutError):
+            except (tensorlane.TensorlaneError, TimeoutError) as e:
+                print(f"lookup w{r}.{tinc} on {self.node_of[r]}: {e}", file=sys.stderr)
+                self.lookup_after[r] = time.monotonic() + 1.0  # not again at once
                 return None
+            if time.monotonic() - t0 > 1:
+                print(f"lookup w{r}.{tinc} on {self.node_of[r]}: "
+                      f"{time.monotonic() - t0:.1f} s", file=sys.stderr)
             self.remotes = {k: v for k, v in self.remotes.items() if k[0] != r}
             self.remotes[(r, tinc)] = rem
         return rem
@@ -581,6 +595,7 @@ def main() -> int:
     w = Worker(a)
     # The session incarnation continues across process restarts (the ledger keys on it).
     w.session_inc = a.proc_inc * 1000
+    faulthandler.register(signal.SIGUSR2, all_threads=True)  # stacks to stderr, for hangs
     signal.signal(signal.SIGUSR1, lambda *_: w.stop_writing.set())
 
     def term(*_: Any) -> None:
