@@ -332,9 +332,13 @@ void PeerDialer::onSynced(Peer &p, int64_t now) {
     // The transport both ends can use: verbs where both announce it, else tcp (which every
     // node speaks). Its own bootstrap data rides along.
     std::string why;
-    Transport *t = chooseTransport(p, s.remote_caps, &why);
+    bool transient = false;
+    Transport *t = chooseTransport(p, s.remote_caps, &why, &transient);
     if (t == nullptr) {
-        failOut(p, why, true, now);
+        // Reconnect later all the same (a file may change, a port come up), but lookups waiting
+        // on this attempt fail now unless one of ours is only down for the moment: two nodes
+        // without a transport in common stay so however long a lookup waits (issue 24/26).
+        failOut(p, why, true, now, /*refused=*/!transient);
         return;
     }
     std::vector<uint8_t> blob = t->localBlob(p.id, SessionSide::kOut);
@@ -480,7 +484,8 @@ void PeerDialer::onUp(Peer &p, int64_t now) {
     loop_.noteDeadline(now + s.heartbeat_ms);
 }
 
-Transport *PeerDialer::chooseTransport(const Peer &p, const PeerCaps &remote, std::string *why) {
+Transport *PeerDialer::chooseTransport(const Peer &p, const PeerCaps &remote, std::string *why,
+                                       bool *transient) {
     // Ours in preference order ([fabric] transports): the first this node can use now and the
     // peer announced. Never a silent fallback to one the file did not list.
     std::string skipped;  // for the log: why better ones were passed over
@@ -488,6 +493,7 @@ Transport *PeerDialer::chooseTransport(const Peer &p, const PeerCaps &remote, st
     for (Transport *t : transports_.remote()) {
         const std::string name = t->name();
         if (!t->available()) {
+            *transient = true;  // ours, down now: it may come back
             skipped += (skipped.empty() ? "" : "; ") + ("this node's " + name) +
                        " transport is not usable now";
             refused += (refused.empty() ? "" : "; ") + ("this node cannot use " + name) +

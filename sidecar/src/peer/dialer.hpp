@@ -75,8 +75,10 @@ private:
     void onSelected(Peer &p, uint64_t kind, std::span<const uint8_t> blob, int64_t now);
     void onUp(Peer &p, int64_t now);
     /// The transport our session to `p` should use: the first of ours, in preference order,
-    /// that is available here and that the peer announced; or nullptr with `*why`.
-    Transport *chooseTransport(const Peer &p, const PeerCaps &remote, std::string *why);
+    /// that is available here and that the peer announced; or nullptr with `*why`, and
+    /// `*transient` set when one of ours was passed over only because it is not usable now.
+    Transport *chooseTransport(const Peer &p, const PeerCaps &remote, std::string *why,
+                               bool *transient);
 
     const config::Config &cfg_;
     TransportSet &transports_;
