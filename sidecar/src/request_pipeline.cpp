@@ -114,14 +114,14 @@ void RequestPipeline::handleRequest(Session &s, const ipc::Request &r) {
     }
     WriteOp op;
     const char *why = "";
+    bool probe = false;
     if (Code code = buildWrite(s, r.src_region, r.src_offset, r.dst_remote, r.dst_offset, r.bytes,
-                               r.imm, &op, &why);
+                               r.imm, &op, &why, &probe);
         code != Code::kOk) {
         reject(s, r, code, why);
         return;
     }
     op.op_id = next_op_++;
-    const bool probe = s.remotes.at(r.dst_remote).probe;  // buildWrite found it
     if (probe) {
         ++counters_.probes_sent;  // `tensorlane diag`: not the node's traffic
     } else if (op.peer == kLocalPeer) {
@@ -153,7 +153,7 @@ void RequestPipeline::handleRequest(Session &s, const ipc::Request &r) {
 
 Code RequestPipeline::buildWrite(Session &s, uint64_t src_region, uint64_t src_offset,
                                  uint64_t dst_remote, uint64_t dst_offset, uint64_t bytes,
-                                 uint32_t imm, WriteOp *op, const char **why) {
+                                 uint32_t imm, WriteOp *op, const char **why, bool *probe) {
     if (bytes == 0) {
         *why = "zero-length write";
         return Code::kInvalid;
@@ -173,6 +173,9 @@ Code RequestPipeline::buildWrite(Session &s, uint64_t src_region, uint64_t src_o
         return Code::kInvalid;
     }
     const RemoteRef &dst = rit->second;
+    if (probe != nullptr) {
+        *probe = dst.probe;
+    }
     if (dst_offset > dst.bytes || bytes > dst.bytes - dst_offset) {
         *why = "target offset + length past the end of the region";
         return Code::kInvalid;

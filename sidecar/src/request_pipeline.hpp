@@ -227,10 +227,11 @@ private:
     /// queue (then it ends exactly once through completed()).
     void handleRequest(Session &s, const ipc::Request &r);
     /// The checks of one write (tl_write's, or one entry of a kWriteEx request) and the op it
-    /// makes: kOk, or the code and `*why` it is rejected with. Counts nothing.
+    /// makes: kOk, or the code and `*why` it is rejected with. Counts nothing. `probe`, when
+    /// given, says whether the target is a peer's probe region (RemoteRef::probe).
     Code buildWrite(Session &s, uint64_t src_region, uint64_t src_offset, uint64_t dst_remote,
                     uint64_t dst_offset, uint64_t bytes, uint32_t imm, WriteOp *op,
-                    const char **why);
+                    const char **why, bool *probe = nullptr);
     /// The target half of buildWrite (also a kWriteEx request's notification target): the
     /// local region, exposed and allowing this client, or the peer's region id.
     Code resolveTarget(Session &s, const RemoteRef &dst, WriteOp *op, const char **why);

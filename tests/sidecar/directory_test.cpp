@@ -36,16 +36,19 @@ protected:
         writeFile(key_, keyText('d'), 0600);
     }
 
+    /// A node of `cluster` on this fixture's etcd, or on `url` with `more` [directory] lines.
     SidecarOptions node(const std::string &name, const std::string &cluster = "t",
-                        const std::string &key = "") {
+                        const std::string &key = "", const std::string &url = "",
+                        const std::string &more = "") {
         SidecarOptions o;
         o.name = name;
         o.listen = "127.0.0.1:" + std::to_string(freePort());
         o.key_file = key.empty() ? key_ : key;
         o.tcp = kFastFailureTcp;
-        o.extra = "[directory]\nkind = \"etcd\"\nendpoints = [\"" + etcd_.url() +
-                  "\"]\ncluster = \"" + cluster + "\"\nlease_ttl_ms = " + std::to_string(kTtlMs) +
-                  "\nrequest_timeout_ms = 500\nreconnect_min_ms = 50\nreconnect_max_ms = 400\n";
+        o.extra =
+            "[directory]\nkind = \"etcd\"\nendpoints = [\"" + (url.empty() ? etcd_.url() : url) +
+            "\"]\ncluster = \"" + cluster + "\"\nlease_ttl_ms = " + std::to_string(kTtlMs) +
+            "\nrequest_timeout_ms = 500\nreconnect_min_ms = 50\nreconnect_max_ms = 400\n" + more;
         return o;
     }
 
@@ -288,19 +291,10 @@ TEST_F(DirectorySecured, NodesJoinOverTlsAndWithEtcdAuth) {
     TestPki pki;
     ASSERT_TRUE(pki.ok());
     TempDir &dir = dir_;
-    const std::string key = dir.file("peer.key");
-    writeFile(key, keyText('d'), 0600);
+    key_ = dir.file("peer.key");
+    writeFile(key_, keyText('d'), 0600);
     auto node = [&](const std::string &name, const std::string &url, const std::string &more) {
-        SidecarOptions o;
-        o.name = name;
-        o.listen = "127.0.0.1:" + std::to_string(freePort());
-        o.key_file = key;
-        o.tcp = kFastFailureTcp;
-        o.extra = "[directory]\nkind = \"etcd\"\nendpoints = [\"" + url +
-                  "\"]\ncluster = \"s\"\nlease_ttl_ms = 2000\nrequest_timeout_ms = 1000\n"
-                  "reconnect_min_ms = 50\nreconnect_max_ms = 400\n" +
-                  more;
-        return o;
+        return DirectoryTest::node(name, "s", "", url, more);
     };
     {
         EtcdServer etcd;

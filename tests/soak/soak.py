@@ -283,6 +283,16 @@ class Soak:
         self.violations.append(what)
         print(f"[soak] INVARIANT BROKEN: {what}", file=sys.stderr, flush=True)
 
+    def _reap(self, p: subprocess.Popen, what: str) -> int:
+        """The exit status of `p`, told SIGTERM: killed, and a violation, past 30 s."""
+        try:
+            return p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            rc = p.wait()
+            self.violation(f"{what} did not stop within 30 s of SIGTERM")
+            return rc
+
     # ---- setup
 
     def setup(self) -> None:
@@ -338,12 +348,7 @@ class Soak:
         for w in live:
             p = self.workers[w]
             assert p is not None
-            try:
-                rc = p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                rc = p.wait()
-                self.violation(f"worker {w} did not stop within 30 s of SIGTERM")
+            rc = self._reap(p, f"worker {w}")
             if rc != 0:
                 self.violation(f"worker {w} exited with {rc} (worker-w{w}.err)")
             self.workers[w] = None
@@ -763,12 +768,7 @@ class Soak:
                 continue
             sc.expected_exit = True
             p.send_signal(signal.SIGTERM)
-            try:
-                rc = p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                rc = p.wait()
-                self.violation(f"sidecar {sc.name} did not stop within 30 s of SIGTERM")
+            rc = self._reap(p, f"sidecar {sc.name}")
             exits[sc.name] = rc
             if rc != 0:
                 self.violation(f"sidecar {sc.name} exited {rc} on SIGTERM:\n{sc.log_tail(2000)}")

@@ -59,6 +59,13 @@ def imm_of(inc: int, seq: int) -> int:
     return ((inc & 0xFF) << 24) | (seq & 0xFFFFFF)
 
 
+
+def _verdict(seen: set, key: tuple, ok: bool) -> str:
+    """A notified write's result: ok or corrupt, dup when its key was seen before."""
+    result = "dup" if key in seen else "ok" if ok else "corrupt"
+    seen.add(key)
+    return result
+
 class Ledger:
     def __init__(self, path: str):
         self._f: TextIO = open(path, "a", encoding="utf-8", buffering=1)
@@ -152,11 +159,7 @@ class Worker:
             self.ledger.line("R", time.time(), inc, lane, winc, nseq, "nodata")
             return
         if (winc & 0xFF) == ninc8 and (seq & 0xFFFFFF) == nseq:
-            key = (w, winc, seq)
-            result = "ok" if ok else "corrupt"
-            if key in seen:
-                result = "dup"
-            seen.add(key)
+            result = _verdict(seen, (w, winc, seq), ok)
             self.ledger.line("R", time.time(), inc, w, winc, seq, result)
             self.acks.mark(w, winc, seq)
         elif (winc & 0xFF) != ninc8 or seq > nseq:
@@ -211,11 +214,7 @@ class Worker:
         magic, w, winc, seq = MSG.unpack_from(payload, 0)
         crc = struct.unpack_from("<I", payload, len(payload) - 4)[0]
         ok = magic == MAGIC and zlib.crc32(payload[:-4]) == crc
-        key = (w, winc, seq)
-        result = "ok" if ok else "corrupt"
-        if key in seen:
-            result = "dup"
-        seen.add(key)
+        result = _verdict(seen, (w, winc, seq), ok)
         self.ledger.line("R", time.time(), inc, w, winc, seq, result)
         self.acks.mark(w, winc, seq)
 

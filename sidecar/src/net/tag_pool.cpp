@@ -1,23 +1,16 @@
 #include "net/tag_pool.hpp"
 
 #include <pthread.h>
-#include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 
-#include "net/cpus.hpp"
-
 namespace tensorlane::sidecar {
 
 unsigned TagPool::autoThreads(unsigned cpus) {
     return cpus < 4 ? 0 : std::min(4u, cpus / 4);
-}
-
-unsigned TagPool::usableCpus() {
-    return sidecar::usableCpus().cpus;
 }
 
 TagPool::TagPool(unsigned threads) {

@@ -71,8 +71,6 @@ public:
     /// four (the engine threads and the applications want them), then one per four, at most
     /// four.
     static unsigned autoThreads(unsigned cpus);
-    /// The CPUs this process may run on (its affinity, lowered by a cgroup CPU quota).
-    static unsigned usableCpus();
 
     /// Starts `threads` workers (0: every tag stays on the caller's thread).
     explicit TagPool(unsigned threads);

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "net/cpus.hpp"
 #include "net/frame_reader.hpp"
 #include "net/socket.hpp"
 
@@ -30,7 +31,7 @@ unsigned tagThreadsFor(const config::Config &cfg) {
     if (cfg.security.tcp_integrity == config::TcpIntegrity::kNone) {
         return 0;
     }
-    return cfg.tcp.tag_threads ? *cfg.tcp.tag_threads : TagPool::autoThreads(TagPool::usableCpus());
+    return cfg.tcp.tag_threads ? *cfg.tcp.tag_threads : TagPool::autoThreads(usableCpus().cpus);
 }
 
 /// The tcp transport's bootstrap blob (SELECT / SELECTED): kTcpBlobVersion, connections, chunk
