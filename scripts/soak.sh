@@ -10,7 +10,8 @@ set -euo pipefail
 usage() {
     cat <<USAGE
 usage: scripts/soak.sh [--duration SECONDS] [--build-dir DIR] [--seed N] [--dry-run]
-                       [--keep] [--workdir DIR] [--report FILE] [-- soak.py options]
+                       [--sidecar BIN [--sidecar-nodes N1,N2]] [--keep] [--workdir DIR]
+                       [--report FILE] [-- soak.py options]
 
   --duration S   seconds of load: warm-up, chaos, calm (default 120, the CI smoke;
                  3600 is the 1-hour run); setup and the checks take about 30 s more
@@ -18,12 +19,14 @@ usage: scripts/soak.sh [--duration SECONDS] [--build-dir DIR] [--seed N] [--dry-
                  simulated HCA (default build/release)
   --seed N       the chaos schedule's and the traffic's seed (default 1)
   --sidecar BIN  run this tensorlane-sidecar (e.g. an ASan build's) instead of the build's
+  --sidecar-nodes N1,N2
+                 only these nodes run --sidecar (e.g. tcp1,verbs0), the rest the build's
   --keep         keep the work directory (ledgers, logs, chaos.log, report.json)
   --workdir D    work in D (kept)
   --report F     write the JSON report to F
   --dry-run      say what would run, change nothing
   Everything after -- goes to tests/soak/soak.py (--help lists it: node and worker
-  counts, the largest write, the size mix, tolerances).
+  counts, the largest write, the size mix, --overlap, tolerances).
 Needs root (it creates network namespaces, removed at the end, even on failure).
 USAGE
 }
@@ -39,7 +42,7 @@ while [ "$#" -gt 0 ]; do
     --duration) duration=$2; shift 2 ;;
     --build-dir) build_dir=$(cd "$2" && pwd); shift 2 ;;
     --seed) seed=$2; shift 2 ;;
-    --sidecar | --workdir | --report) extra+=("$1" "$2"); shift 2 ;;
+    --sidecar | --sidecar-nodes | --workdir | --report) extra+=("$1" "$2"); shift 2 ;;
     --keep) extra+=("$1"); shift ;;
     --dry-run) dry_run=1; shift ;;
     -h | --help) usage; exit 0 ;;
