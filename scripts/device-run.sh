@@ -15,6 +15,7 @@ usage: scripts/device-run.sh fetch
                                  [--bench-filter REGEX] [--verbs-bench] [--simhca-bench] [--tcp-compare]
                                  [--latency-rounds N] [--host-latency] [--group-bench] [--vllm-bench]
                                  [--gpu-repeat N] [--nccl "RUN; RUN; ..."] [--nccl-bench "ARGS; ..."] [--tar] [--no-rest]
+                                 [--soak "ARGS"]
                                  [--no-gpu] [--verbs-args "ARGS"] [--targets "T1 T2 ..."]
                                  [--gpu-filter REGEX] [--dry-run]
 
@@ -44,6 +45,10 @@ usage: scripts/device-run.sh fetch
                        connector (32 layers x 1,000 blocks) against torch.distributed send/recv
                        (NCCL: two GPUs when there are, else both ranks on one); builds
                        tensorlane-python and tensorlane-sidecar (add them to --targets)
+  --soak "ARGS"        scripts/soak.sh ARGS (e.g. "--duration 180 -- --stream-share 0.3": the
+                       soak with stream-ordered writes from GPU memory in the mix), its report and
+                       the tail of its output into DIR; needs root, ip and nft there, and the
+                       targets tensorlane tensorlane-sidecar tensorlane-python simhca_ibverbs
   --gpu-repeat N       run each gpu test up to N times, stopping at its first failure
   --simhca-bench       tests/simhca/tools/bench.sh: the simulator alone (perftest over it) against
                        UDP ping-pong and stream on the same loopback
@@ -100,6 +105,7 @@ tcp_compare=0
 host_latency=0
 group_bench=0
 vllm_bench=0
+soak_args=""
 gpu_repeat=1
 nccl_runs=""
 nccl_bench=""
@@ -124,6 +130,7 @@ while [ $# -gt 0 ]; do
         --host-latency) host_latency=1 ;;
         --group-bench) group_bench=1 ;;
         --vllm-bench) vllm_bench=1 ;;
+        --soak) soak_args=$2; shift ;;
         --gpu-repeat) gpu_repeat=$2; shift ;;
         --nccl) nccl_runs=$2; shift ;;
         --tar) tar_out=1 ;;
@@ -315,6 +322,25 @@ if [ "$vllm_bench" -eq 1 ] && [ "$(left)" -gt 30 ]; then
         --json "$out/vllm_kv.json" >"$out/vllm_kv.txt" 2>&1
     note "vllm_kv: exit $?"
     grep -E '^(tensorlane|torch|[0-9]+ requests)' "$out/vllm_kv.txt" | tee -a "$summary"
+    set -e
+fi
+
+if [ -n "$soak_args" ] && [ "$(left)" -gt 60 ]; then
+    note "== soak: scripts/soak.sh $soak_args ($(left) s left)"
+    set +e
+    for tool in ip nft iptables; do
+        note "$tool: $(command -v "$tool" || echo missing)"
+    done
+    soak_list=()
+    eval "soak_list=($soak_args)"  # shell words, quotes allowed
+    rm -rf /tmp/tensorlane-soak
+    run timeout "$(left)" scripts/soak.sh --report "$out/soak-report.json" \
+        --workdir /tmp/tensorlane-soak "${soak_list[@]}" >"$out/soak.txt" 2>&1
+    note "soak: exit $?"
+    grep -E 'INVARIANT|PASSED|FAILED|writes submitted|chaos events|stream' "$out/soak.txt" |
+        tail -n 30 | tee -a "$summary"
+    # The work directory (ledgers: hundreds of MiB) stays there; its workers' stderr comes back.
+    tail -n 20 /tmp/tensorlane-soak/worker-w*.err >"$out/soak-workers.txt" 2>&1
     set -e
 fi
 

@@ -236,6 +236,8 @@ def _check_shard(path: str, sessions: dict, dropped: int, st: dict[str, Any],
             continue
         st["ok"] += 1
         st["bytes_ok"] += nbytes
+        if kind == "q":
+            st["stream_ordered_ok"] = st.get("stream_ordered_ok", 0) + 1
         if "ok" in results:
             st["ok_landed_seen"] += 1
             continue
@@ -574,7 +576,8 @@ class Soak:
              "--socket", sc.socket, "--dir", self.dir, "--seed", str(self.a.seed),
              "--proc-inc", str(self.worker_proc_inc[w]), "--big", str(self.a.big),
              "--big-prob", str(self.a.big_prob), "--slot", str(self.a.slot),
-             "--slots", str(self.a.slots), "--pace", str(self.a.pace)],
+             "--slots", str(self.a.slots), "--pace", str(self.a.pace),
+             "--stream-share", str(self.a.stream_share)],
             stdin=subprocess.DEVNULL, stdout=err, stderr=err, preexec_fn=die_with_parent)
         err.close()
 
@@ -892,6 +895,8 @@ class Soak:
         led = self.ledger()
         for kind, items in led["violations"].items():
             self.violation(f"{kind}: {len(items)}, e.g. {items[:3]}")
+        if a.stream_share > 0 and not led["stats"].get("stream_ordered_ok"):
+            self.violation("--stream-share: no stream-ordered write ended OK (worker-w*.err)")
         report = {
             "seed": a.seed, "duration_s": a.duration,
             "wall_s": round(time.time() - t_start, 1),
@@ -969,6 +974,9 @@ def main() -> int:
     p.add_argument("--big-prob", type=float, default=0.01,
                    help="share of single writes that are big (1 MiB to --big)")
     p.add_argument("--slot", type=int, default=256 << 10)
+    p.add_argument("--stream-share", type=float, default=0.0,
+                   help="share of single writes stream-ordered from GPU memory (the GPU "
+                   "machine: a CUDA build, torch); the run fails if none of them ended OK")
     p.add_argument("--slots", type=int, default=8)
     p.add_argument("--pace", type=float, default=5.0, help="max ms a worker sleeps between ops")
     p.add_argument("--chaos-gap", type=float, default=4.0, help="max s between faults")

@@ -11,7 +11,8 @@ checks the invariants.
 Ledger lines (time is time.time()):
   B  t inc                                 a session started (the client connected, exposed)
   W  t inc seq kind target tinc slot bytes a write submitted (kind: s single, b batch entry,
-                                           g group entry, m message, L big write)
+                                           g group entry, m message, L big write, q a single
+                                           write stream-ordered from GPU memory)
   E  t inc seq status latency_ms           that write ended (status: OK, TL_EPEER, ...)
   R  t inc w winc seq result               a notification here (result: ok, superseded,
                                            corrupt, nodata, dup, groupfail:<status>)
@@ -25,6 +26,13 @@ one area for big writes (``big`` bytes, one writer at a time: an flock). A write
 only once the receiver has handled the write that was there (the receiver publishes, per lane,
 the highest sequence it handled in an mmap'ed ack file) or after ``ack_wait`` seconds (then a
 later notification of the old write reads "superseded", counted by soak.py).
+
+Stream-ordered writes (``--stream-share``, a CUDA build on a GPU machine): that share of the
+single writes is copied into one GPU buffer on a CUDA stream, behind a kernel that keeps the
+stream busy first, and written with ``write_on_stream`` on that stream. The
+buffer still holds the previous such write's bytes while that copy waits, so a write that did
+not wait for the work queued before it on the stream would land the older write's header and
+the target would report it (nodata or corrupt).
 """
 
 from __future__ import annotations
@@ -132,6 +140,9 @@ class Worker:
         self.remotes: dict[tuple[int, int], tensorlane.Remote] = {}
         self.did_big = False
         self.src: Any = None
+        self.gsrc: Any = None  # --stream-share: the GPU buffer, its region, the stream
+        self.gsrc_region: Any = None
+        self.stream: Any = None
         self.lookup_after: dict[int, float] = {}
 
     # ---- receiving
@@ -477,12 +488,27 @@ class Worker:
             nbytes = self.size()
             slot = self.take_slot(r, tinc)
             pos, dst, kind = self.a.big, self.me * self.lane_bytes + slot * self.a.slot, "s"
+            if self.gsrc is not None and self.rng.random() < self.a.stream_share:
+                kind = "q"
         self.header(sv, pos, nbytes, seq)
         self.ledger.line("W", time.time(), self.session_inc, seq, kind, r, tinc, slot, nbytes)
         t0 = time.monotonic()
         try:
-            t = client.write(self.src, rem, imm=imm_of(self.session_inc, seq),
-                             src_offset=pos, dst_offset=dst, nbytes=nbytes)
+            if kind == "q":
+                torch = self.torch
+                with torch.cuda.stream(self.stream):
+                    # The new bytes reach the GPU first (a copy from pageable memory returns
+                    # when it is done), then wait behind a busy kernel before the stream copies
+                    # them into the buffer the write reads: up to ~1 ms in which that buffer
+                    # still holds the previous write's bytes.
+                    self.gstage[:nbytes].copy_(self.hsrc[pos:pos + nbytes])
+                    torch.cuda._sleep(self.rng.randint(0, 2_000_000))
+                    self.gsrc[:nbytes].copy_(self.gstage[:nbytes], non_blocking=True)
+                t = client.write_on_stream(self.gsrc, rem, imm=imm_of(self.session_inc, seq),
+                                           dst_offset=dst, nbytes=nbytes, stream=self.stream)
+            else:
+                t = client.write(self.src, rem, imm=imm_of(self.session_inc, seq),
+                                 src_offset=pos, dst_offset=dst, nbytes=nbytes)
         except tensorlane.SidecarGoneError:
             self.end(seq, t0, "TL_ECONN")
             raise
@@ -514,6 +540,7 @@ class Worker:
         region = client.alloc_host(self.region_bytes)
         self.src = client.alloc_host(self.a.big + 8 * self.a.slot)
         self.src.view()[:] = os.urandom(len(self.src))
+        self.gpu_session(client)
         self.did_big = False
         self.acks.set_incarnation(0)
         self.acks.reset()
@@ -557,6 +584,24 @@ class Worker:
                 pass
         return reason
 
+    def gpu_session(self, client: tensorlane.Client) -> None:
+        """The GPU buffer of this session's stream-ordered writes (--stream-share)."""
+        self.gsrc = None
+        if self.a.stream_share <= 0:
+            return
+        import torch  # only on the GPU machine; the soak's other workers never import it
+        if not torch.cuda.is_available() or not tensorlane.Client.supports_streams():
+            raise SystemExit(f"worker {self.me}: --stream-share needs a GPU and a library with "
+                             f"the stream-ordered calls (cuda: {torch.cuda.is_available()}, "
+                             f"streams: {tensorlane.Client.supports_streams()})")
+        self.torch = torch
+        if self.stream is None:
+            self.stream = torch.cuda.Stream()
+        self.gsrc = torch.zeros(self.a.slot, dtype=torch.uint8, device="cuda")
+        self.gstage = torch.zeros(self.a.slot, dtype=torch.uint8, device="cuda")
+        self.gsrc_region = client.register(self.gsrc)
+        self.hsrc = torch.frombuffer(self.src.view(), dtype=torch.uint8)
+
     def run(self) -> int:
         while True:
             try:
@@ -589,6 +634,8 @@ def main() -> int:
     p.add_argument("--pace", type=float, default=5.0, help="max ms to sleep between ops")
     p.add_argument("--ack-wait", type=float, default=3.0)
     p.add_argument("--wait-timeout", type=float, default=60.0)
+    p.add_argument("--stream-share", type=float, default=0.0,
+                   help="share of single writes stream-ordered from GPU memory (needs CUDA)")
     a = p.parse_args()
     a.mix = [float(x) for x in a.mix.split(",")]
     w = Worker(a)
