@@ -189,10 +189,13 @@ void RequestPipeline::handleEx(Session &s, const ipc::Request &r, uint32_t slot)
             continue;
         }
         WriteOp &p = parts[i];
-        // Local: host at both ends; remote: from host memory (the target lands each extent
-        // where it says, in whatever memory its region is).
-        if (scatter && p.src->kind == MemoryKind::kHost &&
-            (p.dst ? p.dst->kind == MemoryKind::kHost : p.peer != kLocalPeer)) {
+        // Local: host at both ends; remote: from host memory, or from GPU memory where the
+        // transport stages it (the target lands each extent where it says, in whatever memory
+        // its region is).
+        const bool from = scatter && (p.src->kind == MemoryKind::kHost ||
+                                      (p.peer != kLocalPeer && t->caps().scatter_from_gpu &&
+                                       p.src->kind == MemoryKind::kCuda && !p.src->dmabufOnly()));
+        if (from && (p.dst ? p.dst->kind == MemoryKind::kHost : p.peer != kLocalPeer)) {
             const auto key = std::make_pair(p.src->id, p.dst ? p.dst->id : p.remote_region);
             auto [it, fresh] = merged_of.emplace(key, static_cast<uint32_t>(merged_ops.size()));
             if (fresh) {

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "harness.hpp"
+#include "net/packed_chunk.hpp"
 #include "peer/directory.hpp"
 #include "peer/wire.hpp"
 #include "raw_peer.hpp"
@@ -277,6 +278,80 @@ TEST(HostilePeer, AnAckAnywhereButDataConnectionZeroIsAProtocolError) {
         EXPECT_EQ(c->code, Code::kPeer) << "a misplaced ACK ended the write: " << c->reason;
         EXPECT_TRUE(peerLogHas({"node-evil", "unexpected ACK"}));
     }
+}
+
+TEST(HostilePeer, APackedChunkWhoseTableIsBadLandsNothing) {
+    // Packed chunks (tcp wire version 3) carry several extents behind a table that says where
+    // each lands. An authenticated peer sends tables that point outside the region, overflow,
+    // or do not add up: the write is refused (kNotFound) and no byte of it lands; counts the
+    // header cannot have are protocol errors. A good table, the control, lands its pieces.
+    TempDir dir;
+    const auto key = dir.writeFile("peer.key", kSecret);
+    auto b = victim(key, freePort());
+    ASSERT_TRUE(b->ok()) << b->startStatus().message();
+    constexpr uint64_t kRegion = 65536;
+    auto dst = b->addRegion(kRegion, "recv");
+    std::memset(dst->base, 0, kRegion);
+    RawClientPeer evil(kSecret, "node-evil", "node-b", b->port());
+    std::string why;
+    ASSERT_TRUE(evil.openSession(&why)) << why;
+    ASSERT_TRUE(evil.openData(0, &why)) << why;
+    struct P {
+        uint64_t dst, bytes;
+    };
+    // A packed chunk of `pieces` whose data bytes are `fill`, claiming `payload` bytes of data.
+    auto send = [&](uint64_t seq, const std::vector<P> &pieces, uint64_t payload, uint8_t fill,
+                    uint64_t count) {
+        const size_t table = sidecar::packedTableBytes(static_cast<uint32_t>(pieces.size()));
+        std::vector<uint8_t> data(table + payload, fill);
+        for (size_t i = 0; i < pieces.size(); ++i) {
+            sidecar::encodePackedEntry(data.data(), static_cast<uint32_t>(i), pieces[i].dst,
+                                       pieces[i].bytes);
+        }
+        ChunkHeader h;
+        h.region = evil.regions()[0].id;
+        h.total_bytes = payload;
+        h.chunk_offset = 0;
+        h.write_offset = count;
+        h.flags = sidecar::kChunkSilent | sidecar::kChunkScatter | sidecar::kChunkPacked;
+        return evil.data(0).sendChunk(seq, h, data.data(), static_cast<uint32_t>(data.size()));
+    };
+    auto ackOf = [&](uint64_t seq) {
+        FrameHeader h;
+        std::vector<uint8_t> p;
+        if (!evil.data(0).recvType(FrameType::kAck, &h, &p, 5000) || h.arg != seq || p.size() < 4) {
+            return static_cast<Code>(-1);
+        }
+        return static_cast<Code>(sidecar::loadLe32(p.data()));
+    };
+    const std::vector<uint8_t> zero(kRegion, 0);
+    // outside: the second piece runs 90 bytes past the end
+    ASSERT_TRUE(send(1, {{0, 100}, {kRegion - 10, 100}}, 200, 0xa1, 2));
+    EXPECT_EQ(ackOf(1), Code::kNotFound);
+    // an offset that wraps around when its length is added
+    ASSERT_TRUE(send(2, {{100, 100}, {~uint64_t{0} - 50, 100}}, 200, 0xa2, 2));
+    EXPECT_EQ(ackOf(2), Code::kNotFound);
+    // the pieces add up to less than the data that follows the table
+    ASSERT_TRUE(send(3, {{0, 100}, {1000, 50}}, 200, 0xa3, 2));
+    EXPECT_EQ(ackOf(3), Code::kNotFound);
+    // an empty piece
+    ASSERT_TRUE(send(4, {{0, 200}, {1000, 0}}, 200, 0xa4, 2));
+    EXPECT_EQ(ackOf(4), Code::kNotFound);
+    EXPECT_EQ(0, std::memcmp(dst->base, zero.data(), kRegion)) << "a bad table landed bytes";
+    // the control: a good table lands both pieces where it says, and nothing else
+    ASSERT_TRUE(send(5, {{4096, 100}, {8192, 300}}, 400, 0x5c, 2));
+    EXPECT_EQ(ackOf(5), Code::kOk);
+    for (uint64_t i = 0; i < kRegion; ++i) {
+        const bool in = (i >= 4096 && i < 4196) || (i >= 8192 && i < 8492);
+        ASSERT_EQ(dst->base[i], in ? 0x5c : 0) << i;
+    }
+    EXPECT_EQ(b->sink.count(Event::Kind::kArrived), 0u) << "scattered writes are silent";
+    // a count the header cannot have: the table would not fit, or too many entries
+    // (refused on its header: the rest of it may find the connection closed)
+    (void)send(6, {{0, 8}}, 8, 0x66, sidecar::kMaxPackedPieces + 1);
+    EXPECT_TRUE(evil.control().closedWithin(3000)) << "a packed chunk of 257 entries was taken";
+    EXPECT_TRUE(peerLogHas({"node-evil", "packed chunk"}));
+    EXPECT_EQ(0, std::memcmp(dst->base + 16384, zero.data(), kRegion - 16384));
 }
 
 TEST(HostilePeer, MoreRegionsThanTheLimitAreIgnored) {

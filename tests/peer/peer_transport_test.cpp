@@ -839,5 +839,89 @@ TEST_F(PeerTcp, AScatteredWriteLandsEachExtentAndOneOutsideTheRegionIsRefused) {
     EXPECT_EQ(peerStatus(a, "node-b")["state"], "up") << "the session survives";
 }
 
+// Small extents travel packed, several to a chunk behind a table (kChunkPacked); extents of
+// 256 KiB and more go alone, one range a chunk, cut where they exceed a chunk. A write mixing
+// them, in a shuffled order at the target, lands every byte where its extent says: with the
+// tags checked on the engine thread, by tag workers (which land packed chunks themselves), and
+// without tags (packed chunks are read into a buffer all the same).
+class PeerTcpPacked : public PeerTcp {
+protected:
+    void mixedScatter(const std::function<void(config::Config &)> &tweak) {
+        startNodes(2, tweak);
+        Node &a = node(0);
+        constexpr size_t kRegion = 8 << 20;
+        Linked l;
+        ASSERT_NO_FATAL_FAILURE(link(kRegion, "recv", 9, &l));
+        auto &[src, dst, remote] = l;
+        for (size_t i = 0; i < kRegion; ++i) {
+            src->base[i] = static_cast<unsigned char>(i * 7 + i / 4093);
+        }
+        std::memset(dst->base, 0, kRegion);
+        std::vector<uint64_t> sizes;
+        for (int i = 0; i < 300; ++i) {
+            sizes.push_back(1 + (i * 997) % 20000);  // small: packed
+        }
+        sizes.insert(sizes.begin() + 10, 300 << 10);       // alone
+        sizes.insert(sizes.begin() + 150, (1 << 20) + 5);  // alone, cut in two
+        sizes.push_back(70000);                            // the last, small: alone
+        std::vector<sidecar::Extent> ex;
+        uint64_t at = 0;
+        uint64_t total = 0;
+        for (uint64_t n : sizes) {
+            ex.push_back({at, 0, n});
+            at += n + 13;
+            total += n;
+        }
+        // Targets: the same ranges in reverse order of the sources, 11 bytes apart.
+        uint64_t put = 0;
+        for (size_t i = ex.size(); i-- > 0;) {
+            ex[i].dst_offset = put;
+            put += ex[i].bytes + 11;
+        }
+        ASSERT_LE(at, kRegion);
+        ASSERT_LE(put, kRegion);
+        uint64_t op_id = 0;
+        Status st = a.call([&] {
+            auto id = a.pm().peerByName("node-b");
+            WriteOp op;
+            std::string why;
+            if (!id || !a.pm().resolveRemote(*id, remote.id, &op.remote_region, &why)) {
+                return Status{Code::kNotFound, why};
+            }
+            op.op_id = op_id = nextOpId();
+            op.peer = *id;
+            op.src = src;
+            op.dst_region = remote.id;
+            op.silent = true;
+            op.bytes = total;
+            op.extents = std::make_shared<const std::vector<sidecar::Extent>>(ex);
+            return a.transports().post(op);
+        });
+        ASSERT_TRUE(st.isOk()) << st.message();
+        auto c = a.sink.completion(op_id, 20s);
+        ASSERT_TRUE(c.has_value());
+        EXPECT_EQ(c->code, Code::kOk) << c->reason;
+        std::vector<uint8_t> want(kRegion, 0);
+        for (const auto &e : ex) {
+            std::memcpy(want.data() + e.dst_offset, src->base + e.src_offset, e.bytes);
+        }
+        for (size_t i = 0; i < kRegion; ++i) {
+            ASSERT_EQ(dst->base[i], want[i]) << "byte " << i;
+        }
+    }
+};
+
+TEST_F(PeerTcpPacked, AScatteredWriteOfMixedSizesPacksTheSmallExtentsAndLandsEveryByte) {
+    mixedScatter({});
+}
+
+TEST_F(PeerTcpPacked, PackedChunksLandWhenTagWorkersCheckThem) {
+    mixedScatter([](config::Config &c) { c.tcp.tag_threads = 2; });
+}
+
+TEST_F(PeerTcpPacked, PackedChunksLandWithoutTags) {
+    mixedScatter([](config::Config &c) { c.security.tcp_integrity = config::TcpIntegrity::kNone; });
+}
+
 }  // namespace
 }  // namespace tensorlane::peertest

@@ -83,6 +83,9 @@ struct ChunkRx {
     /// Set when the chunk is read into a staging buffer (at `start`) because its tag must verify
     /// before any byte reaches its target: where the chunk goes then. Null: read in place.
     uint8_t *land = nullptr;
+    /// A packed chunk (net/packed_chunk.hpp): its table's entries (`land` is then the region's
+    /// first byte, and the pieces go where the table says). 0: one range.
+    uint32_t pieces = 0;
 };
 
 /// A connected, non-blocking TCP socket registered with a Poller. Move-only by pointer: the

@@ -90,7 +90,12 @@ inline constexpr uint32_t kChunkMessage = 1u << 1;
 /// A scattered write (WriteOp::extents; silent): write_offset is where this chunk lands in the
 /// region, chunk_offset its place in the write's bytes (which all its chunks fill once).
 inline constexpr uint32_t kChunkScatter = 1u << 2;
-inline constexpr uint32_t kChunkFlagMask = kChunkSilent | kChunkMessage | kChunkScatter;
+/// With kChunkScatter (tcp wire version 3): the chunk carries several small extents, its data
+/// a table of write_offset entries (net/packed_chunk.hpp) then their bytes in table order;
+/// chunk_offset is the place of its first byte in the write's bytes.
+inline constexpr uint32_t kChunkPacked = 1u << 3;
+inline constexpr uint32_t kChunkFlagMask =
+    kChunkSilent | kChunkMessage | kChunkScatter | kChunkPacked;
 
 inline void storeLe16(uint8_t *p, uint16_t v) {
     std::memcpy(p, &v, sizeof v);

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "net/packed_chunk.hpp"
+
 namespace tensorlane::sidecar {
 
 unsigned TagPool::autoThreads(unsigned cpus) {
@@ -103,7 +105,12 @@ void TagPool::compute(FrameMac &mac, TagJob &job) {
     if (job.verify) {
         job.good = mac.verify(job.tag.data());
         if (job.good && job.copy_to != nullptr) {
-            std::memcpy(job.copy_to, job.data, job.len);
+            if (job.pieces != 0) {
+                job.landed =
+                    landPacked(job.copy_to, job.region_bytes, job.data, job.len, job.pieces);
+            } else {
+                std::memcpy(job.copy_to, job.data, job.len);
+            }
         }
     } else {
         mac.final(job.tag.data());

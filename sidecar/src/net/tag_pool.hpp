@@ -43,6 +43,12 @@ struct TagJob {
     /// computes it, before `done`); null: nothing is copied. A chunk for a host region is read
     /// into a staging buffer and reaches the region only this way (docs/peers.md).
     uint8_t *copy_to = nullptr;
+    /// verify, a packed chunk (net/packed_chunk.hpp): `copy_to` is the region's first byte,
+    /// `region_bytes` its size, and the pieces are copied where the chunk's table says.
+    uint32_t pieces = 0;
+    uint64_t region_bytes = 0;
+    /// verify with `pieces`: false when the table was bad (nothing was copied).
+    bool landed = true;
     /// sign: written by the worker; verify: the tag that came with the frame.
     std::array<uint8_t, kFrameTagBytes> tag{};
     /// verify's answer, once done (a cancelled job is not good).

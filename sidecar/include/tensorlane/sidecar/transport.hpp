@@ -66,6 +66,8 @@ struct TransportCaps {
     bool ordered = true;
     /// Takes scattered writes (WriteOp::extents) between host regions.
     bool scatter = false;
+    /// ... and from CUDA regions to a peer (remote transports that stage GPU sources).
+    bool scatter_from_gpu = false;
     uint64_t max_message = 0;  ///< the largest single write; 0: any size a region can hold
     uint32_t wire_id = 0;      ///< remote: its TransportWireId
     uint64_t link_mbps = 0;    ///< remote: its link's rate (the NIC port's), 0 when unknown
@@ -104,7 +106,8 @@ struct WriteOp {
     /// picks how to copy by size (the local one streams copies past the cache when they are
     /// large) looks at the group, whose entries together stream as one write.
     uint64_t group_bytes = 0;
-    /// A scattered write, to a transport whose caps() say `scatter`, between host regions:
+    /// A scattered write, to a transport whose caps() say `scatter`, between host regions (or
+    /// from a CUDA region, where they say `scatter_from_gpu`):
     /// these ranges, in order, instead of (src_offset, dst_offset, bytes); `bytes` is their
     /// sum (a grouped write's entries between one pair of regions, as one op). Shared: the
     /// copies a transport makes of the op share the list.

@@ -4,6 +4,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "net/packed_chunk.hpp"
+
 namespace tensorlane::sidecar {
 
 namespace {
@@ -36,8 +38,8 @@ OutLink::~OutLink() {
         }
     }
     for (auto &q : conn_slots_) {
-        for (int slot : q) {
-            staging_.give(slot);
+        for (const Queued &x : q) {
+            staging_.give(x.slot);
         }
     }
 }
@@ -107,8 +109,72 @@ uint64_t OutLink::cutBytes(const InFlight &w) const {
     return cutLength(w.op.bytes, data_.size(), chunk_bytes_);
 }
 
+void OutLink::nextPieces(InFlight &w, uint64_t room, std::vector<Piece> *out) {
+    // Extents from this size on go alone, one chunk (or several) each: packing them would save
+    // nothing per byte.
+    const uint64_t alone = std::min<uint64_t>(256 << 10, room / 4);
+    const std::vector<Extent> &ext = *w.op.extents;
+    out->clear();
+    w.pieces_from = w.extent;
+    const Extent &e = ext[w.extent];
+    const uint64_t rest = e.bytes - w.extent_cut;
+    if (rest >= alone || w.extent + 1 == ext.size()) {
+        const uint64_t len = std::min(room, rest);
+        out->push_back(Piece{e.src_offset + w.extent_cut, e.dst_offset + w.extent_cut, len});
+        w.extent_cut += len;
+        if (w.extent_cut == e.bytes) {
+            ++w.extent;
+            w.extent_cut = 0;
+        }
+        return;
+    }
+    uint64_t used = 0;
+    while (w.extent < ext.size() && out->size() < kMaxPackedPieces) {
+        const Extent &x = ext[w.extent];
+        const uint64_t r = x.bytes - w.extent_cut;
+        if (r >= alone ||
+            packedTableBytes(static_cast<uint32_t>(out->size() + 1)) + used + r > room) {
+            break;
+        }
+        out->push_back(Piece{x.src_offset + w.extent_cut, x.dst_offset + w.extent_cut, r});
+        used += r;
+        ++w.extent;
+        w.extent_cut = 0;
+    }
+}
+
+void OutLink::rewindPieces(InFlight &w, std::vector<Piece> &pieces) {
+    pieces.resize(1);
+    w.extent = w.pieces_from + 1;
+    w.extent_cut = 0;
+}
+
+std::unique_ptr<uint8_t[]> OutLink::packHost(const Region &src, const std::vector<Piece> &pieces,
+                                             uint32_t *len, uint64_t *payload) {
+    const auto n = static_cast<uint32_t>(pieces.size());
+    uint64_t sum = 0;
+    for (const Piece &p : pieces) {
+        sum += p.bytes;
+    }
+    const uint64_t total = packedTableBytes(n) + sum;
+    std::unique_ptr<uint8_t[]> buf(new (std::nothrow) uint8_t[total]);
+    if (!buf) {
+        return buf;
+    }
+    uint64_t at = packedTableBytes(n);
+    for (uint32_t i = 0; i < n; ++i) {
+        encodePackedEntry(buf.get(), i, pieces[i].dst_offset, pieces[i].bytes);
+        std::memcpy(buf.get() + at, src.base + pieces[i].src_offset, pieces[i].bytes);
+        at += pieces[i].bytes;
+    }
+    *len = static_cast<uint32_t>(total);
+    *payload = sum;
+    return buf;
+}
+
 void OutLink::cutStaged(InFlight &w, int slot) {
-    const uint32_t len = static_cast<uint32_t>(std::min(cutBytes(w), w.op.bytes - w.cut));
+    uint32_t len = static_cast<uint32_t>(std::min(cutBytes(w), w.op.bytes - w.cut));
+    uint64_t advance = len;
     Staged c;
     c.cookie = next_cookie_++;
     c.seq = w.seq;
@@ -118,13 +184,46 @@ void OutLink::cutStaged(InFlight &w, int slot) {
     c.header.chunk_offset = w.cut;
     c.header.imm = w.op.imm;
     c.header.flags = w.op.silent ? kChunkSilent : 0;
+    const Region &src = *w.op.src;
+    if (w.op.extents) {
+        // A scattered write from GPU memory: one range, or several small extents copied side
+        // by side into the slot behind their table (one completion for all).
+        nextPieces(w, chunk_bytes_, &pieces_);
+        c.header.flags |= kChunkScatter;
+        if (pieces_.size() == 1) {
+            len = static_cast<uint32_t>(pieces_[0].bytes);
+            advance = len;
+            c.header.write_offset = pieces_[0].dst_offset;
+            staging_.copy(this, c.cookie, slot, src.cuda.import,
+                          src.cuda.alloc_offset + pieces_[0].src_offset, len, /*to_device=*/false);
+        } else {
+            const auto n = static_cast<uint32_t>(pieces_.size());
+            std::vector<TcpStaging::Piece> copies;
+            copies.reserve(n);
+            uint8_t *table = staging_.data(slot);
+            uint64_t at = packedTableBytes(n);
+            for (uint32_t i = 0; i < n; ++i) {
+                encodePackedEntry(table, i, pieces_[i].dst_offset, pieces_[i].bytes);
+                copies.push_back(TcpStaging::Piece{static_cast<uint32_t>(at),
+                                                   src.cuda.alloc_offset + pieces_[i].src_offset,
+                                                   static_cast<uint32_t>(pieces_[i].bytes)});
+                at += pieces_[i].bytes;
+            }
+            len = static_cast<uint32_t>(at);
+            advance = at - packedTableBytes(n);
+            c.header.flags |= kChunkPacked;
+            c.header.write_offset = n;
+            staging_.copyPieces(this, c.cookie, slot, src.cuda.import, copies,
+                                /*to_device=*/false);
+        }
+    } else {
+        staging_.copy(this, c.cookie, slot, src.cuda.import,
+                      src.cuda.alloc_offset + w.op.src_offset + w.cut, len, /*to_device=*/false);
+    }
     c.len = len;
     c.slot = slot;
-    const Region &src = *w.op.src;
-    staging_.copy(this, c.cookie, slot, src.cuda.import,
-                  src.cuda.alloc_offset + w.op.src_offset + w.cut, len, /*to_device=*/false);
     staged_.push_back(c);
-    w.cut += len;
+    w.cut += advance;
     ++w.unsent;
     if (w.cut == w.op.bytes) {
         ++cut_from_;
@@ -184,7 +283,7 @@ int OutLink::pump(int64_t now_ms) {
                 // goes back once the socket has taken the whole frame.
                 encodeChunkFrame(head, ready->seq, ready->header, ready->len);
                 conn->queueChunk(head, staging_.data(ready->slot), ready->len, ready->seq);
-                conn_slots_[indexOf(*conn)].push_back(ready->slot);
+                conn_slots_[indexOf(*conn)].push_back(Queued{ready->slot, nullptr});
                 staged_.erase(ready);
                 cut = true;
                 continue;
@@ -202,7 +301,7 @@ int OutLink::pump(int64_t now_ms) {
                 h.flags = kChunkMessage;
                 encodeChunkFrame(head, w.seq, h, len);
                 conn->queueChunk(head, w.op.message.data(), len, w.seq);
-                conn_slots_[indexOf(*conn)].push_back(-1);
+                conn_slots_[indexOf(*conn)].emplace_back();
                 ++w.unsent;
                 cut = true;
                 ++cut_from_;
@@ -212,30 +311,42 @@ int OutLink::pump(int64_t now_ms) {
             h.chunk_offset = w.cut;
             h.flags = w.op.silent ? kChunkSilent : 0;
             uint32_t len = 0;
+            uint64_t advance = 0;  // the write's bytes in the chunk (a packed one's table aside)
             const unsigned char *from = nullptr;
+            Queued queued;
             if (w.op.extents) {
-                // A scattered write: each chunk lies within one extent and says where it lands.
-                const Extent &e = (*w.op.extents)[w.extent];
-                len =
-                    static_cast<uint32_t>(std::min<uint64_t>(chunk_bytes_, e.bytes - w.extent_cut));
-                h.write_offset = e.dst_offset + w.extent_cut;
+                // A scattered write: each chunk says where it lands, one range of one extent
+                // or several small extents packed behind a table.
+                nextPieces(w, chunk_bytes_, &pieces_);
                 h.flags |= kChunkScatter;
-                from = w.op.src->base + e.src_offset + w.extent_cut;
-                w.extent_cut += len;
-                if (w.extent_cut == e.bytes) {
-                    ++w.extent;
-                    w.extent_cut = 0;
+                if (pieces_.size() > 1) {
+                    queued.buf = packHost(*w.op.src, pieces_, &len, &advance);
+                }
+                if (queued.buf) {
+                    h.flags |= kChunkPacked;
+                    h.write_offset = pieces_.size();
+                    from = queued.buf.get();
+                } else {
+                    if (pieces_.size() > 1) {
+                        // No memory for the packed copy: its first extent alone, the rest next.
+                        rewindPieces(w, pieces_);
+                    }
+                    len = static_cast<uint32_t>(pieces_[0].bytes);
+                    advance = len;
+                    h.write_offset = pieces_[0].dst_offset;
+                    from = w.op.src->base + pieces_[0].src_offset;
                 }
             } else {
                 len = static_cast<uint32_t>(std::min(cutBytes(w), w.op.bytes - w.cut));
+                advance = len;
                 from = w.op.src->base + w.op.src_offset + w.cut;
             }
             encodeChunkFrame(head, w.seq, h, len);
             // Chunks rotate over the connections so a large write streams over all of them;
             // the target puts the notifications back in sequence order.
             conn->queueChunk(head, from, len, w.seq, w.op.extents != nullptr);
-            conn_slots_[indexOf(*conn)].push_back(-1);
-            w.cut += len;
+            conn_slots_[indexOf(*conn)].push_back(std::move(queued));
+            w.cut += advance;
             ++w.unsent;
             cut = true;
             if (w.cut == w.op.bytes) {
@@ -278,7 +389,7 @@ void OutLink::noteSent(Connection &c) {
     const size_t ci = indexOf(c);
     for (uint64_t seq : c.takeSent()) {
         if (ci < conn_slots_.size() && !conn_slots_[ci].empty()) {
-            staging_.give(conn_slots_[ci].front());
+            staging_.give(conn_slots_[ci].front().slot);
             conn_slots_[ci].pop_front();
         }
         if (InFlight *w = find(seq); w != nullptr && w->unsent > 0) {
@@ -327,8 +438,8 @@ void OutLink::failAll(Code code, const std::string &reason, std::vector<Completi
     // The connections dropped their output first (closeSession): nothing points into the slots
     // queued on them any more. Staged chunks still copying return theirs when they end.
     for (auto &q : conn_slots_) {
-        for (int slot : q) {
-            staging_.give(slot);
+        for (const Queued &x : q) {
+            staging_.give(x.slot);
         }
         q.clear();
     }
@@ -420,10 +531,24 @@ int InLink::beginChunk(Connection &c, std::string *error) {
     }
     const bool message = (ch.flags & kChunkMessage) != 0;
     const bool scatter = (ch.flags & kChunkScatter) != 0;
+    const bool packed = (ch.flags & kChunkPacked) != 0;
     if (scatter && (ch.flags & kChunkSilent) == 0) {
         *error = "a scattered write that is not silent";
         return EPROTO;
     }
+    // A packed chunk's write_offset is its table's entry count; the table comes first in its
+    // data, and only the rest counts as the write's bytes.
+    const uint32_t pieces = packed ? static_cast<uint32_t>(std::min<uint64_t>(
+                                         ch.write_offset, kMaxPackedPieces + uint64_t{1}))
+                                   : 0;
+    if (packed && (!scatter || pieces == 0 || pieces > kMaxPackedPieces ||
+                   chunk_len <= packedTableBytes(pieces))) {
+        *error = "packed chunk of " + std::to_string(chunk_len) + " bytes with " +
+                 std::to_string(ch.write_offset) + " entries (1 to " +
+                 std::to_string(kMaxPackedPieces) + ", in a scattered write, table inside)";
+        return EPROTO;
+    }
+    const uint64_t payload = chunk_len - (packed ? packedTableBytes(pieces) : 0);
     if (message && (ch.total_bytes > kMaxMessageBytes || ch.chunk_offset != 0 ||
                     chunk_len != ch.total_bytes)) {
         *error = "message chunk of " + std::to_string(chunk_len) + " bytes at " +
@@ -441,7 +566,7 @@ int InLink::beginChunk(Connection &c, std::string *error) {
         fresh.offset = ch.write_offset;
         fresh.total = ch.total_bytes;
         fresh.imm = ch.imm;
-        fresh.flags = ch.flags;
+        fresh.flags = ch.flags & ~kChunkPacked;  // a write mixes packed and single-range chunks
         // Checked once per write against the table: exposed, offered to peers (a region exposed
         // without TL_ACCESS_PEERS is never described to them, but its id could be guessed), not
         // revoked, in bounds. A write
@@ -474,31 +599,34 @@ int InLink::beginChunk(Connection &c, std::string *error) {
             fresh.code = offered && !message && r->dmabufOnly() ? Code::kCuda : Code::kNotFound;
         }
     } else if (w->region_id != ch.region || (!scatter && w->offset != ch.write_offset) ||
-               w->total != ch.total_bytes || w->imm != ch.imm || w->flags != ch.flags || message) {
+               w->total != ch.total_bytes || w->imm != ch.imm ||
+               w->flags != (ch.flags & ~kChunkPacked) || message) {
         *error = "chunk of write " + std::to_string(seq) + " disagrees with its first chunk";
         return EPROTO;
     }
     // Bytes claimed by chunks begun, not only those received: two chunks of the same write
     // arriving at once on two connections must not both fit, or the first could deliver and
     // free the record while the second still writes into it.
-    if (ch.chunk_offset > w->total || chunk_len > w->total - ch.chunk_offset ||
-        chunk_len > w->total - w->claimed) {
-        *error = "chunk at " + std::to_string(ch.chunk_offset) + "+" + std::to_string(chunk_len) +
+    if (ch.chunk_offset > w->total || payload > w->total - ch.chunk_offset ||
+        payload > w->total - w->claimed) {
+        *error = "chunk at " + std::to_string(ch.chunk_offset) + "+" + std::to_string(payload) +
                  " outside write " + std::to_string(seq) + " of " + std::to_string(w->total) +
                  " bytes (" + std::to_string(w->claimed) + " already claimed)";
         return EPROTO;
     }
     // Where the chunk lands in the region: a scattered write's chunk says so itself, and must
-    // lie inside it (a write whose chunk does not is refused, its bytes read off the stream).
-    const uint64_t land = scatter ? ch.write_offset : w->offset + ch.chunk_offset;
-    if (scatter && w->code == Code::kOk && !w->region->contains(land, chunk_len)) {
+    // lie inside it (a write whose chunk does not is refused, its bytes read off the stream). A
+    // packed chunk's table is checked once its tag has verified, before any byte lands.
+    const uint64_t land = packed ? 0 : scatter ? ch.write_offset : w->offset + ch.chunk_offset;
+    if (scatter && !packed && w->code == Code::kOk && !w->region->contains(land, chunk_len)) {
         w->code = Code::kNotFound;  // (the region stays held: another chunk may be landing)
     }
     const bool gpu = w->code == Code::kOk && !message && w->region->kind == MemoryKind::kCuda;
     // A host chunk whose tag must verify first is read into a staging buffer (a GPU one is read
     // into its staging slot anyway; without tags there is nothing to wait for). A message is
     // read into its own buffer, which nobody sees before its tag verified.
-    const bool staged = w->code == Code::kOk && !gpu && !message && c.authenticated();
+    // A packed chunk is always read into one: its table says where its pieces go.
+    const bool staged = w->code == Code::kOk && !gpu && !message && (c.authenticated() || packed);
     int slot = -1;
     if (gpu) {
         slot = staging_.take();
@@ -544,16 +672,17 @@ int InLink::beginChunk(Connection &c, std::string *error) {
         it = pending_.emplace(seq, std::move(fresh)).first;
         w = &it->second;
     }
-    w->claimed += chunk_len;
+    w->claimed += payload;
     c.rx.active = true;
     c.rx.write = w;
     c.rx.remaining = chunk_len;
     c.rx.length = chunk_len;
     c.rx.awaiting_tag = false;
     c.rx.land = nullptr;
+    c.rx.pieces = pieces;
     if (gpu) {
         const Region &r = *w->region;
-        rx_slots_[&c] = RxSlot{slot, r.cuda.alloc_offset + land, seq};
+        rx_slots_[&c] = RxSlot{slot, r.cuda.alloc_offset + land, seq, pieces};
         c.rx.dest = staging_.data(slot);
     } else if (staged) {
         c.rx.dest = buf.get();
@@ -595,7 +724,11 @@ void InLink::landStaged(Connection &c, RxWrite &w) {
         w.code = Code::kNotFound;
     }
     if (w.code == Code::kOk) {
-        std::memcpy(c.rx.land, c.rx.start, c.rx.length);
+        if (c.rx.pieces == 0) {
+            std::memcpy(c.rx.land, c.rx.start, c.rx.length);
+        } else if (!landPacked(c.rx.land, w.region->bytes, c.rx.start, c.rx.length, c.rx.pieces)) {
+            w.code = Code::kNotFound;  // a table that points outside the region: nothing landed
+        }
     }
     host_.give(std::move(it->second));
     rx_bufs_.erase(it);
@@ -603,6 +736,27 @@ void InLink::landStaged(Connection &c, RxWrite &w) {
 
 void InLink::countChunk(RxWrite &w, uint64_t len, const RxSlot *slot) {
     if (slot != nullptr) {
+        if (w.code == Code::kOk && slot->pieces != 0) {
+            // A packed chunk: its table (authenticated in the slot with the rest) says where
+            // each piece goes; a bad one lands nothing.
+            std::vector<TcpStaging::Piece> pieces;
+            const Region &r = *w.region;
+            const bool good = forEachPackedPiece(
+                staging_.data(slot->slot), len + packedTableBytes(slot->pieces), slot->pieces,
+                r.bytes, [&](uint64_t dst, uint64_t at, uint64_t bytes) {
+                    pieces.push_back(TcpStaging::Piece{static_cast<uint32_t>(at),
+                                                       r.cuda.alloc_offset + dst,
+                                                       static_cast<uint32_t>(bytes)});
+                });
+            if (good) {
+                const uint64_t cookie = next_cookie_++;
+                copies_[cookie] = RxCopy{slot->seq, len};
+                staging_.copyPieces(this, cookie, slot->slot, r.cuda.import, pieces,
+                                    /*to_device=*/true);
+                return;
+            }
+            w.code = Code::kNotFound;
+        }
         if (w.code == Code::kOk) {
             // Authenticated in the slot; it counts once it is in device memory (staged()).
             const uint64_t cookie = next_cookie_++;
@@ -629,6 +783,9 @@ int InLink::collectTags(std::string *error) {
         Verifying v = std::move(*it);
         it = verifying_.erase(it);
         if (v.buf) {
+            if (!v.job->landed && v.write->code == Code::kOk) {
+                v.write->code = Code::kNotFound;  // a packed chunk's bad table: nothing landed
+            }
             host_.give(std::move(v.buf));  // the job copied it into the region
             host_.endCheck();
         }
@@ -677,7 +834,7 @@ int InLink::finishChunk(Connection &c, int64_t now_ms, std::string *error) {
             std::copy(c.bufferedData(), c.bufferedData() + kFrameTagBytes, v.job->tag.begin());
             c.consume(kFrameTagBytes);
             v.write = static_cast<RxWrite *>(c.rx.write);
-            v.len = c.rx.length;
+            v.len = c.rx.length - packedTableBytes(c.rx.pieces);  // the write's bytes in it
             if (auto rs = rx_slots_.find(&c); rs != rx_slots_.end()) {
                 v.slot = rs->second;
                 rx_slots_.erase(rs);
@@ -691,6 +848,8 @@ int InLink::finishChunk(Connection &c, int64_t now_ms, std::string *error) {
                 }
                 if (v.write->code == Code::kOk) {
                     v.job->copy_to = c.rx.land;
+                    v.job->pieces = c.rx.pieces;
+                    v.job->region_bytes = v.write->region->bytes;
                 }
                 v.buf = std::move(rb->second);
                 rx_bufs_.erase(rb);
@@ -713,7 +872,7 @@ int InLink::finishChunk(Connection &c, int64_t now_ms, std::string *error) {
     if (c.rx.land != nullptr) {
         landStaged(c, *w);
     }
-    const uint64_t len = c.rx.length;
+    const uint64_t len = c.rx.length - packedTableBytes(c.rx.pieces);
     if (auto rs = rx_slots_.find(&c); rs != rx_slots_.end()) {
         const RxSlot slot = rs->second;
         rx_slots_.erase(rs);

@@ -86,6 +86,7 @@ private:
         uint32_t unsent = 0;  ///< chunks cut and not yet written out (staged ones included)
         size_t extent = 0;    ///< a scattered write: the extent being cut
         uint64_t extent_cut = 0;
+        size_t pieces_from = 0;  ///< the extent of the last nextPieces()'s first piece
     };
     /// A chunk of a GPU write, from its cut until it goes on a connection.
     struct Staged {
@@ -104,6 +105,24 @@ private:
     static bool fromGpu(const InFlight &w) {
         return w.op.bytes != 0 && w.op.src->kind == MemoryKind::kCuda;
     }
+    /// One range of a scattered write's next chunk.
+    struct Piece {
+        uint64_t src_offset = 0;
+        uint64_t dst_offset = 0;
+        uint64_t bytes = 0;
+    };
+    /// The ranges the next chunk of scattered write `w` carries, at most `room` bytes with
+    /// their table, and moves its extent cursor past them: several whole small extents (a
+    /// packed chunk, kChunkPacked), else one piece of one extent (kChunkScatter alone).
+    void nextPieces(InFlight &w, uint64_t room, std::vector<Piece> *out);
+    /// Takes back all but the first of the pieces nextPieces() gave (each packed piece is the
+    /// whole rest of its extent, so the cursor goes to the extent after the first's).
+    void rewindPieces(InFlight &w, std::vector<Piece> &pieces);
+    /// A packed chunk's data from host source `src`: the table, then the pieces' bytes. Null
+    /// when there is no memory for it; else `*len` is its size and `*payload` the write's bytes
+    /// in it.
+    static std::unique_ptr<uint8_t[]> packHost(const Region &src, const std::vector<Piece> &pieces,
+                                               uint32_t *len, uint64_t *payload);
     /// Cuts the next chunk of the write at cut_from_ into `slot` and starts its copy.
     void cutStaged(InFlight &w, int slot);
     /// How long the chunks of `w` are (chunk_bytes, or less for a write of a few chunks).
@@ -118,9 +137,17 @@ private:
     std::deque<InFlight> inflight_;
     size_t cut_from_ = 0;        ///< index in inflight_ of the oldest write not cut completely
     std::deque<Staged> staged_;  ///< GPU chunks cut and not yet on a connection, in cut order
-    /// Per data connection, the slot of each chunk queued on it (-1: none), in queue order:
-    /// takeSent() reports the chunks in that order, and then the slot is free again.
-    std::vector<std::deque<int>> conn_slots_;
+    /// What a chunk queued on a connection holds until the socket has taken it: its staging
+    /// slot (-1: none), or the buffer of a packed chunk from host memory.
+    struct Queued {
+        int slot = -1;
+        std::unique_ptr<uint8_t[]> buf;
+    };
+    /// Per data connection, one per chunk queued on it, in queue order: takeSent() reports the
+    /// chunks in that order, and then the slot is free again and the buffer goes.
+    std::vector<std::deque<Queued>> conn_slots_;
+    /// Scratch of nextPieces().
+    std::vector<Piece> pieces_;
     uint64_t next_cookie_ = 1;
     bool wants_pump_ = false;
     std::string staging_error_;
@@ -202,6 +229,7 @@ private:
         int slot = -1;
         uint64_t device_offset = 0;  ///< from the allocation's first byte
         uint64_t seq = 0;            ///< the write's sequence number
+        uint32_t pieces = 0;         ///< a packed chunk: its table's entries (device_offset unused)
     };
     /// A chunk being copied into device memory.
     struct RxCopy {

@@ -66,6 +66,26 @@ void TcpStaging::copy(StagingClient *owner, uint64_t cookie, int slot,
     unsent_.push_back(std::move(j));
 }
 
+void TcpStaging::copyPieces(StagingClient *owner, uint64_t cookie, int slot,
+                            const std::shared_ptr<CudaImport> &import,
+                            const std::vector<Piece> &pieces, bool to_device) {
+    const uint64_t id = next_job_++;
+    Pending p{owner, cookie, slot};
+    p.parts = static_cast<uint32_t>(pieces.size());
+    pending_[id] = p;
+    unsigned char *base = stager_->slot(static_cast<uint32_t>(slot));
+    for (const Piece &x : pieces) {
+        CudaStager::Job j;
+        j.id = id;  // every part answers to the one record
+        j.import = import;
+        j.device_offset = x.device_offset;
+        j.host = base + x.slot_offset;
+        j.bytes = x.bytes;
+        j.to_device = to_device;
+        unsent_.push_back(std::move(j));
+    }
+}
+
 void TcpStaging::flush() {
     if (!unsent_.empty()) {
         stager_->submit(std::move(unsent_));
@@ -88,10 +108,18 @@ size_t TcpStaging::dispatch() {
         if (it == pending_.end()) {
             continue;
         }
-        const Pending p = it->second;
+        Pending &part = it->second;
+        if (!r.status.isOk() && part.status.isOk()) {
+            part.status = r.status;
+        }
+        if (part.parts > 1) {
+            --part.parts;  // the other parts of its packed chunk are still copying
+            continue;
+        }
+        const Pending p = part;
         pending_.erase(it);
         if (p.owner != nullptr) {
-            p.owner->staged(p.cookie, p.slot, r.status);
+            p.owner->staged(p.cookie, p.slot, p.status);
         } else {
             give(p.slot);  // its link went away while the copy ran
         }

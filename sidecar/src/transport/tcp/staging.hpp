@@ -57,6 +57,17 @@ public:
     void copy(StagingClient *owner, uint64_t cookie, int slot,
               const std::shared_ptr<CudaImport> &import, uint64_t device_offset, uint32_t bytes,
               bool to_device);
+    /// One range of a slot and of device memory (copyPieces()).
+    struct Piece {
+        uint32_t slot_offset = 0;
+        uint64_t device_offset = 0;
+        uint32_t bytes = 0;
+    };
+    /// Queues copies between ranges of `slot` and device memory (a packed chunk's extents);
+    /// `owner` hears of them once, when the last has ended (with the first error, if any).
+    void copyPieces(StagingClient *owner, uint64_t cookie, int slot,
+                    const std::shared_ptr<CudaImport> &import, const std::vector<Piece> &pieces,
+                    bool to_device);
     /// Hands the copies queued since the last flush to the stager, together: they then run
     /// back to back on the GPU (one switch to the sidecar's context, not one per chunk) and cost
     /// one wake-up of the stager.
@@ -73,6 +84,8 @@ private:
         StagingClient *owner = nullptr;
         uint64_t cookie = 0;
         int slot = -1;
+        uint32_t parts = 1;  ///< copies of it still running (copyPieces())
+        Status status;       ///< the first failure among them
     };
 
     const uint32_t slot_bytes_;

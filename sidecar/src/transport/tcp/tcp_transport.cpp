@@ -119,7 +119,8 @@ TransportCaps TcpTransport::caps() const {
     c.cuda_memory = true;  // staged through host memory (staging.hpp)
     c.remote = true;
     c.ordered = true;
-    c.scatter = true;  // silent writes from host memory (kChunkScatter)
+    c.scatter = true;           // silent writes (kChunkScatter, small extents kChunkPacked)
+    c.scatter_from_gpu = true;  // staged like any GPU source
     c.wire_id = kTransportTcp;
     return c;
 }
@@ -143,11 +144,11 @@ Status TcpTransport::post(const WriteOp &op) {
         op.src && (op.src->kind == MemoryKind::kCuda ? op.src->cuda.import != nullptr
                                                      : op.src->base != nullptr);
     if (op.extents) {
-        const bool host = readable && op.src->kind == MemoryKind::kHost && op.silent;
         for (const Extent &e : *op.extents) {
-            if (!host || e.bytes == 0 || !op.src->contains(e.src_offset, e.bytes)) {
+            if (!readable || !op.silent || e.bytes == 0 ||
+                !op.src->contains(e.src_offset, e.bytes)) {
                 return {Code::kInvalid,
-                        "a scattered write is silent, from host memory, and "
+                        "a scattered write is silent, from readable memory, and "
                         "every extent inside its source"};
             }
         }

@@ -24,8 +24,9 @@
 namespace tensorlane::sidecar {
 
 /// The version at the front of the tcp transport's bootstrap blob. 2: ChunkHeader::flags (silent
-/// writes and messages); a peer of another version is refused at SELECT, naming both.
-inline constexpr uint16_t kTcpBlobVersion = 2;
+/// writes and messages); 3: packed chunks (kChunkPacked). A peer of another version is refused
+/// at SELECT, naming both.
+inline constexpr uint16_t kTcpBlobVersion = 3;
 
 /// The tcp transport's bootstrap blob (SELECT / SELECTED): its version, then the sender's
 /// [tcp] connections_per_peer and chunk_bytes, which both ends must share.
