@@ -185,7 +185,8 @@ void Connection::queueFrame(FrameType type, uint64_t arg, std::span<const uint8_
 }
 
 void Connection::queueChunk(const uint8_t *head, const uint8_t *data, uint32_t len, uint64_t tag_id,
-                            bool bulk) {
+                            bool bulk, std::vector<std::pair<const uint8_t *, size_t>> gather,
+                            uint8_t *gather_to) {
     OutItem item;
     std::copy(head, head + kChunkFrameOverhead, item.head.begin());
     item.head_len = static_cast<uint32_t>(kChunkFrameOverhead);
@@ -203,12 +204,20 @@ void Connection::queueChunk(const uint8_t *head, const uint8_t *data, uint32_t l
             job->head_len = static_cast<uint32_t>(kChunkFrameOverhead);
             job->data = data;
             job->len = len;
+            if (!gather.empty()) {
+                job->gather = std::move(gather);
+                job->gather_to = gather_to;
+                item.data_waits = true;
+            }
             item.job = job;
             tags_->submit(std::move(job));
         } else {
+            gatherInto(gather_to, gather);
             // One pass over the source, right before it goes out (warm for the send).
             tx_auth_.sign(head, kChunkFrameOverhead, data, len, item.tag.data());
         }
+    } else {
+        gatherInto(gather_to, gather);
     }
     out_bytes_ += item.size();
     out_.push_back(std::move(item));
@@ -247,6 +256,10 @@ int Connection::flush(int64_t now_ms, size_t budget) {
                 skip -= head_len;
             }
             if (it->data_len > skip) {
+                if (it->data_waits && it->job && !it->job->done.load(std::memory_order_acquire)) {
+                    at_tag = true;  // a worker still gathers its data
+                    break;
+                }
                 iov[n++] = {const_cast<uint8_t *>(it->data + skip), it->data_len - skip};
                 skip = 0;
             } else {

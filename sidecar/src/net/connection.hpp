@@ -132,8 +132,12 @@ public:
     /// stay valid until sent or dropOutput()). `tag_id` (non-zero) is reported by takeSent()
     /// once the whole frame has been written to the socket. A big frame's tag is computed by
     /// the tag pool: flush() sends up to it and goes on once it is there.
+    /// `gather` (a packed chunk's extents): copied one after the other to `gather_to` inside
+    /// `data` before the frame goes out, by the tag worker that signs it (its data waits for
+    /// it) or here.
     void queueChunk(const uint8_t *head, const uint8_t *data, uint32_t len, uint64_t tag_id = 0,
-                    bool bulk = false);
+                    bool bulk = false, std::vector<std::pair<const uint8_t *, size_t>> gather = {},
+                    uint8_t *gather_to = nullptr);
     /// The tag_ids of chunks written out completely since the last call.
     std::vector<uint64_t> takeSent() { return std::exchange(sent_, {}); }
     /// Writes queued bytes until the socket is full or `budget` bytes went. Returns 0 or errno.
@@ -191,6 +195,7 @@ private:
         std::array<uint8_t, kFrameTagBytes> tag{};  ///< after `data`, when tag_len
         uint32_t tag_len = 0;
         std::shared_ptr<TagJob> job;  ///< computing `tag` in the pool (null once copied)
+        bool data_waits = false;      ///< `job` also fills `data` (a gather): send it after
         uint64_t tag_id = 0;
         size_t sent = 0;
         size_t size() const { return (big.empty() ? head_len : big.size()) + data_len + tag_len; }

@@ -99,6 +99,7 @@ void TagPool::finishNow(TagJob &job) {
 }
 
 void TagPool::compute(FrameMac &mac, TagJob &job) {
+    gatherInto(job.gather_to, job.gather);
     mac.init(job.otk, job.head_len + job.len);
     mac.update(job.head.data(), job.head_len);
     mac.update(job.data, job.len);

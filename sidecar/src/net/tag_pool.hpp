@@ -19,10 +19,12 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "net/frame.hpp"
@@ -49,6 +51,10 @@ struct TagJob {
     uint64_t region_bytes = 0;
     /// verify with `pieces`: false when the table was bad (nothing was copied).
     bool landed = true;
+    /// sign: ranges copied one after the other to `gather_to` (inside `data`) before the tag
+    /// is taken: a packed chunk's extents, gathered by the worker (the frame's data waits).
+    std::vector<std::pair<const uint8_t *, size_t>> gather;
+    uint8_t *gather_to = nullptr;
     /// sign: written by the worker; verify: the tag that came with the frame.
     std::array<uint8_t, kFrameTagBytes> tag{};
     /// verify's answer, once done (a cancelled job is not good).
@@ -59,6 +65,14 @@ struct TagJob {
     /// acquire load of it.
     std::atomic<bool> done{false};
 };
+
+/// Copies `pieces` one after the other to `to` (a packed chunk's gather).
+inline void gatherInto(uint8_t *to, const std::vector<std::pair<const uint8_t *, size_t>> &pieces) {
+    for (const auto &[p, n] : pieces) {
+        std::memcpy(to, p, n);
+        to += n;
+    }
+}
 
 class TagPool {
 public:

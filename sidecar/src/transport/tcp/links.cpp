@@ -149,25 +149,28 @@ void OutLink::rewindPieces(InFlight &w, std::vector<Piece> &pieces) {
     w.extent_cut = 0;
 }
 
-std::unique_ptr<uint8_t[]> OutLink::packHost(const Region &src, const std::vector<Piece> &pieces,
-                                             uint32_t *len, uint64_t *payload) {
+std::unique_ptr<uint8_t[]> OutLink::packHost(
+    const Region &src, const std::vector<Piece> &pieces, uint32_t *len, uint64_t *payload,
+    std::vector<std::pair<const uint8_t *, size_t>> *gather) {
+    std::unique_ptr<uint8_t[]> buf;
+    if (!spare_.empty()) {
+        buf = std::move(spare_.back());
+        spare_.pop_back();
+    } else {
+        buf.reset(new (std::nothrow) uint8_t[chunk_bytes_]);  // nextPieces() keeps within it
+        if (!buf) {
+            return buf;
+        }
+    }
     const auto n = static_cast<uint32_t>(pieces.size());
     uint64_t sum = 0;
-    for (const Piece &p : pieces) {
-        sum += p.bytes;
-    }
-    const uint64_t total = packedTableBytes(n) + sum;
-    std::unique_ptr<uint8_t[]> buf(new (std::nothrow) uint8_t[total]);
-    if (!buf) {
-        return buf;
-    }
-    uint64_t at = packedTableBytes(n);
+    gather->clear();
     for (uint32_t i = 0; i < n; ++i) {
         encodePackedEntry(buf.get(), i, pieces[i].dst_offset, pieces[i].bytes);
-        std::memcpy(buf.get() + at, src.base + pieces[i].src_offset, pieces[i].bytes);
-        at += pieces[i].bytes;
+        gather->emplace_back(src.base + pieces[i].src_offset, pieces[i].bytes);
+        sum += pieces[i].bytes;
     }
-    *len = static_cast<uint32_t>(total);
+    *len = static_cast<uint32_t>(packedTableBytes(n) + sum);
     *payload = sum;
     return buf;
 }
@@ -314,13 +317,14 @@ int OutLink::pump(int64_t now_ms) {
             uint64_t advance = 0;  // the write's bytes in the chunk (a packed one's table aside)
             const unsigned char *from = nullptr;
             Queued queued;
+            std::vector<std::pair<const uint8_t *, size_t>> gather;
             if (w.op.extents) {
                 // A scattered write: each chunk says where it lands, one range of one extent
                 // or several small extents packed behind a table.
                 nextPieces(w, chunk_bytes_, &pieces_);
                 h.flags |= kChunkScatter;
                 if (pieces_.size() > 1) {
-                    queued.buf = packHost(*w.op.src, pieces_, &len, &advance);
+                    queued.buf = packHost(*w.op.src, pieces_, &len, &advance, &gather);
                 }
                 if (queued.buf) {
                     h.flags |= kChunkPacked;
@@ -344,7 +348,12 @@ int OutLink::pump(int64_t now_ms) {
             encodeChunkFrame(head, w.seq, h, len);
             // Chunks rotate over the connections so a large write streams over all of them;
             // the target puts the notifications back in sequence order.
-            conn->queueChunk(head, from, len, w.seq, w.op.extents != nullptr);
+            uint8_t *gather_to =
+                queued.buf
+                    ? queued.buf.get() + packedTableBytes(static_cast<uint32_t>(pieces_.size()))
+                    : nullptr;
+            conn->queueChunk(head, from, len, w.seq, w.op.extents != nullptr, std::move(gather),
+                             gather_to);
             conn_slots_[indexOf(*conn)].push_back(std::move(queued));
             w.cut += advance;
             ++w.unsent;
@@ -389,7 +398,11 @@ void OutLink::noteSent(Connection &c) {
     const size_t ci = indexOf(c);
     for (uint64_t seq : c.takeSent()) {
         if (ci < conn_slots_.size() && !conn_slots_[ci].empty()) {
-            staging_.give(conn_slots_[ci].front().slot);
+            Queued &q = conn_slots_[ci].front();
+            staging_.give(q.slot);
+            if (q.buf && spare_.size() < 2 * data_.size() + 2) {
+                spare_.push_back(std::move(q.buf));
+            }
             conn_slots_[ci].pop_front();
         }
         if (InFlight *w = find(seq); w != nullptr && w->unsent > 0) {

@@ -118,11 +118,13 @@ private:
     /// Takes back all but the first of the pieces nextPieces() gave (each packed piece is the
     /// whole rest of its extent, so the cursor goes to the extent after the first's).
     void rewindPieces(InFlight &w, std::vector<Piece> &pieces);
-    /// A packed chunk's data from host source `src`: the table, then the pieces' bytes. Null
-    /// when there is no memory for it; else `*len` is its size and `*payload` the write's bytes
-    /// in it.
-    static std::unique_ptr<uint8_t[]> packHost(const Region &src, const std::vector<Piece> &pieces,
-                                               uint32_t *len, uint64_t *payload);
+    /// A buffer for a packed chunk from host source `src` with its table written; the pieces'
+    /// bytes are to be copied behind it (`*gather`: by the tag worker that signs the chunk, or
+    /// by the connection). Null when there is no memory for it; else `*len` is the chunk's
+    /// size and `*payload` the write's bytes in it.
+    std::unique_ptr<uint8_t[]> packHost(const Region &src, const std::vector<Piece> &pieces,
+                                        uint32_t *len, uint64_t *payload,
+                                        std::vector<std::pair<const uint8_t *, size_t>> *gather);
     /// Cuts the next chunk of the write at cut_from_ into `slot` and starts its copy.
     void cutStaged(InFlight &w, int slot);
     /// How long the chunks of `w` are (chunk_bytes, or less for a write of a few chunks).
@@ -148,6 +150,8 @@ private:
     std::vector<std::deque<Queued>> conn_slots_;
     /// Scratch of nextPieces().
     std::vector<Piece> pieces_;
+    /// Packed chunks' buffers (chunk_bytes each) that the sockets are done with, for reuse.
+    std::vector<std::unique_ptr<uint8_t[]>> spare_;
     uint64_t next_cookie_ = 1;
     bool wants_pump_ = false;
     std::string staging_error_;
