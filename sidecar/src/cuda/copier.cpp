@@ -135,6 +135,15 @@ Status CudaCopier::start(int ordinal, uint32_t lane, uint64_t dst, uint64_t src,
         }
         stream = s;
     }
+    if (handle == nullptr) {
+        CUresult rc = d.cuMemcpyAsync(static_cast<CUdeviceptr>(dst), static_cast<CUdeviceptr>(src),
+                                      bytes, static_cast<CUstream>(stream));
+        if (rc != CUDA_SUCCESS) {
+            return {Code::kCuda,
+                    "cuMemcpyAsync of " + std::to_string(bytes) + " bytes: " + d.errorText(rc)};
+        }
+        return Status::ok();
+    }
     const uint32_t idx = takeCopy(dev);
     Copy &c = copies_[idx];
     CUresult rc = d.cuMemcpyAsync(static_cast<CUdeviceptr>(dst), static_cast<CUdeviceptr>(src),

@@ -43,7 +43,9 @@ public:
     CudaCopier &operator=(const CudaCopier &) = delete;
 
     /// Queues dst <- src (`bytes`) on stream `lane` of device `ordinal` (created on first use).
-    /// `*handle` names it for poll().
+    /// `*handle` names it for poll(). With `handle` null the copy gets no mark of its own: the
+    /// next copy started on the same lane with a handle covers it (a stream runs in order), so
+    /// a run of pieces costs one mark.
     Status start(int ordinal, uint32_t lane, uint64_t dst, uint64_t src, uint64_t bytes,
                  uint32_t *handle);
     /// kOk once the copy has finished (the handle is free again), kAgain while it runs, an

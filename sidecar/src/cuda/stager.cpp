@@ -120,9 +120,14 @@ void CudaStager::run() {
                                             map_bytes_, st.message());
             }
         }
-        for (Job &j : jobs) {
+        // Jobs of one id in a row are the pieces of one packed chunk: only the last is marked
+        // and answered (the lane runs them in order), with the first failure among them.
+        Status run_st;
+        for (size_t k = 0; k < jobs.size(); ++k) {
+            Job &j = jobs[k];
+            const bool last = k + 1 == jobs.size() || jobs[k + 1].id != j.id;
             uint64_t base = 0;
-            Status st = j.import->base(&base);
+            Status st = run_st.isOk() ? j.import->base(&base) : run_st;
             Running r{std::move(j), 0};
             if (st.isOk()) {
                 const uint64_t dev = base + r.job.device_offset;
@@ -130,8 +135,13 @@ void CudaStager::run() {
                 // Lane 0 carries device-to-host, lane 1 host-to-device.
                 st = copier.start(r.job.import->ordinal(), r.job.to_device ? 1 : 0,
                                   r.job.to_device ? dev : host, r.job.to_device ? host : dev,
-                                  r.job.bytes, &r.handle);
+                                  r.job.bytes, last ? &r.handle : nullptr);
             }
+            if (!last) {
+                run_st = st;
+                continue;
+            }
+            run_st = Status::ok();
             if (!st.isOk()) {
                 finished.push_back(Result{r.job.id, st});
                 continue;

@@ -51,7 +51,8 @@ public:
     uint32_t slots() const { return slots_; }
     uint32_t slotBytes() const { return slot_bytes_; }
 
-    /// Queues copies (engine thread), one wake-up for all of them.
+    /// Queues copies (engine thread), one wake-up for all of them. Jobs of one id next to each
+    /// other are one copy in pieces: one result, once the last has run.
     void submit(std::vector<Job> jobs);
     /// Appends the finished copies (engine thread); drains the eventfd.
     void take(std::vector<Result> *out);

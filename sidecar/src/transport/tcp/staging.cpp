@@ -70,13 +70,11 @@ void TcpStaging::copyPieces(StagingClient *owner, uint64_t cookie, int slot,
                             const std::shared_ptr<CudaImport> &import,
                             const std::vector<Piece> &pieces, bool to_device) {
     const uint64_t id = next_job_++;
-    Pending p{owner, cookie, slot};
-    p.parts = static_cast<uint32_t>(pieces.size());
-    pending_[id] = p;
+    pending_[id] = Pending{owner, cookie, slot};
     unsigned char *base = stager_->slot(static_cast<uint32_t>(slot));
     for (const Piece &x : pieces) {
         CudaStager::Job j;
-        j.id = id;  // every part answers to the one record
+        j.id = id;  // one id: the stager answers once, after the last piece
         j.import = import;
         j.device_offset = x.device_offset;
         j.host = base + x.slot_offset;
@@ -108,18 +106,10 @@ size_t TcpStaging::dispatch() {
         if (it == pending_.end()) {
             continue;
         }
-        Pending &part = it->second;
-        if (!r.status.isOk() && part.status.isOk()) {
-            part.status = r.status;
-        }
-        if (part.parts > 1) {
-            --part.parts;  // the other parts of its packed chunk are still copying
-            continue;
-        }
-        const Pending p = part;
+        const Pending p = it->second;
         pending_.erase(it);
         if (p.owner != nullptr) {
-            p.owner->staged(p.cookie, p.slot, p.status);
+            p.owner->staged(p.cookie, p.slot, r.status);
         } else {
             give(p.slot);  // its link went away while the copy ran
         }

@@ -84,8 +84,6 @@ private:
         StagingClient *owner = nullptr;
         uint64_t cookie = 0;
         int slot = -1;
-        uint32_t parts = 1;  ///< copies of it still running (copyPieces())
-        Status status;       ///< the first failure among them
     };
 
     const uint32_t slot_bytes_;
