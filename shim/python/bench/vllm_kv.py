@@ -125,6 +125,12 @@ def _dist_worker(rank: int, args, reqs, port: int, queue) -> None:
     device = args.devices[rank]
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
+        if args.devices[0] == args.devices[1]:
+            # Two ranks on one GPU: NCCL refuses that within one host ("Duplicate GPU"), so each
+            # is a host of its own and the data goes through NCCL's network transport (Socket
+            # here: no RDMA device), as tensorlane's goes through its tcp transport.
+            os.environ["NCCL_HOSTID"] = f"vllm-kv-host-{rank}"
+            os.environ.setdefault("NCCL_NET", "Socket")
     dist.init_process_group(args.backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=2)
     shape = (2, args.blocks, args.block_size, args.heads, args.head_dim)
