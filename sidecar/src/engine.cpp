@@ -17,6 +17,7 @@
 #include "logging.hpp"
 #include "metrics/metrics_server.hpp"
 #include "net/cpus.hpp"
+#include "net/socket.hpp"
 #include "tensorlane/ipc/doorbell.hpp"
 
 namespace tensorlane::sidecar {
@@ -476,8 +477,26 @@ size_t EngineImpl::progressTransports() {
 void EngineImpl::peerState(PeerId peer, PeerState state, std::string_view reason) {
     std::string name = peers_ ? peers_->peerName(peer) : std::to_string(peer);
     if (state == PeerState::kFailed) {
-        log_->warn("peer {} failed: {}", name, reason);
+        const int64_t now = monotonicMs();
+        auto [it, fresh] = failed_logged_.try_emplace(peer);
+        FailedLog &f = it->second;
+        if (fresh || f.reason != reason || now - f.at_ms >= kRepeatLogMs) {
+            if (!fresh && f.reason == reason && f.repeats > 0) {
+                log_->warn("peer {} failed: {} ({} more times in the last {} s)", name, reason,
+                           f.repeats, (now - f.at_ms) / 1000);
+            } else {
+                log_->warn("peer {} failed: {}", name, reason);
+            }
+            f = FailedLog{std::string(reason), now, 0};
+        } else {
+            ++f.repeats;
+            log_->debug("peer {} failed: {}", name, reason);
+        }
+    } else if (state == PeerState::kConnecting && failed_logged_.contains(peer)) {
+        // A retry of a peer that keeps failing: its failures say enough.
+        log_->debug("peer {} is {}: {}", name, toString(state), reason);
     } else {
+        failed_logged_.erase(peer);
         log_->info("peer {} is {}{}{}", name, toString(state), reason.empty() ? "" : ": ", reason);
     }
 }

@@ -18,6 +18,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 
 #include "cluster_directory.hpp"
 #include "control_server.hpp"
@@ -99,6 +100,15 @@ private:
     std::vector<std::unique_ptr<Transport>> given_remote_;  ///< Engine::create's, until init()
     LocalTransport *local_ = nullptr;                       ///< transports_'s local one
     std::unique_ptr<PeerManager> peers_;
+    /// The last "peer failed" warning per peer: the same reason again within kRepeatLogMs is
+    /// logged at debug level and counted, then summed up in the next warning.
+    struct FailedLog {
+        std::string reason;
+        int64_t at_ms = 0;
+        uint64_t repeats = 0;
+    };
+    static constexpr int64_t kRepeatLogMs = 30000;
+    std::unordered_map<PeerId, FailedLog> failed_logged_;
     /// The etcd directory ([directory] kind = "etcd"), feeding peers_.
     std::unique_ptr<ClusterDirectory> directory_;
     ipc::UniqueFd epoll_;

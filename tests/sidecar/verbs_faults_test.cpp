@@ -394,6 +394,39 @@ TEST(VerbsFallback, ExplicitVerbsRefusesAPeerWithoutIt) {
     EXPECT_TRUE(p.a->alive() && p.b->alive());
 }
 
+// Both nodes want each other and neither can use the other (node-a speaks only verbs, node-b
+// has no RDMA device). Each one's inbound handshake used to pull the other's retry forward,
+// so the two retried each other every reconnect_min_ms for as long as they disagreed; a soak
+// run in which nodes of two tensorlane versions met logged hundreds of "peer failed" lines a
+// second that way. Now a refusal keeps the backoff, and a repeated reason is said once.
+TEST(VerbsFallback, PeersThatRefuseEachOtherBackOffAndSayItOnce) {
+    LoopbackPair p("", "", "verbs", "tcp", /*b_has_device=*/false);
+    ASSERT_TRUE(p.a->ready()) << p.a->log();
+    ASSERT_TRUE(p.b->ready()) << p.b->log();
+    auto ca = tensorlane::Client::connect(p.a->socket());
+    auto cb = tensorlane::Client::connect(p.b->socket());
+    ASSERT_TRUE(ca.ok() && cb.ok());
+    tl_remote r = 0;
+    EXPECT_EQ(tl_lookup(ca->get(), "node-b", "inbox", &r, nullptr), TL_EPEER) << tl_last_error();
+    EXPECT_EQ(tl_lookup(cb->get(), "node-a", "inbox", &r, nullptr), TL_EPEER) << tl_last_error();
+    std::this_thread::sleep_for(4s);
+    // reconnect_min_ms = 50, reconnect_max_ms = 400 (kFastFailureTcp): backing off, about 12
+    // attempts in 4 s; retrying each other, about 80.
+    const auto failures = peerJson(ca->get(), "node-b").value("failures", uint64_t{0});
+    EXPECT_GE(failures, 2u);
+    EXPECT_LE(failures, 25u) << "the two nodes kept pulling each other's retries forward";
+    auto count = [](const std::string &log, const std::string &what) {
+        size_t n = 0;
+        for (size_t at = log.find(what); at != std::string::npos; at = log.find(what, at + 1)) {
+            ++n;
+        }
+        return n;
+    };
+    const std::string log_a = p.a->log();
+    EXPECT_EQ(count(log_a, "[warning] peer node-b failed"), 1u) << log_a;
+    EXPECT_TRUE(p.a->alive() && p.b->alive());
+}
+
 // ----- the traffic class on the wire
 
 // node-a sends with DSCP 26 + ECN (106), node-b with DSCP 10 and no ECN (40). A capture of the

@@ -469,6 +469,7 @@ void PeerDialer::onUp(Peer &p, int64_t now) {
     s.phase = OutSession::Phase::kUp;
     s.heartbeat_ms = heartbeatInterval(cfg_, s.remote_caps);
     p.backoff_ms = cfg_.tcp.reconnect_min_ms;
+    p.last_refused = false;
     p.last_logged_error.clear();
     // The session is up: an earlier attempt's reason no longer describes the peer (status
     // would show an up peer with, say, an old authentication error). `failures` keeps count.
@@ -532,6 +533,7 @@ void PeerDialer::failOut(Peer &p, const std::string &reason, bool reconnect, int
     const bool was_up = s.phase == OutSession::Phase::kUp;
     p.last_error = reason;
     p.last_failure_ms = now;
+    p.last_refused = refused;
     ++p.failures;
 
     uint32_t delay = 0;

@@ -471,9 +471,13 @@ void PeerListener::promote(uint64_t token, const HandshakeOutcome &o, int64_t no
         // A session from a new incarnation means the peer restarted: the session we hold to it
         // is dead (or soon will be), and the descriptors we hold are from the old run.
         // A peer we failed to reach and now hear from (it started, or came back with the right
-        // key) is reachable too: the dialer retries now instead of after the backoff.
+        // key) is reachable too: the dialer retries now instead of after the backoff. Not a
+        // peer that refused us (another wire version, no transport in common): its own attempts
+        // would otherwise reset our backoff each time, and the two would retry each other every
+        // reconnect_min_ms for as long as they disagree (the soak run's mixed versions did,
+        // hundreds of log lines a second).
         if ((p->remote_incarnation != 0 && p->remote_incarnation != o.peer_incarnation) ||
-            (!p->out && p->attempt_scheduled)) {
+            (!p->out && p->attempt_scheduled && !p->last_refused)) {
             loop_.peerRestarted(*p, now);
         }
         return;

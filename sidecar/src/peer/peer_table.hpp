@@ -99,6 +99,9 @@ struct Peer {
     /// Why the last attempt or session failed; cleared when a session comes up.
     std::string last_error;
     int64_t last_failure_ms = 0;  ///< when it failed (monotonic), for how fresh the reason is
+    /// The last attempt was refused by the peer (a version mismatch, no transport in common):
+    /// hearing from it again does not pull the retry forward, only a restart of it does.
+    bool last_refused = false;
     std::string last_logged_error;
     /// A peer of the cluster directory (docs/directory.md), not of [[peers]].
     bool dynamic = false;
