@@ -47,8 +47,10 @@ usage: scripts/device-run.sh fetch
                        tensorlane-python and tensorlane-sidecar (add them to --targets)
   --soak "ARGS"        scripts/soak.sh ARGS (e.g. "--duration 180 -- --stream-share 0.3": the
                        soak with stream-ordered writes from GPU memory in the mix), its report and
-                       the tail of its output into DIR; needs root, ip and nft there, and the
-                       targets tensorlane tensorlane-sidecar tensorlane-python simhca_ibverbs
+                       the tail of its output into DIR; needs root and the targets tensorlane
+                       tensorlane-sidecar tensorlane-python simhca_ibverbs; where the machine has
+                       no ip, nft or iptables, Debian's are unpacked from .debs-net (fetch puts
+                       them there; carry it too) and put on PATH through wrappers
   --gpu-repeat N       run each gpu test up to N times, stopping at its first failure
   --simhca-bench       tests/simhca/tools/bench.sh: the simulator alone (perftest over it) against
                        UDP ping-pong and stream on the same loopback
@@ -82,6 +84,11 @@ packages=(libtomlplusplus-dev libtomlplusplus3 libcli11-dev nlohmann-json3-dev l
           libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libprometheus-cpp-push1.0
           libcivetweb-dev libcivetweb1 civetweb libcurl4-openssl-dev zlib1g-dev perftest
           libibumad3 librdmacm1 libpci3 libssl-dev)
+# The soak's network tools (--soak), for a machine without them: unpacked into a prefix of
+# their own and run through wrappers, so their libraries never shadow the machine's.
+net_packages=(iproute2 libbpf1 libelf1 libmnl0 libcap2 libxtables12 nftables libnftables1
+              libnftnl11 libjansson4 iptables libip4tc2 libip6tc2 libnetfilter-conntrack3
+              libnfnetlink0 libbsd0 libmd0 libtirpc3)
 
 if [ $# -lt 1 ]; then
     usage >&2
@@ -156,7 +163,9 @@ case "$cmd" in
         run mkdir -p "$debs"
         if [ "$dry_run" -eq 0 ]; then
             (cd "$debs" && apt-get download "${packages[@]}")
-            ls -l "$debs"
+            mkdir -p "$root/.debs-net"
+            (cd "$root/.debs-net" && apt-get download "${net_packages[@]}")
+            ls -l "$debs" "$root/.debs-net"
         else
             printf 'would run: (cd %s && apt-get download %s)\n' "$debs" "${packages[*]}"
         fi
@@ -331,6 +340,24 @@ if [ -n "$soak_args" ] && [ "$(left)" -gt 60 ]; then
     for tool in ip nft iptables; do
         note "$tool: $(command -v "$tool" || echo missing)"
     done
+    if ! command -v ip >/dev/null && [ -d "$root/.debs-net" ]; then
+        netroot=/tmp/tensorlane-net
+        mkdir -p "$netroot/bin"
+        for f in "$root"/.debs-net/*.deb; do
+            dpkg -x "$f" "$netroot"
+        done
+        netlib="$netroot/usr/lib/x86_64-linux-gnu:$netroot/lib/x86_64-linux-gnu"
+        for t in ip:sbin/ip nft:usr/sbin/nft iptables:usr/sbin/iptables-nft; do
+            name=${t%%:*}
+            path=${t#*:}
+            [ -e "$netroot/$path" ] || path=usr/$path
+            # shellcheck disable=SC2016  # (the wrapper expands them, not this script)
+            printf '#!/bin/sh\nLD_LIBRARY_PATH=%s${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} exec %s "$@"\n' \
+                "$netlib" "$netroot/$path" >"$netroot/bin/$name"
+            chmod +x "$netroot/bin/$name"
+        done
+        export PATH="$netroot/bin:$PATH"
+    fi
     soak_list=()
     eval "soak_list=($soak_args)"  # shell words, quotes allowed
     rm -rf /tmp/tensorlane-soak
