@@ -403,7 +403,10 @@ TEST_P(ExWritesRemote, AStalledTargetFailsTheWriterAtItsDeadlineNotAtThePeerTime
     ::kill(pair_->targetNode().pid(), SIGCONT);
     EXPECT_EQ(st, TL_EDEADLINE);
     EXPECT_GE(took, 140ms);
-    EXPECT_LT(took, 260ms);
+    // Well before tcp's peer timeout (1500 ms); verbs' own detection would end it with
+    // TL_EPEER, not TL_EDEADLINE. The slack is for a loaded 2-core CI machine (a 260 ms bound
+    // failed once there under ctest -j2).
+    EXPECT_LT(took, 600ms);
     for (tl_status s : statuses) {
         EXPECT_NE(s, TL_EINTERNAL);
         EXPECT_NE(s, TL_OK);
