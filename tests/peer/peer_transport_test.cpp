@@ -62,6 +62,31 @@ protected:
         out->remote = remote;
     }
 
+    /// Posts a silent scattered write of `ex` from node-a's `l.src` to `l.remote` on node-b
+    /// (WriteOp::extents: a group's entries between two regions, as one op); its op id in
+    /// `*op_id`.
+    Status postScatter(const Linked &l, std::vector<sidecar::Extent> ex, uint64_t *op_id) {
+        Node &a = node(0);
+        return a.call([&] {
+            auto id = a.pm().peerByName("node-b");
+            WriteOp op;
+            std::string why;
+            if (!id || !a.pm().resolveRemote(*id, l.remote.id, &op.remote_region, &why)) {
+                return Status{Code::kNotFound, why};
+            }
+            op.op_id = *op_id = nextOpId();
+            op.peer = *id;
+            op.src = l.src;
+            op.dst_region = l.remote.id;
+            op.silent = true;
+            for (const auto &e : ex) {
+                op.bytes += e.bytes;
+            }
+            op.extents = std::make_shared<const std::vector<sidecar::Extent>>(std::move(ex));
+            return a.transports().post(op);
+        });
+    }
+
     TempDir dir_;
     std::string key_ = dir_.writeFile("peer.key", kSecret);
     std::vector<std::unique_ptr<Node>> nodes_;
@@ -794,24 +819,7 @@ TEST_F(PeerTcp, AScatteredWriteLandsEachExtentAndOneOutsideTheRegionIsRefused) {
     std::vector<unsigned char> before(dst->base, dst->base + kRegion);
     auto postScatter = [&](std::vector<sidecar::Extent> ex) {
         uint64_t op_id = 0;
-        Status st = a.call([&] {
-            auto id = a.pm().peerByName("node-b");
-            WriteOp op;
-            std::string why;
-            if (!id || !a.pm().resolveRemote(*id, remote.id, &op.remote_region, &why)) {
-                return Status{Code::kNotFound, why};
-            }
-            op.op_id = op_id = nextOpId();
-            op.peer = *id;
-            op.src = src;
-            op.dst_region = remote.id;
-            op.silent = true;
-            for (const auto &e : ex) {
-                op.bytes += e.bytes;
-            }
-            op.extents = std::make_shared<const std::vector<sidecar::Extent>>(std::move(ex));
-            return a.transports().post(op);
-        });
+        Status st = PeerFixture::postScatter(l, std::move(ex), &op_id);
         EXPECT_TRUE(st.isOk()) << st.message();
         return op_id;
     };
@@ -866,11 +874,9 @@ protected:
         sizes.push_back(70000);                            // the last, small: alone
         std::vector<sidecar::Extent> ex;
         uint64_t at = 0;
-        uint64_t total = 0;
         for (uint64_t n : sizes) {
             ex.push_back({at, 0, n});
             at += n + 13;
-            total += n;
         }
         // Targets: the same ranges in reverse order of the sources, 11 bytes apart.
         uint64_t put = 0;
@@ -881,22 +887,7 @@ protected:
         ASSERT_LE(at, kRegion);
         ASSERT_LE(put, kRegion);
         uint64_t op_id = 0;
-        Status st = a.call([&] {
-            auto id = a.pm().peerByName("node-b");
-            WriteOp op;
-            std::string why;
-            if (!id || !a.pm().resolveRemote(*id, remote.id, &op.remote_region, &why)) {
-                return Status{Code::kNotFound, why};
-            }
-            op.op_id = op_id = nextOpId();
-            op.peer = *id;
-            op.src = src;
-            op.dst_region = remote.id;
-            op.silent = true;
-            op.bytes = total;
-            op.extents = std::make_shared<const std::vector<sidecar::Extent>>(ex);
-            return a.transports().post(op);
-        });
+        Status st = PeerFixture::postScatter(l, ex, &op_id);
         ASSERT_TRUE(st.isOk()) << st.message();
         auto c = a.sink.completion(op_id, 20s);
         ASSERT_TRUE(c.has_value());
