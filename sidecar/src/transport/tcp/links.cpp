@@ -149,6 +149,15 @@ void OutLink::rewindPieces(InFlight &w, std::vector<Piece> &pieces) {
     w.extent_cut = 0;
 }
 
+uint64_t OutLink::writeTable(uint8_t *table, const std::vector<Piece> &pieces) {
+    uint64_t sum = 0;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+        encodePackedEntry(table, static_cast<uint32_t>(i), pieces[i].dst_offset, pieces[i].bytes);
+        sum += pieces[i].bytes;
+    }
+    return sum;
+}
+
 std::unique_ptr<uint8_t[]> OutLink::packHost(
     const Region &src, const std::vector<Piece> &pieces, uint32_t *len, uint64_t *payload,
     std::vector<std::pair<const uint8_t *, size_t>> *gather) {
@@ -162,15 +171,12 @@ std::unique_ptr<uint8_t[]> OutLink::packHost(
             return buf;
         }
     }
-    const auto n = static_cast<uint32_t>(pieces.size());
-    uint64_t sum = 0;
+    const uint64_t sum = writeTable(buf.get(), pieces);
     gather->clear();
-    for (uint32_t i = 0; i < n; ++i) {
-        encodePackedEntry(buf.get(), i, pieces[i].dst_offset, pieces[i].bytes);
-        gather->emplace_back(src.base + pieces[i].src_offset, pieces[i].bytes);
-        sum += pieces[i].bytes;
+    for (const Piece &p : pieces) {
+        gather->emplace_back(src.base + p.src_offset, p.bytes);
     }
-    *len = static_cast<uint32_t>(packedTableBytes(n) + sum);
+    *len = static_cast<uint32_t>(packedTableBytes(static_cast<uint32_t>(pieces.size())) + sum);
     *payload = sum;
     return buf;
 }
@@ -201,19 +207,17 @@ void OutLink::cutStaged(InFlight &w, int slot) {
                           src.cuda.alloc_offset + pieces_[0].src_offset, len, /*to_device=*/false);
         } else {
             const auto n = static_cast<uint32_t>(pieces_.size());
+            advance = writeTable(staging_.data(slot), pieces_);
             std::vector<TcpStaging::Piece> copies;
             copies.reserve(n);
-            uint8_t *table = staging_.data(slot);
             uint64_t at = packedTableBytes(n);
-            for (uint32_t i = 0; i < n; ++i) {
-                encodePackedEntry(table, i, pieces_[i].dst_offset, pieces_[i].bytes);
+            for (const Piece &p : pieces_) {
                 copies.push_back(TcpStaging::Piece{static_cast<uint32_t>(at),
-                                                   src.cuda.alloc_offset + pieces_[i].src_offset,
-                                                   static_cast<uint32_t>(pieces_[i].bytes)});
-                at += pieces_[i].bytes;
+                                                   src.cuda.alloc_offset + p.src_offset,
+                                                   static_cast<uint32_t>(p.bytes)});
+                at += p.bytes;
             }
             len = static_cast<uint32_t>(at);
-            advance = at - packedTableBytes(n);
             c.header.flags |= kChunkPacked;
             c.header.write_offset = n;
             staging_.copyPieces(this, c.cookie, slot, src.cuda.import, copies,

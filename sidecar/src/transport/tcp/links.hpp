@@ -118,6 +118,8 @@ private:
     /// Takes back all but the first of the pieces nextPieces() gave (each packed piece is the
     /// whole rest of its extent, so the cursor goes to the extent after the first's).
     void rewindPieces(InFlight &w, std::vector<Piece> &pieces);
+    /// Writes the packed table of `pieces` at `table`; returns the bytes they carry.
+    static uint64_t writeTable(uint8_t *table, const std::vector<Piece> &pieces);
     /// A buffer for a packed chunk from host source `src` with its table written; the pieces'
     /// bytes are to be copied behind it (`*gather`: by the tag worker that signs the chunk, or
     /// by the connection). Null when there is no memory for it; else `*len` is the chunk's
