@@ -4,8 +4,14 @@
 // sidecars (the tensorlane call the plugin is built on) and a plain loopback TCP ping-pong
 // (what NCCL's Socket transport does per message), alternated round by round.
 //
+// A second table, the exchange: both ranks at once post a fresh receive, send one message and
+// wait for both, as a step of a 2-rank collective does (NCCL posts a collective's receives when
+// it starts, so the receiver's CTS is on the critical path unless the send goes eagerly);
+// against the same exchange of tl_write_msg messages and of a loopback TCP connection.
+//
 //   nccl_plugin_bench [--sizes 64,4096,65536,1048576] [--iters 2000] [--rounds 5]
 //                     [--poll-mode adaptive|busy|event] [--chunk BYTES] [--integrity mac|none]
+//                     [--eager-bytes N] (TENSORLANE_NCCL_EAGER_BYTES of both ranks; 0: off)
 //
 // Two sidecars over tcp on loopback; this process is rank 0, a forked child rank 1, each
 // beside its own sidecar with the plugin dlopen'ed (host memory: NCCL's LL buffers). Prints
@@ -21,6 +27,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -124,10 +131,10 @@ public:
         }
     }
 
-    /// Posts the receive of the next message (up to kMax bytes).
-    void *postRecv() {
+    /// Posts the receive of the next message (up to `bytes`, kMax by default).
+    void *postRecv(size_t bytes = kMax) {
         void *data = rbuf_.data();
-        int size = static_cast<int>(kMax);  // v8's sizes are ints
+        int size = static_cast<int>(bytes);  // v8's sizes are ints
         int tag = kTag;
         void *req = nullptr;
         while (req == nullptr) {
@@ -142,6 +149,13 @@ public:
                   "isend");
         }
         waitDone(req);
+    }
+    /// A collective's step: a fresh receive, a send, both waited for. The receive is of NCCL's
+    /// LL step (64 KiB: 512 KiB of LL buffer over NCCL_STEPS), or of the message if bigger.
+    void exchange(size_t bytes) {
+        void *recv = postRecv(std::max<size_t>(bytes, 64 << 10));
+        sendAndWait(bytes);
+        waitDone(recv);
     }
     void waitDone(void *req) {
         int done = 0, size = 0;
@@ -273,13 +287,18 @@ private:
     void noDelay() const {
         int one = 1;
         ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        // The exchange sends before it receives at both ends: buffers that hold a message.
+        int bytes = 8 << 20;
+        ::setsockopt(fd_, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
+        ::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
     }
     int lfd_ = -1, fd_ = -1;
     in_port_t port_ = 0;
 };
 
 struct Command {
-    int mode;  // 0 stop, 1 plugin, 2 write_msg + ticket, 3 tcp, 4 write + immediate, 5 write_msg
+    int mode;  // 0 stop, 1 plugin, 2 write_msg + ticket, 3 tcp, 4 write + immediate, 5 write_msg,
+               // 6 plugin exchange, 7 write_msg exchange, 8 tcp exchange
     uint64_t bytes;
     int iters;
 };
@@ -307,6 +326,27 @@ void echo(Rank &r, const Tcp &tcp, const Pipe &commands, const Pipe &acks) {
             for (int i = 0; i < c.iters; ++i) {
                 r.waitMsg();
                 r.writeMsg(c.bytes);
+            }
+        } else if (c.mode == 6) {
+            acks.put(&c, 1);
+            for (int i = 0; i < c.iters; ++i) {
+                r.exchange(c.bytes);
+            }
+        } else if (c.mode == 7) {
+            acks.put(&c, 1);
+            for (int i = 0; i < c.iters; ++i) {
+                r.writeMsg(c.bytes, false);
+                r.waitMsg();
+                if (i % 64 == 63) {
+                    r.reap();
+                }
+            }
+            r.reap();
+        } else if (c.mode == 8) {
+            acks.put(&c, 1);
+            for (int i = 0; i < c.iters; ++i) {
+                tcp.send(buf.data(), c.bytes);
+                tcp.recv(buf.data(), c.bytes);
             }
         } else if (c.mode == 4 || c.mode == 5) {
             acks.put(&c, 1);
@@ -354,7 +394,7 @@ std::vector<uint64_t> parseSizes(const std::string &s) {
 int main(int argc, char **argv) {
     std::vector<uint64_t> sizes = {64, 4096, 65536, 1 << 20};
     int iters = 2000, rounds = 5;
-    std::string poll = "adaptive", chunk, integrity;
+    std::string poll = "adaptive", chunk, integrity, eager = "default";
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string a = argv[i], v = argv[i + 1];
         if (a == "--sizes") {
@@ -369,6 +409,9 @@ int main(int argc, char **argv) {
             chunk = std::to_string(std::stoull(v));
         } else if (a == "--integrity") {
             integrity = v == "none" ? "none" : "mac";
+        } else if (a == "--eager-bytes") {
+            ::setenv("TENSORLANE_NCCL_EAGER_BYTES", std::to_string(std::stoul(v)).c_str(), 1);
+            eager = v;
         } else {
             die("unknown option " + a);
         }
@@ -405,15 +448,16 @@ int main(int argc, char **argv) {
     tcp.acceptOne();
     Rank r(a.socket(), "node-b", 0, down, up);
     std::vector<unsigned char> buf(kMax, 3);
+    std::vector<std::array<double, 4>> exchanges;
     std::printf(
         "%10s %10s %10s %10s %10s %10s %7s %7s %7s  (round trips in us, medians of %d "
         "rounds x %d; poll %s%s%s)\n",
         "bytes", "plugin", "msg+ack", "msg", "write_imm", "tcp", "/msg", "/tcp", "imm/tcp", rounds,
         iters, poll.c_str(), chunk.empty() ? "" : ", chunk_bytes ", chunk.c_str());
     for (uint64_t bytes : sizes) {
-        std::vector<double> got[6];
+        std::vector<double> got[9];
         for (int round = 0; round < rounds; ++round) {
-            for (int mode : {1, 2, 5, 4, 3}) {
+            for (int mode : {1, 2, 5, 4, 3, 6, 7, 8}) {
                 Command c{mode, bytes, iters};
                 commands.put(&c, sizeof(c));
                 char ack = 0;
@@ -422,7 +466,7 @@ int main(int argc, char **argv) {
                 rt.reserve(static_cast<size_t>(iters));
                 void *req = mode == 1 ? r.postRecv() : nullptr;
                 for (int i = 0; i < iters; ++i) {
-                    if ((mode == 4 || mode == 5) && i % 64 == 63) {
+                    if ((mode == 4 || mode == 5 || mode == 7) && i % 64 == 63) {
                         r.reap();  // outside the timed part, as tensorlane bench does
                     }
                     const auto t0 = Clock::now();
@@ -430,6 +474,14 @@ int main(int argc, char **argv) {
                         r.sendAndWait(bytes);
                         r.waitDone(req);
                         req = i + 1 < iters ? r.postRecv() : nullptr;
+                    } else if (mode == 6) {
+                        r.exchange(bytes);
+                    } else if (mode == 7) {
+                        r.writeMsg(bytes, false);
+                        r.waitMsg();
+                    } else if (mode == 8) {
+                        tcp.send(buf.data(), bytes);
+                        tcp.recv(buf.data(), bytes);
                     } else if (mode == 2) {
                         r.writeMsg(bytes);
                         r.waitMsg();
@@ -456,7 +508,17 @@ int main(int argc, char **argv) {
         std::printf("%10llu %10.2f %10.2f %10.2f %10.2f %10.2f %7.2f %7.2f %7.2f\n",
                     static_cast<unsigned long long>(bytes), p, w, m, im, t, w > 0 ? p / w : 0,
                     t > 0 ? p / t : 0, t > 0 ? im / t : 0);
+        const double xp = median(got[6]), xm = median(got[7]), xt = median(got[8]);
+        exchanges.push_back({static_cast<double>(bytes), xp, xm, xt});
         std::fflush(stdout);
+    }
+    std::printf(
+        "\n%10s %10s %10s %10s %7s %7s  (exchange: both ranks post a receive, send, wait "
+        "both; us per step, medians; eager %s)\n",
+        "bytes", "plugin", "msg", "tcp", "/msg", "/tcp", eager.c_str());
+    for (const auto &x : exchanges) {
+        std::printf("%10.0f %10.2f %10.2f %10.2f %7.2f %7.2f\n", x[0], x[1], x[2], x[3],
+                    x[2] > 0 ? x[1] / x[2] : 0, x[3] > 0 ? x[1] / x[3] : 0);
     }
     Command stop{0, 0, 0};
     commands.put(&stop, sizeof(stop));

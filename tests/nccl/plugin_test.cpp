@@ -7,6 +7,7 @@
 // mid-transfer ending every request with an error instead of a hang.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -335,19 +336,254 @@ class NcclPlugin : public ::testing::TestWithParam<std::string> {};
 INSTANTIATE_TEST_SUITE_P(Transports, NcclPlugin, ::testing::Values("tcp", "verbs"),
                          [](const auto &param_info) { return param_info.param; });
 
+/// The eager path's settings in both ranks (environment of the plugin's process).
+struct EagerMode {
+    const char *name;
+    const char *bytes;   ///< TENSORLANE_NCCL_EAGER_BYTES (null: the default ring)
+    const char *prefer;  ///< TENSORLANE_NCCL_EAGER_PREFER
+};
+void useEagerMode(const EagerMode &m) {
+    if (m.bytes != nullptr) {
+        ::setenv("TENSORLANE_NCCL_EAGER_BYTES", m.bytes, 1);
+    }
+    if (m.prefer != nullptr) {
+        ::setenv("TENSORLANE_NCCL_EAGER_PREFER", m.prefer, 1);
+    }
+}
+
 TEST_P(NcclPlugin, EverySizeGroupedAndOutOfOrderArriveWhole) {
     Pair nodes(GetParam());
     ASSERT_TRUE(nodes.ready()) << nodes.logs();
-    for (bool v9 : {false, true}) {
-        Pipe handle;
-        // The speed NCCL is told: the simulated port's rate ("100 Gb/sec (4X EDR)") over verbs,
-        // NCCL Socket's 10 Gb/s over tcp (no port to ask).
-        const int speed = GetParam() == "verbs" ? 100000 : 10000;
-        const pid_t r = forkClient([&] { return receiver(nodes.b->socket(), handle, v9, speed); });
-        const pid_t s = forkClient([&] { return sender(nodes.a->socket(), handle, v9); });
-        EXPECT_EQ(waitChild(s), 0) << (v9 ? "v9" : "v8") << nodes.logs();
-        EXPECT_EQ(waitChild(r), 0) << (v9 ? "v9" : "v8") << nodes.logs();
+    // The default (sends up to 64 KiB that find no CTS go eagerly, the rest wait for theirs);
+    // eager preferred even where a CTS is there (the receiver copies into buffers it posted
+    // already, and the sender drops those CTSes as stale); no eager ring (CTS only).
+    const EagerMode modes[] = {{"default", nullptr, nullptr},
+                               {"prefer eager", nullptr, "1"},
+                               {"no eager ring", "0", nullptr}};
+    for (const EagerMode &mode : modes) {
+        for (bool v9 : {false, true}) {
+            if (v9 && mode.bytes == nullptr && mode.prefer != nullptr) {
+                continue;
+            }
+            SCOPED_TRACE(std::string(mode.name) + (v9 ? ", v9" : ", v8"));
+            Pipe handle;
+            // The speed NCCL is told: the simulated port's rate ("100 Gb/sec (4X EDR)") over
+            // verbs, NCCL Socket's 10 Gb/s over tcp (no port to ask).
+            const int speed = GetParam() == "verbs" ? 100000 : 10000;
+            const pid_t r = forkClient([&] {
+                useEagerMode(mode);
+                return receiver(nodes.b->socket(), handle, v9, speed);
+            });
+            const pid_t s = forkClient([&] {
+                useEagerMode(mode);
+                return sender(nodes.a->socket(), handle, v9);
+            });
+            EXPECT_EQ(waitChild(s), 0) << nodes.logs();
+            EXPECT_EQ(waitChild(r), 0) << nodes.logs();
+        }
     }
+}
+
+/// Eager sends complete before their receives are posted, at most a ring's worth of them (the
+/// next waits until the receiver gives slots back); receives posted later, tag by tag in an
+/// order of their own, get every message whole, in each tag's order. The receives of a slot's
+/// size send no CTS (their message comes eagerly): a send that finds no free slot asks for its
+/// CTS with RTS; a send bigger than a slot goes into its receive's CTS.
+TEST_P(NcclPlugin, EagerSendsRunAheadByOneRingAndLandWhenTheirReceivesArePosted) {
+    Pair nodes(GetParam());
+    ASSERT_TRUE(nodes.ready()) << nodes.logs();
+    constexpr int kSlots = 8, kSlotBytes = 4096;
+    // Two tags interleaved: message k has tag 1 + k % 2, k * 37 % 4097 bytes (up to one slot;
+    // 0-byte ones among them) and its own content; message kSlots+2 is 100 KiB (no slot).
+    constexpr int kMessages = 24, kBig = kSlots + 2;
+    const auto bytesOf = [](int k) { return k == kBig ? 100 << 10 : k * 37 % (kSlotBytes + 1); };
+    Pipe handle, phase;
+    const pid_t r = forkClient([&]() -> int {
+        ::setenv("TENSORLANE_NCCL_EAGER_SLOTS", std::to_string(kSlots).c_str(), 1);
+        ::setenv("TENSORLANE_NCCL_EAGER_BYTES", std::to_string(kSlotBytes).c_str(), 1);
+        Plugin p;
+        char h[NCCL_NET_HANDLE_MAXSIZE] = {};
+        void *l = nullptr, *rc = nullptr;
+        if (!p.open(nodes.b->socket()) || p.v8->listen(0, h, &l) != ncclSuccess ||
+            !handle.put(h, sizeof(h)) ||
+            !pollFor([&] { return p.v8->accept(l, &rc, nullptr); }, &rc)) {
+            return 2;
+        }
+        std::vector<unsigned char> buf(kMessages << 17, 0xee);
+        void *mh = nullptr;
+        if (p.v8->regMr(rc, buf.data(), buf.size(), NCCL_PTR_HOST, &mh) != ncclSuccess) {
+            return 3;
+        }
+        char go = 0;
+        if (!phase.get(&go, 1)) {  // the sender has run ahead as far as it can
+            return 4;
+        }
+        // Tag 2's receives first, then tag 1's: each tag's messages in its own order.
+        std::vector<unsigned char> expect(128 << 10);
+        for (int tag : {2, 1}) {
+            for (int k = tag - 1; k < kMessages; k += 2) {
+                void *data[1] = {buf.data() + (static_cast<size_t>(k) << 17)};
+                int size = k == kBig ? 128 << 10 : kSlotBytes, t = tag;
+                void *req = nullptr;
+                if (!pollFor([&] { return p.v8->irecv(rc, 1, data, &size, &t, &mh, &req); },
+                             &req)) {
+                    return 10;
+                }
+                int got = -1;
+                if (waitDone(p.v8, req, &got) != ncclSuccess || got != bytesOf(k)) {
+                    std::fprintf(stderr, "message %d: %d bytes, want %d\n", k, got, bytesOf(k));
+                    return 11;
+                }
+                fillRandom(expect.data(), static_cast<size_t>(got), 7000 + k);
+                const auto *at = static_cast<unsigned char *>(data[0]);
+                if (std::memcmp(at, expect.data(), static_cast<size_t>(got)) != 0 ||
+                    at[got] != 0xee) {
+                    std::fprintf(stderr, "message %d differs (or wrote past its end)\n", k);
+                    return 12;
+                }
+            }
+        }
+        return p.v8->closeRecv(rc) == ncclSuccess ? 0 : 13;
+    });
+    const pid_t s = forkClient([&]() -> int {
+        Plugin p;
+        char h[NCCL_NET_HANDLE_MAXSIZE];
+        void *sc = nullptr;
+        if (!p.open(nodes.a->socket()) || !handle.get(h, sizeof(h)) ||
+            !pollFor([&] { return p.v8->connect(0, h, &sc, nullptr); }, &sc)) {
+            return 2;
+        }
+        std::vector<unsigned char> src(kMessages << 17);
+        void *mh = nullptr;
+        if (p.v8->regMr(sc, src.data(), src.size(), NCCL_PTR_HOST, &mh) != ncclSuccess) {
+            return 3;
+        }
+        const auto isend = [&](int k, void **req) {
+            unsigned char *at = src.data() + (static_cast<size_t>(k) << 17);
+            fillRandom(at, static_cast<size_t>(bytesOf(k)), 7000 + k);
+            return p.v8->isend(sc, at, bytesOf(k), 1 + k % 2, mh, req);
+        };
+        // The ring's worth goes at once and ends, with no receive posted.
+        std::vector<void *> reqs(kMessages, nullptr);
+        for (int k = 0; k < kSlots; ++k) {
+            if (!pollFor([&] { return isend(k, &reqs[k]); }, &reqs[k], std::chrono::seconds(5)) ||
+                waitDone(p.v8, reqs[k], nullptr, std::chrono::seconds(5)) != ncclSuccess) {
+                std::fprintf(stderr, "eager send %d did not go before its receive\n", k);
+                return 10;
+            }
+        }
+        // The next one has no slot: it waits (for its CTS or a credit).
+        const auto until = Clock::now() + std::chrono::milliseconds(300);
+        while (Clock::now() < until) {
+            if (isend(kSlots, &reqs[kSlots]) != ncclSuccess) {
+                return 11;
+            }
+            if (reqs[kSlots] != nullptr) {
+                std::fprintf(stderr, "send %d went with the ring full\n", kSlots);
+                return 12;
+            }
+        }
+        char go = 1;
+        if (!phase.put(&go, 1)) {
+            return 13;
+        }
+        // As NCCL's proxy does: each tag's sends in order, the tags independently (a send
+        // that waits holds up only its own tag).
+        int next[2] = {kSlots, kSlots + 1};
+        const auto end = Clock::now() + std::chrono::seconds(20);
+        while ((next[0] < kMessages || next[1] < kMessages) && Clock::now() < end) {
+            for (int &k : next) {
+                if (k < kMessages) {
+                    if (isend(k, &reqs[k]) != ncclSuccess) {
+                        return 14;
+                    }
+                    if (reqs[k] != nullptr) {
+                        k += 2;
+                    }
+                }
+            }
+        }
+        if (next[0] < kMessages || next[1] < kMessages) {
+            std::fprintf(stderr, "sends %d and %d never went\n", next[0], next[1]);
+            return 17;
+        }
+        for (int k = kSlots; k < kMessages; ++k) {
+            if (waitDone(p.v8, reqs[k], nullptr) != ncclSuccess) {
+                return 15;
+            }
+        }
+        return p.v8->closeSend(sc) == ncclSuccess ? 0 : 16;
+    });
+    EXPECT_EQ(waitChild(s), 0) << nodes.logs();
+    EXPECT_EQ(waitChild(r), 0) << nodes.logs();
+}
+
+/// A receive of a slot's size is held quietly for an eager send; a send too big for it (and for
+/// a slot) must not wait forever for a CTS that would never come: it asks with RTS, learns the
+/// receive's size and fails as truncated.
+TEST_P(NcclPlugin, ASendBiggerThanAQuietReceiveFailsInsteadOfWaiting) {
+    Pair nodes(GetParam());
+    ASSERT_TRUE(nodes.ready()) << nodes.logs();
+    Pipe handle, done;
+    const pid_t r = forkClient([&]() -> int {
+        Plugin p;
+        char h[NCCL_NET_HANDLE_MAXSIZE] = {};
+        void *l = nullptr, *rc = nullptr;
+        if (!p.open(nodes.b->socket()) || p.v8->listen(0, h, &l) != ncclSuccess ||
+            !handle.put(h, sizeof(h)) ||
+            !pollFor([&] { return p.v8->accept(l, &rc, nullptr); }, &rc)) {
+            return 2;
+        }
+        std::vector<unsigned char> buf(1 << 20);
+        void *mh = nullptr, *req = nullptr;
+        void *data[1] = {buf.data()};
+        int size = 4096, tag = 3;
+        if (p.v8->regMr(rc, buf.data(), buf.size(), NCCL_PTR_HOST, &mh) != ncclSuccess ||
+            !pollFor([&] { return p.v8->irecv(rc, 1, data, &size, &tag, &mh, &req); }, &req)) {
+            return 3;
+        }
+        // As NCCL's proxy does, test the receive until the sender is through (the test is
+        // what takes the sender's RTS in).
+        for (;;) {
+            pollfd pf{done.fd[0], POLLIN, 0};
+            if (::poll(&pf, 1, 0) == 1) {
+                return 0;
+            }
+            int finished = 0;
+            if (p.v8->test(req, &finished, nullptr) == ncclSuccess && finished != 0) {
+                return 4;  // a receive nothing was sent into ended well
+            }
+        }
+    });
+    const pid_t s = forkClient([&]() -> int {
+        Plugin p;
+        char h[NCCL_NET_HANDLE_MAXSIZE];
+        void *sc = nullptr;
+        if (!p.open(nodes.a->socket()) || !handle.get(h, sizeof(h)) ||
+            !pollFor([&] { return p.v8->connect(0, h, &sc, nullptr); }, &sc)) {
+            return 2;
+        }
+        std::vector<unsigned char> src(1 << 20, 1);
+        void *mh = nullptr;
+        if (p.v8->regMr(sc, src.data(), src.size(), NCCL_PTR_HOST, &mh) != ncclSuccess) {
+            return 3;
+        }
+        const auto end = Clock::now() + std::chrono::seconds(10);
+        while (Clock::now() < end) {
+            void *req = nullptr;
+            if (p.v8->isend(sc, src.data(), 100 << 10, 3, mh, &req) != ncclSuccess) {
+                return 0;  // refused: truncated
+            }
+            if (req != nullptr) {
+                return 5;  // sent into a receive too small for it
+            }
+        }
+        return 6;  // a hang
+    });
+    EXPECT_EQ(waitChild(s), 0) << nodes.logs();
+    char one = 1;
+    EXPECT_TRUE(done.put(&one, 1));
+    EXPECT_EQ(waitChild(r), 0) << nodes.logs();
 }
 
 /// A peer killed with requests in flight: the survivor's requests end with an error within
@@ -423,20 +659,37 @@ TEST_P(NcclPlugin, APeerKilledMidTransferFailsTheSurvivorsRequests) {
             if (kill_sender) {
                 ::pause();  // killed here
             }
-            // The receiver posts nothing more and dies: the next send must fail, not wait.
-            const auto end = Clock::now() + std::chrono::seconds(20);
-            while (Clock::now() < end) {
-                void *next = nullptr;
-                const ncclResult_t res = p.v8->isend(sc, src.data(), 4096, 1, mh, &next);
-                if (res != ncclSuccess) {
-                    return 0;
+            // The receiver posts nothing more and dies: the next sends must fail, not wait.
+            // A 4 KiB send fits the receiver's eager ring, so it may be taken (a request) before
+            // the sender knows: then that request must end with an error. The 1 MiB one waits
+            // for a CTS that never comes, and must fail too.
+            for (const int bytes : {4096, 1 << 20}) {
+                const auto end = Clock::now() + std::chrono::seconds(20);
+                bool failed = false;
+                while (!failed && Clock::now() < end) {
+                    void *next = nullptr;
+                    const ncclResult_t res = p.v8->isend(sc, src.data(), bytes, 1, mh, &next);
+                    if (res != ncclSuccess) {
+                        failed = true;
+                    } else if (next != nullptr) {
+                        const ncclResult_t end_res =
+                            waitDone(p.v8, next, nullptr, std::chrono::seconds(20));
+                        if (end_res == ncclSuccess && bytes > (64 << 10)) {
+                            return 4;  // a send too big for a slot, into a receive nobody posted
+                        }
+                        if (end_res == ncclInProgress) {
+                            return 5;  // a hang
+                        }
+                        failed = end_res != ncclSuccess;
+                    } else {
+                        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                    }
                 }
-                if (next != nullptr) {
-                    return 4;  // a send into a receive nobody posted
+                if (!failed) {
+                    return 6;  // a hang
                 }
-                std::this_thread::sleep_for(std::chrono::milliseconds(1));
             }
-            return 5;  // a hang
+            return 0;
         });
         char one = 0;
         ASSERT_TRUE(ready.get(&one, 1)) << nodes.logs();

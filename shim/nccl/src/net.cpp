@@ -19,6 +19,8 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kProbeAfter = std::chrono::milliseconds(500);
 constexpr auto kConnectRetry = std::chrono::milliseconds(20);
 constexpr size_t kMailboxBytes = 4096;
+/// How long a send bigger than an eager slot waits for its CTS before it asks with RTS.
+constexpr auto kRtsAfter = std::chrono::milliseconds(2);
 
 uint64_t randomNonce() {
     uint64_t n = 0;
@@ -29,6 +31,32 @@ uint64_t randomNonce() {
         }
     }
     return n;
+}
+
+/// Ring slot states of a receive comm's eager ring.
+constexpr uint8_t kEagerEmpty = 0;  ///< nothing in it (or not yet arrived)
+constexpr uint8_t kEagerHeld = 1;   ///< an eager send's bytes, not yet copied out
+constexpr uint8_t kEagerFreed = 2;  ///< copied out, not yet counted as a credit
+
+/// a before b in a wrapping sequence of 32-bit numbers.
+bool seqBefore(uint32_t a, uint32_t b) {
+    return static_cast<int32_t>(a - b) < 0;
+}
+
+/// An unsigned environment variable within [lo, hi], else `fallback`.
+uint32_t envNumber(const char *name, uint32_t fallback, uint32_t lo, uint32_t hi) {
+    const char *v = std::getenv(name);
+    if (v == nullptr || *v == '\0') {
+        return fallback;
+    }
+    char *end = nullptr;
+    const unsigned long long n = std::strtoull(v, &end, 10);
+    if (*end != '\0' || n < lo || n > hi) {
+        std::fprintf(stderr, "NET/tensorlane : %s=%s is not a number in [%u, %u]; using %u\n", name,
+                     v, lo, hi, fallback);
+        return fallback;
+    }
+    return static_cast<uint32_t>(n);
 }
 
 /// A status of a write that says the other end is gone (its region, process or sidecar).
@@ -154,11 +182,18 @@ ncclResult_t Net::init(ncclDebugLogger_t logger) {
     speed_mbps_ = linkSpeed(c);
     const char *trace = std::getenv("TENSORLANE_NCCL_TRACE");
     trace_ = trace != nullptr && std::strcmp(trace, "1") == 0;
+    eager_bytes_ = envNumber("TENSORLANE_NCCL_EAGER_BYTES", 64 << 10, 0, 4 << 20);
+    eager_slots_ = envNumber("TENSORLANE_NCCL_EAGER_SLOTS", 16, 1, 256);
+    const char *prefer = std::getenv("TENSORLANE_NCCL_EAGER_PREFER");
+    eager_prefer_ = prefer != nullptr && std::strcmp(prefer, "1") == 0;
     if (trace_) {
         std::thread([this] { watchdog(); }).detach();
     }
-    log(NCCL_LOG_INFO, "using the sidecar of node %s (process nonce %016llx), speed %d Mb/s",
-        node_.c_str(), static_cast<unsigned long long>(nonce_), speed_mbps_);
+    log(NCCL_LOG_INFO,
+        "using the sidecar of node %s (process nonce %016llx), speed %d Mb/s, eager ring %u x "
+        "%u bytes",
+        node_.c_str(), static_cast<unsigned long long>(nonce_), speed_mbps_,
+        eager_bytes_ == 0 ? 0 : eager_slots_, eager_bytes_);
     return ncclSuccess;
 }
 
@@ -232,6 +267,9 @@ void Net::release(Comm *c) {
     }
     if (c->mailbox != 0) {
         doomed_.push_back(c->mailbox);
+    }
+    if (c->eager_region != 0) {
+        doomed_.push_back(c->eager_region);  // (a local copy from it still running just fails)
     }
     comms_.erase(c->id);
     delete c;
@@ -401,11 +439,28 @@ ncclResult_t Net::accept(void *listen_comm, void **recv_comm) {
         release(c);
         return r;
     }
+    CreditBody grant{0, 0, 0};
+    if (eager_bytes_ != 0) {
+        // The eager ring, exposed under a name with this process's random nonce, as its MRs.
+        const std::string ring = regionName(nonce_, 'E', c->id);
+        void *ring_ptr = nullptr;
+        if (tl_alloc_host(client_, static_cast<uint64_t>(eager_slots_) * eager_bytes_, &ring_ptr,
+                          &c->eager_region) != TL_OK ||
+            tl_expose(client_, c->eager_region, ring.c_str()) != TL_OK) {
+            log(NCCL_LOG_WARN, "the eager ring %s: %s (sends wait for their CTS instead)",
+                ring.c_str(), tl_last_error());
+        } else {
+            c->eager_ptr = static_cast<unsigned char *>(ring_ptr);
+            c->eager_state.assign(eager_slots_, kEagerEmpty);
+            grant = CreditBody{0, eager_slots_, eager_bytes_};
+        }
+    }
     l->pending.pop_front();
     c->connected = true;
     c->last_progress = Clock::now();
-    // The sender learns this comm (and its mailbox, for its probes) from this first message.
-    if (ncclResult_t r = send(c, Wire::kPing, 0, nullptr, 0, c->peer_mailbox, nullptr);
+    // The sender learns this comm (and its mailbox, for its probes) and the eager grant from
+    // this first message.
+    if (ncclResult_t r = send(c, Wire::kPing, 0, &grant, sizeof(grant), c->peer_mailbox, nullptr);
         r != ncclSuccess) {
         release(c);
         return r;
@@ -474,6 +529,7 @@ ncclResult_t Net::regMrDmaBuf(void *comm, void *data, size_t size, int type, uin
             static_cast<unsigned long long>(offset), tl_status_str(s), tl_last_error());
         return ncclSystemError;
     }
+    mr->dmabuf_only = true;
     if (c->kind == 'R') {
         const std::string name = regionName(nonce_, 'M', mr->id);
         if (tl_expose(client_, mr->region, name.c_str()) != TL_OK) {
@@ -482,6 +538,14 @@ ncclResult_t Net::regMrDmaBuf(void *comm, void *data, size_t size, int type, uin
         }
         mr->exposed = true;
         recv_regions_[mr->region] = c->id;
+        if (c->eager_region != 0 && !c->eager_revoked) {
+            // No local write reaches a dma-buf-only buffer, so no eager copy can: the grant is
+            // taken back (NCCL registers its buffers before it posts receives, so nothing was
+            // sent eagerly yet; one that was fails this comm with the reason).
+            c->eager_revoked = true;
+            sendCredit(c);
+            sendQuietCts(c);
+        }
     }
     *mhandle = mr.get();
     c->mrs[mr->id] = std::move(mr);
@@ -531,7 +595,7 @@ ncclResult_t Net::irecv(void *recv_comm, int n, void **data, const uint64_t *siz
     if (r == nullptr) {
         return ncclSuccess;  // NCCL_NET_MAX_REQUESTS in flight: NCCL tries again
     }
-    CtsBody body{};
+    // Check every buffer before anything changes.
     for (int i = 0; i < n; ++i) {
         auto *mr = static_cast<Mr *>(mhandles[i]);
         auto *p = static_cast<unsigned char *>(data[i]);
@@ -541,33 +605,64 @@ ncclResult_t Net::irecv(void *recv_comm, int n, void **data, const uint64_t *siz
                 static_cast<unsigned long long>(sizes[i]));
             return ncclInvalidArgument;
         }
+    }
+    ++r->generation;
+    r->free = false;
+    r->n = n;
+    r->done = 0;
+    // Each entry takes its tag's next sequence number; one whose send came eagerly already is
+    // copied below. The others wait for their message: an entry a slot holds quietly (its send
+    // comes eagerly, or asks with RTS), a bigger one with a CTS to the sender.
+    const bool quiet_ok = c->eager_region != 0 && !c->eager_revoked;
+    uint32_t wanted[kMaxRecvs];
+    int nwanted = 0;
+    std::pair<int, Comm::Arrival> ready[kMaxRecvs];
+    int nready = 0;
+    for (int i = 0; i < n; ++i) {
+        auto *mr = static_cast<Mr *>(mhandles[i]);
+        auto *p = static_cast<unsigned char *>(data[i]);
         const uint64_t off = mr->user != nullptr ? static_cast<uint64_t>(p - mr->user) : 0;
-        body.entries[i] = CtsEntry{mr->id, tags[i], off, sizes[i]};
+        const uint32_t seq = c->next_seq[tags[i]]++;
         r->mrs[i] = mr;
         r->data[i] = p;
         r->offsets[i] = off;
         r->posted[i] = sizes[i];
         r->sizes[i] = 0;
         r->landed[i] = false;
+        r->tags[i] = tags[i];
+        r->seqs[i] = seq;
+        const Comm::Key key{tags[i], seq};
+        if (auto e = c->early.find(key); e != c->early.end()) {
+            ready[nready++] = {i, e->second};
+            c->early.erase(e);
+            continue;
+        }
+        const bool asked = c->rts_early.erase(key) != 0;
+        const bool cts = !quiet_ok || sizes[i] > eager_bytes_ || asked;
+        c->awaiting[key] = Comm::Awaiting{r->slot, static_cast<uint32_t>(i), cts};
+        if (cts) {
+            wanted[nwanted++] = static_cast<uint32_t>(i);
+        }
     }
-    ++r->generation;
-    body.request = r->slot;
-    body.generation = r->generation;
-    const size_t bytes = offsetof(CtsBody, entries) + sizeof(CtsEntry) * static_cast<size_t>(n);
-    if (ncclResult_t res =
-            send(c, Wire::kCts, static_cast<uint8_t>(n), &body, bytes, c->peer_mailbox, nullptr);
-        res != ncclSuccess) {
-        return res;
+    if (nwanted > 0 && !sendCts(c, *r, wanted, nwanted)) {
+        r->free = true;
+        return ncclRemoteError;
     }
-    r->free = false;
-    r->n = n;
-    r->done = 0;
+    for (int k = 0; k < nready; ++k) {
+        if (!eagerConsume(c, *r, static_cast<uint32_t>(ready[k].first), ready[k].second.slot,
+                          ready[k].second.size)) {
+            r->free = true;
+            return ncclRemoteError;
+        }
+    }
     if (trace_) {
         r->since = Clock::now();
         r->stall_told = false;
-        log(NCCL_LOG_INFO, "trace: comm R%llu irecv slot %u gen %u n %d size0 %llu tag0 %d mr0 %u",
+        log(NCCL_LOG_INFO,
+            "trace: comm R%llu irecv slot %u gen %u n %d size0 %llu tag0 %d seq0 %u (%d already "
+            "here eagerly)",
             static_cast<unsigned long long>(c->id), r->slot, r->generation, n,
-            static_cast<unsigned long long>(sizes[0]), tags[0], body.entries[0].mr);
+            static_cast<unsigned long long>(sizes[0]), tags[0], r->seqs[0], nready);
     }
     *request = r;
     return ncclSuccess;
@@ -586,28 +681,34 @@ ncclResult_t Net::isend(void *send_comm, void *data, uint64_t size, int tag, voi
     if (!c->error.empty()) {
         return ncclRemoteError;
     }
-    if (c->cts.empty()) {
-        checkAlive(c);
-        traceStall(c, "isend waits for a CTS");
-        return c->error.empty() ? ncclSuccess : ncclRemoteError;
-    }
-    Comm::Cts &slot = c->cts.front();
-    int e = -1;
-    for (int i = 0; i < slot.count; ++i) {
-        if (!slot.used[i] && slot.body.entries[i].tag == tag) {
-            e = i;
-            break;
+    const uint32_t seq = c->next_seq[tag];
+    auto cts = c->cts.find(Comm::Key{tag, seq});
+    const bool have_cts = cts != c->cts.end();
+    // Eager: no CTS for this send yet (or the test hook prefers it), and a slot it fits.
+    const bool eager = (!have_cts || eager_prefer_) && eagerFits(c, size);
+    if (!have_cts && !eager) {
+        // Its receive may be one the receiver holds quietly for an eager send: ask for its CTS
+        // (once). Only a receive of at most a slot is held so, so a send that fits a slot asks
+        // at once (it found no free slot), a bigger one only after kRtsAfter (its receive is too
+        // small for it: the CTS then tells the truncation).
+        const Comm::Key key{tag, seq};
+        bool ask = c->eager_slots != 0 && c->peer_comm != 0 && c->error.empty() &&
+                   c->rts_sent.count(key) == 0;
+        if (ask && size > c->eager_bytes) {
+            auto since = c->waiting_since.try_emplace(key, Clock::now()).first;
+            ask = Clock::now() - since->second >= kRtsAfter;
         }
-    }
-    if (e < 0) {
-        traceStall(c, "isend's tag is not the oldest CTS's");
-        return ncclSuccess;  // the oldest posted receive waits for another tag first
-    }
-    const CtsEntry entry = slot.body.entries[e];
-    if (size > entry.size) {
-        return fail(c, "a send of " + std::to_string(size) + " bytes (tag " + std::to_string(tag) +
-                           ") into a receive of " + std::to_string(entry.size) +
-                           ": message truncated");
+        if (ask) {
+            const RtsBody rts{tag, seq};
+            if (send(c, Wire::kRts, 1, &rts, sizeof(rts), c->peer_mailbox, nullptr) !=
+                ncclSuccess) {
+                return ncclRemoteError;
+            }
+            c->rts_sent.insert(key);
+        }
+        checkAlive(c);
+        traceStall(c, "isend waits for its CTS");
+        return c->error.empty() ? ncclSuccess : ncclRemoteError;
     }
     auto *p = static_cast<unsigned char *>(data);
     if (size != 0 && (p < mr->user || p + size > mr->user + mr->size)) {
@@ -625,45 +726,79 @@ ncclResult_t Net::isend(void *send_comm, void *data, uint64_t size, int tag, voi
     if (r == nullptr) {
         return ncclSuccess;
     }
-    tl_remote dst = 0;
-    if (auto it = c->remote_mrs.find(entry.mr); it != c->remote_mrs.end()) {
-        dst = it->second;
-    } else {
-        const std::string name = regionName(c->peer_nonce, 'M', entry.mr);
-        if (tl_status s = tl_lookup(client_, c->peer_node.c_str(), name.c_str(), &dst, nullptr);
-            s != TL_OK) {
-            return fail(c, "the receiver's buffer " + name + ": " + tl_status_str(s) + ": " +
-                               tl_last_error());
-        }
-        c->remote_mrs[entry.mr] = dst;
-    }
     const uint64_t off = static_cast<uint64_t>(p - mr->user);
-    if (mr->shadow != nullptr && size != 0) {
-        std::memcpy(mr->shadow + off, p, size);  // NCCL's host buffer into the sidecar's reach
-    }
     tl_ticket t = 0;
     tl_status s = TL_OK;
-    if (size != 0) {
-        // The bytes with an immediate naming the receiver's request and entry.
-        s = tl_write(client_, mr->region, off, dst, entry.offset, size,
-                     dataImm(slot.body.request, slot.body.generation, static_cast<uint32_t>(e)),
-                     &t);
+    uint32_t eager_slot = 0;
+    if (eager) {
+        if (mr->shadow != nullptr && size != 0) {
+            std::memcpy(mr->shadow + off, p, size);  // NCCL's host buffer into the sidecar's reach
+        }
+        eager_slot = static_cast<uint32_t>(c->eager_sent % c->eager_slots);
+        const EagerBody body{eager_slot, tag, seq, 0, size};
+        unsigned char payload[sizeof(WireHeader) + sizeof(EagerBody)];
+        const WireHeader h{
+            kWireMagic, static_cast<uint8_t>(Wire::kEager), 1, 0, c->peer_comm, c->id, nonce_};
+        std::memcpy(payload, &h, sizeof(h));
+        std::memcpy(payload + sizeof(h), &body, sizeof(body));
+        tl_send_opts o{};
+        o.payload = payload;
+        o.payload_bytes = sizeof(payload);
+        // Zero bytes: a message of the payload alone, at the slot (it takes a slot all the same,
+        // so the ring bounds what the sender may run ahead).
+        s = tl_write_msg(client_, mr->region, off, c->eager_remote,
+                         static_cast<uint64_t>(eager_slot) * c->eager_bytes, size, &o, &t);
     } else {
-        // No bytes to write: a DATA message says the entry is done.
-        const DataBody body{slot.body.request, slot.body.generation, static_cast<uint32_t>(e), 0,
-                            0};
-        s = postMessage(c, Wire::kData, 1, slot.from, &body, sizeof(body), dst, &t);
+        const Comm::Cts slot = cts->second;
+        const CtsEntry &entry = slot.entry;
+        if (size > entry.size) {
+            return fail(c, "a send of " + std::to_string(size) + " bytes (tag " +
+                               std::to_string(tag) + ") into a receive of " +
+                               std::to_string(entry.size) + ": message truncated");
+        }
+        tl_remote dst = 0;
+        if (auto it = c->remote_mrs.find(entry.mr); it != c->remote_mrs.end()) {
+            dst = it->second;
+        } else {
+            const std::string name = regionName(c->peer_nonce, 'M', entry.mr);
+            if (tl_status ls =
+                    tl_lookup(client_, c->peer_node.c_str(), name.c_str(), &dst, nullptr);
+                ls != TL_OK) {
+                return fail(c, "the receiver's buffer " + name + ": " + tl_status_str(ls) + ": " +
+                                   tl_last_error());
+            }
+            c->remote_mrs[entry.mr] = dst;
+        }
+        if (mr->shadow != nullptr && size != 0) {
+            std::memcpy(mr->shadow + off, p, size);  // NCCL's host buffer into the sidecar's reach
+        }
+        if (size != 0) {
+            // The bytes with an immediate naming the receiver's request and entry.
+            s = tl_write(client_, mr->region, off, dst, entry.offset, size,
+                         dataImm(slot.request, slot.generation, entry.index), &t);
+        } else {
+            // No bytes to write: a DATA message says the entry is done.
+            const DataBody body{slot.request, slot.generation, entry.index, 0, 0};
+            s = postMessage(c, Wire::kData, 1, slot.from, &body, sizeof(body), dst, &t);
+        }
     }
     if (s == TL_EAGAIN) {
         traceStall(c, "the ring is full");
         return ncclSuccess;  // the ring is full: NCCL tries again
     }
     if (s != TL_OK) {
-        return fail(c, std::string("write: ") + tl_status_str(s) + ": " + tl_last_error());
+        return fail(c, std::string(eager ? "eager write: " : "write: ") + tl_status_str(s) + ": " +
+                           tl_last_error());
     }
-    slot.used[e] = true;
-    if (--slot.left == 0) {
-        c->cts.pop_front();
+    ++c->next_seq[tag];
+    c->rts_sent.erase(Comm::Key{tag, seq});
+    c->waiting_since.erase(Comm::Key{tag, seq});
+    const uint32_t entry_index = have_cts ? cts->second.entry.index : 0;
+    if (have_cts) {
+        c->cts.erase(cts);  // used, or (eager) stale: the receiver copies from the ring
+    }
+    if (eager) {
+        ++c->eager_sent;
     }
     r->free = false;
     r->ticket = t;
@@ -673,12 +808,10 @@ ncclResult_t Net::isend(void *send_comm, void *data, uint64_t size, int tag, voi
         r->since = Clock::now();
         r->stall_told = false;
         log(NCCL_LOG_INFO,
-            "trace: comm S%llu isend slot %u size %llu tag %d into R%llu slot %u gen %u entry %d "
-            "mr %u off %llu ticket %llu",
+            "trace: comm S%llu isend slot %u size %llu tag %d seq %u %s %u ticket %llu",
             static_cast<unsigned long long>(c->id), r->slot, static_cast<unsigned long long>(size),
-            tag, static_cast<unsigned long long>(slot.from), slot.body.request,
-            slot.body.generation, e, entry.mr, static_cast<unsigned long long>(entry.offset),
-            static_cast<unsigned long long>(t));
+            tag, seq, eager ? "eagerly into ring slot" : "into its CTS, entry",
+            eager ? eager_slot : entry_index, static_cast<unsigned long long>(t));
     }
     *request = r;
     return ncclSuccess;
@@ -778,10 +911,14 @@ void Net::traceStall(Comm *c, const char *what) {
         return;
     }
     c->last_stall_told = now;
-    log(NCCL_LOG_INFO, "trace: comm S%llu: %s (%zu CTS queued, oldest tag %d, %d left)",
+    log(NCCL_LOG_INFO,
+        "trace: comm S%llu: %s (%zu CTS queued, first tag %d seq %u; eager %llu sent, %llu "
+        "given back, %u slots)",
         static_cast<unsigned long long>(c->id), what, c->cts.size(),
-        c->cts.empty() ? -1 : c->cts.front().body.entries[0].tag,
-        c->cts.empty() ? 0 : c->cts.front().left);
+        c->cts.empty() ? -1 : c->cts.begin()->first.first,
+        c->cts.empty() ? 0u : c->cts.begin()->first.second,
+        static_cast<unsigned long long>(c->eager_sent),
+        static_cast<unsigned long long>(c->eager_credit), c->eager_slots);
 }
 
 void Net::learnReceiver(Comm *c, const WireHeader &h) {
@@ -814,6 +951,26 @@ void Net::progress() {
         }
         unwaited_[i] = unwaited_.back();
         unwaited_.pop_back();
+    }
+    // Local writes from an eager slot into a GPU buffer: once ended the slot is free (the
+    // entry itself lands on the write's notification, as a CTS write's does).
+    for (size_t i = 0; i < eager_copies_.size();) {
+        int finished = 0;
+        const tl_status s = tl_test(client_, eager_copies_[i].ticket, &finished);
+        if (s == TL_OK && finished == 0) {
+            ++i;
+            continue;
+        }
+        if (auto it = comms_.find(eager_copies_[i].comm); it != comms_.end()) {
+            if (s != TL_OK) {
+                fail(it->second, std::string("copying an eager message into its GPU buffer: ") +
+                                     tl_status_str(s) + ": " + tl_last_error());
+            } else {
+                eagerFree(it->second, eager_copies_[i].slot);
+            }
+        }
+        eager_copies_[i] = eager_copies_.back();
+        eager_copies_.pop_back();
     }
     tl_message m{};
     for (int i = 0; i < 1024; ++i) {
@@ -866,24 +1023,87 @@ void Net::dispatch(const tl_message &m) {
             }
             return;
         case Wire::kCts: {
-            if (c->kind != 'S' || h.count < 1 || h.count > kMaxRecvs ||
+            if (c->kind != 'S' || h.count < 1 || h.count > kCtsPerMessage ||
                 body_bytes < offsetof(CtsBody, entries) + sizeof(CtsEntry) * h.count) {
                 return;
             }
-            Comm::Cts cts;
-            cts.from = h.from;
-            std::memcpy(&cts.body, body, offsetof(CtsBody, entries) + sizeof(CtsEntry) * h.count);
-            cts.count = h.count;
-            cts.left = h.count;
+            CtsBody cb{};
+            std::memcpy(&cb, body, offsetof(CtsBody, entries) + sizeof(CtsEntry) * h.count);
             learnReceiver(c, h);
+            if (cb.credit > c->eager_credit && cb.credit <= c->eager_sent) {
+                c->eager_credit = cb.credit;
+            }
+            int stale = 0;
+            for (int i = 0; i < h.count; ++i) {
+                const CtsEntry &e = cb.entries[i];
+                auto next = c->next_seq.find(e.tag);
+                if (e.index >= kMaxRecvs ||
+                    (next != c->next_seq.end() && seqBefore(e.seq, next->second))) {
+                    ++stale;  // sent eagerly before this CTS came: the receiver has it
+                    continue;
+                }
+                c->cts[Comm::Key{e.tag, e.seq}] = Comm::Cts{h.from, cb.request, cb.generation, e};
+            }
             if (trace_) {
                 log(NCCL_LOG_INFO,
-                    "trace: comm S%llu CTS from R%llu slot %u gen %u n %d size0 %llu",
+                    "trace: comm S%llu CTS from R%llu slot %u gen %u n %d (%d stale) size0 %llu "
+                    "tag0 %d seq0 %u credit %llu",
                     static_cast<unsigned long long>(c->id), static_cast<unsigned long long>(h.from),
-                    cts.body.request, cts.body.generation, cts.count,
-                    static_cast<unsigned long long>(cts.body.entries[0].size));
+                    cb.request, cb.generation, h.count, stale,
+                    static_cast<unsigned long long>(cb.entries[0].size), cb.entries[0].tag,
+                    cb.entries[0].seq, static_cast<unsigned long long>(cb.credit));
             }
-            c->cts.push_back(cts);
+            c->last_progress = Clock::now();
+            return;
+        }
+        case Wire::kEager: {
+            EagerBody e{};
+            if (c->kind != 'R' || body_bytes < sizeof(e)) {
+                return;
+            }
+            std::memcpy(&e, body, sizeof(e));
+            eagerArrived(c, h, e, m);
+            return;
+        }
+        case Wire::kRts: {
+            RtsBody rts{};
+            if (c->kind != 'R' || body_bytes < sizeof(rts) || h.from != c->peer_comm) {
+                return;
+            }
+            std::memcpy(&rts, body, sizeof(rts));
+            const Comm::Key key{rts.tag, rts.seq};
+            auto w = c->awaiting.find(key);
+            if (w == c->awaiting.end()) {
+                auto next = c->next_seq.find(rts.tag);
+                const bool posted_already =
+                    next != c->next_seq.end() && seqBefore(rts.seq, next->second);
+                if (!posted_already && c->rts_early.size() < 4096) {
+                    c->rts_early.insert(key);  // its CTS goes when it is posted
+                }
+                return;  // (posted and served already: a stale RTS)
+            }
+            if (!w->second.cts_sent) {
+                w->second.cts_sent = true;
+                const uint32_t index = w->second.index;
+                sendCts(c, c->requests[w->second.request], &index, 1);
+            }
+            c->last_progress = Clock::now();
+            return;
+        }
+        case Wire::kCredit: {
+            CreditBody cr{};
+            if (c->kind != 'S' || body_bytes < sizeof(cr)) {
+                return;
+            }
+            std::memcpy(&cr, body, sizeof(cr));
+            if (cr.credit > c->eager_credit && cr.credit <= c->eager_sent) {
+                c->eager_credit = cr.credit;
+            }
+            if (cr.slots == 0 && c->eager_slots != 0) {
+                log(NCCL_LOG_INFO, "send comm %llu: the receiver took its eager grant back",
+                    static_cast<unsigned long long>(c->id));
+                c->eager_slots = 0;
+            }
             c->last_progress = Clock::now();
             return;
         }
@@ -899,6 +1119,15 @@ void Net::dispatch(const tl_message &m) {
         case Wire::kPing:
             if (c->kind == 'S') {
                 learnReceiver(c, h);  // accept()'s first word: the receiver's comm
+                CreditBody grant{};
+                if (body_bytes >= sizeof(grant) && c->eager_sent == 0 && c->eager_slots == 0) {
+                    std::memcpy(&grant, body, sizeof(grant));
+                    // (Bounded: the ring is the receiver's; these only size what we send.)
+                    if (grant.slots > 0 && grant.slots <= 4096 && grant.slot_bytes > 0) {
+                        c->eager_slots = grant.slots;
+                        c->eager_bytes = grant.slot_bytes;
+                    }
+                }
             }
             c->last_progress = Clock::now();
             return;
@@ -933,15 +1162,225 @@ void Net::landed(Comm *c, uint32_t slot, uint32_t generation, uint32_t index, ui
     if (mr->shadow != nullptr && size != 0) {
         std::memcpy(r.data[index], mr->shadow + r.offsets[index], size);
     }
+    markLanded(c, r, index, size);
+}
+
+void Net::markLanded(Comm *c, Request &r, uint32_t index, uint64_t size) {
+    c->awaiting.erase(Comm::Key{r.tags[index], r.seqs[index]});
     r.sizes[index] = size;
     r.landed[index] = true;
     ++r.done;
     if (trace_) {
         log(NCCL_LOG_INFO, "trace: comm R%llu slot %u entry %u landed %llu bytes",
-            static_cast<unsigned long long>(c->id), slot, index,
+            static_cast<unsigned long long>(c->id), r.slot, index,
             static_cast<unsigned long long>(size));
     }
     c->last_progress = Clock::now();
+}
+
+bool Net::eagerFits(Comm *c, uint64_t size) {
+    if (c->eager_slots == 0 || size > c->eager_bytes || c->peer_comm == 0 ||
+        c->eager_sent - c->eager_credit >= c->eager_slots) {
+        return false;
+    }
+    if (c->eager_remote == 0) {
+        // Once per comm: the receiver's ring, by the name its grant implies.
+        const std::string name = regionName(c->peer_nonce, 'E', c->peer_comm);
+        if (tl_status s =
+                tl_lookup(client_, c->peer_node.c_str(), name.c_str(), &c->eager_remote, nullptr);
+            s != TL_OK) {
+            log(NCCL_LOG_INFO, "send comm %llu: no eager ring %s (%s: %s); sends wait for CTS",
+                static_cast<unsigned long long>(c->id), name.c_str(), tl_status_str(s),
+                tl_last_error());
+            c->eager_slots = 0;
+            return false;
+        }
+    }
+    return true;
+}
+
+void Net::eagerArrived(Comm *c, const WireHeader &h, const EagerBody &e, const tl_message &m) {
+    // What a sender of this comm may have sent: a granted slot not in use, at most a slot's
+    // bytes, written where the slot is. Anything else is a broken or hostile peer: the comm
+    // fails with the reason (no byte is copied anywhere).
+    const uint64_t at = static_cast<uint64_t>(e.slot) * eager_bytes_;
+    const bool written = m.kind == TL_NOTIFY_WRITE || m.kind == TL_NOTIFY_MESSAGE;
+    if (h.from != c->peer_comm || h.nonce != c->peer_nonce ||
+        std::strncmp(m.ex.n.peer, c->peer_node.c_str(), sizeof(m.ex.n.peer)) != 0) {
+        // Not this comm's sender: nothing of it is used (and this comm goes on).
+        log(NCCL_LOG_INFO,
+            "recv comm %llu: dropped an eager payload from %s (comm %llu), not its "
+            "sender",
+            static_cast<unsigned long long>(c->id), m.ex.n.peer,
+            static_cast<unsigned long long>(h.from));
+        return;
+    }
+    std::string bad;
+    if (c->eager_region == 0) {
+        bad = "but this comm has no eager ring";
+    } else if (e.slot >= c->eager_state.size()) {
+        bad =
+            "into slot " + std::to_string(e.slot) + " of " + std::to_string(c->eager_state.size());
+    } else if (c->eager_state[e.slot] != kEagerEmpty) {
+        bad = "into slot " + std::to_string(e.slot) + ", which was not given back yet";
+    } else if (e.size > eager_bytes_) {
+        bad = "of " + std::to_string(e.size) + " bytes (a slot holds " +
+              std::to_string(eager_bytes_) + ")";
+    } else if (!written || m.status != TL_OK || m.ex.n.region != c->eager_region ||
+               m.ex.n.offset != at || m.ex.n.bytes != e.size ||
+               (e.size == 0) != (m.kind == TL_NOTIFY_MESSAGE)) {
+        bad = "whose write does not match it (" + std::to_string(m.ex.n.bytes) + " bytes at " +
+              std::to_string(m.ex.n.offset) + ", status " + tl_status_str(m.status) + ")";
+    }
+    const Comm::Key key{e.tag, e.seq};
+    if (bad.empty() && c->early.count(key) != 0) {
+        bad = "repeating tag " + std::to_string(e.tag) + " seq " + std::to_string(e.seq);
+    }
+    if (!bad.empty()) {
+        fail(c, "an eager send " + bad);
+        return;
+    }
+    c->eager_state[e.slot] = kEagerHeld;
+    c->last_progress = Clock::now();
+    if (auto w = c->awaiting.find(key); w != c->awaiting.end()) {
+        // Its receive is posted (its CTS crossed this send on the way): straight in.
+        Request &r = c->requests[w->second.request];
+        const uint32_t index = w->second.index;
+        if (trace_) {
+            log(NCCL_LOG_INFO,
+                "trace: comm R%llu eager slot %u tag %d seq %u into slot %u entry %u",
+                static_cast<unsigned long long>(c->id), e.slot, e.tag, e.seq, r.slot, index);
+        }
+        eagerConsume(c, r, index, e.slot, e.size);
+        return;
+    }
+    auto next = c->next_seq.find(e.tag);
+    if (next != c->next_seq.end() && seqBefore(e.seq, next->second)) {
+        fail(c, "an eager send for tag " + std::to_string(e.tag) + " seq " + std::to_string(e.seq) +
+                    ", a receive that was served already");
+        return;
+    }
+    if (trace_) {
+        log(NCCL_LOG_INFO, "trace: comm R%llu eager slot %u tag %d seq %u kept (%llu bytes)",
+            static_cast<unsigned long long>(c->id), e.slot, e.tag, e.seq,
+            static_cast<unsigned long long>(e.size));
+    }
+    c->early[key] = Comm::Arrival{e.slot, e.size};
+}
+
+bool Net::eagerConsume(Comm *c, Request &r, uint32_t index, uint32_t slot, uint64_t size) {
+    if (size > r.posted[index]) {
+        fail(c, "an eager send of " + std::to_string(size) + " bytes (tag " +
+                    std::to_string(r.tags[index]) + ") into a receive of " +
+                    std::to_string(r.posted[index]) + ": message truncated");
+        return false;
+    }
+    Mr *mr = r.mrs[index];
+    const unsigned char *from = c->eager_ptr + static_cast<uint64_t>(slot) * eager_bytes_;
+    if (size == 0 || mr->shadow != nullptr) {
+        // Host memory (NCCL's own buffer; its shadow is not involved): one memcpy.
+        if (size != 0) {
+            std::memcpy(r.data[index], from, size);
+        }
+        markLanded(c, r, index, size);
+        eagerFree(c, slot);
+        return true;
+    }
+    // GPU memory: a local write from the ring into the buffer's region, whose notification
+    // lands the entry as a CTS write's would; the slot is free once the write ended.
+    if (mr->dmabuf_only) {
+        fail(c,
+             "an eager send for a receive buffer registered by its dma-buf alone (no local "
+             "copy reaches it; TENSORLANE_NCCL_EAGER_BYTES=0 turns the eager path off)");
+        return false;
+    }
+    if (mr->self == 0) {
+        const std::string name = regionName(nonce_, 'M', mr->id);
+        if (tl_status s = tl_lookup(client_, node_.c_str(), name.c_str(), &mr->self, nullptr);
+            s != TL_OK) {
+            fail(c, "our own receive buffer " + name + ": " + tl_status_str(s) + ": " +
+                        tl_last_error());
+            return false;
+        }
+    }
+    tl_ticket t = 0;
+    const tl_status s =
+        tl_write(client_, c->eager_region, static_cast<uint64_t>(slot) * eager_bytes_, mr->self,
+                 r.offsets[index], size, dataImm(r.slot, r.generation, index), &t);
+    if (s != TL_OK) {
+        fail(c, std::string("copying an eager message into its GPU buffer: ") + tl_status_str(s) +
+                    ": " + tl_last_error());
+        return false;
+    }
+    eager_copies_.push_back(EagerCopy{t, c->id, slot});
+    return true;
+}
+
+void Net::eagerFree(Comm *c, uint32_t slot) {
+    if (slot >= c->eager_state.size()) {
+        return;
+    }
+    c->eager_state[slot] = kEagerFreed;
+    const uint64_t slots = c->eager_state.size();
+    while (c->eager_state[c->credit_upto % slots] == kEagerFreed) {
+        c->eager_state[c->credit_upto % slots] = kEagerEmpty;
+        ++c->credit_upto;
+    }
+    if (c->credit_upto - c->credit_told >= std::max<uint64_t>(1, slots / 2)) {
+        sendCredit(c);
+    }
+}
+
+bool Net::sendCts(Comm *c, const Request &r, const uint32_t *idx, int n) {
+    for (int first = 0; first < n; first += kCtsPerMessage) {
+        const int count = std::min(kCtsPerMessage, n - first);
+        CtsBody body{};
+        body.credit = c->credit_upto;
+        body.request = r.slot;
+        body.generation = r.generation;
+        for (int k = 0; k < count; ++k) {
+            const uint32_t i = idx[first + k];
+            body.entries[k] =
+                CtsEntry{r.mrs[i]->id, r.tags[i], r.seqs[i], i, r.offsets[i], r.posted[i]};
+        }
+        const size_t bytes =
+            offsetof(CtsBody, entries) + sizeof(CtsEntry) * static_cast<size_t>(count);
+        if (send(c, Wire::kCts, static_cast<uint8_t>(count), &body, bytes, c->peer_mailbox,
+                 nullptr) != ncclSuccess) {
+            return false;
+        }
+        c->credit_told = body.credit;
+    }
+    return true;
+}
+
+void Net::sendQuietCts(Comm *c) {
+    for (auto &[key, w] : c->awaiting) {
+        if (!w.cts_sent) {
+            w.cts_sent = true;
+            const uint32_t index = w.index;
+            if (!sendCts(c, c->requests[w.request], &index, 1)) {
+                return;
+            }
+        }
+    }
+}
+
+void Net::sendCredit(Comm *c) {
+    if (!c->error.empty()) {
+        return;
+    }
+    const CreditBody body{c->credit_upto,
+                          c->eager_revoked ? 0u : static_cast<uint32_t>(c->eager_state.size()),
+                          eager_bytes_};
+    // Not a word the receive needs answered: a sender that has closed since (its last data is
+    // in the ring already) fails this message and nothing else, so its ticket is nobody's.
+    tl_ticket t = 0;
+    if (postMessage(c, Wire::kCredit, 0, c->peer_comm, &body, sizeof(body), c->peer_mailbox, &t) ==
+        TL_OK) {
+        unwaited_.push_back({t, 0});
+        c->credit_told = c->credit_upto;
+    }
 }
 
 ncclResult_t Net::close(void *comm) {

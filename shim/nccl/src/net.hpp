@@ -5,15 +5,28 @@
 //  - listen() exposes a small mailbox region; the handle names node, process nonce and
 //    listener. connect() looks the mailbox up and sends CONNECT (a message: payload only).
 //  - accept() takes a CONNECT, looks up the sender's mailbox and makes the recv comm.
+//  - Sends and receives of one comm are matched by tag and, within a tag, in order: each send
+//    and each posted receive entry gets the next sequence number of its tag (NCCL's rule).
 //  - irecv() sends CTS (clear to send) to the sender's mailbox: per posted buffer its exposed
-//    region, offset, size and tag. Receives in flight per comm are bounded
-//    (NCCL_NET_MAX_REQUESTS): the sender's CTS queue never holds more.
-//  - isend() takes the oldest CTS (waits, returning a NULL request, until one is there), checks
-//    the tag and the size, and writes the data into the receiver's buffer with tl_write, its
-//    immediate naming request, entry and generation (dataImm()); the ticket is the send's
-//    request. The receiver's notification (region, bytes, immediate) arrives once the data is
-//    in place: that ends its entry. A zero-byte send has no bytes to write: it goes as a DATA
-//    message (payload only).
+//    region, offset, size, tag and sequence number. Receives in flight per comm are bounded
+//    (NCCL_NET_MAX_REQUESTS): the sender's CTS table never holds more.
+//  - isend() looks for the CTS of its (tag, sequence number), checks the size, and writes the
+//    data into the receiver's buffer with tl_write, its immediate naming request, entry and
+//    generation (dataImm()); the ticket is the send's request. The receiver's notification
+//    (region, bytes, immediate) arrives once the data is in place: that ends its entry. A
+//    zero-byte send has no bytes to write: it goes as a DATA message (payload only).
+//  - Eager (docs/nccl.md, "The eager path"): each receive comm has a ring of slots (16 x 64 KiB
+//    by default) exposed to its sender. A send of at most a slot's size with no CTS yet goes at
+//    once into the next slot (an EAGER payload naming slot, tag, sequence number and size), so
+//    a collective's first message does not wait for the receiver's CTS to cross both sidecars.
+//    The receiver copies the slot into the matching posted buffer (memcpy for host buffers, a
+//    local tl_write for GPU ones), or keeps it until that receive is posted (no CTS is sent for
+//    it then). A receive entry of at most a slot's size sends no CTS at all: its message comes
+//    eagerly; a send that cannot go eagerly (no slot free, or too big for one) asks with RTS
+//    (request to send, once) and the receiver answers with the entry's CTS. A CTS that arrives
+//    for an entry already sent eagerly is dropped by its sequence number. Slots come back to
+//    the sender as credits (freed slots counted in ring order) on CTS and CREDIT payloads;
+//    without a credit a send waits for its CTS, so neither side overruns the other.
 //  - A comm whose peer stops answering (a write or a probe of its mailbox fails: the process
 //    died, its region went, its sidecar is unreachable) fails every request of it, and later
 //    calls on it, so NCCL aborts instead of hanging.
@@ -33,6 +46,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -42,7 +56,7 @@
 namespace tensorlane::nccl {
 
 inline constexpr uint32_t kWireMagic = 0x434e4c54u;  // "TLNC"
-inline constexpr uint32_t kWireVersion = 1;
+inline constexpr uint32_t kWireVersion = 2;          // 2: sequence numbers, the eager ring
 inline constexpr int kMaxRecvs = 8;  // buffers of one grouped irecv (one CTS payload)
 
 /// What listen() hands NCCL to give the connecting rank (at most NCCL_NET_HANDLE_MAXSIZE).
@@ -55,7 +69,15 @@ struct Handle {
 };
 static_assert(sizeof(Handle) <= NCCL_NET_HANDLE_MAXSIZE);
 
-enum class Wire : uint8_t { kConnect = 1, kCts = 2, kData = 3, kPing = 4 };
+enum class Wire : uint8_t {
+    kConnect = 1,
+    kCts = 2,
+    kData = 3,
+    kPing = 4,
+    kEager = 5,
+    kCredit = 6,
+    kRts = 7,
+};
 
 /// Every payload starts with this.
 struct WireHeader {
@@ -71,13 +93,38 @@ struct WireHeader {
 struct CtsEntry {
     uint32_t mr;  ///< the receiver's MR (its region is exposed as regionName(nonce, 'M', mr))
     int32_t tag;
+    uint32_t seq;     ///< the entry's number among this comm's receives of `tag` (wraps)
+    uint32_t index;   ///< the entry's place in its request
     uint64_t offset;  ///< in the MR
     uint64_t size;    ///< posted bytes
 };
+/// Entries of one CTS payload: a grouped receive of more goes as two.
+inline constexpr int kCtsPerMessage = 6;
 struct CtsBody {
+    uint64_t credit;   ///< eager slots the receiver has freed so far, counted in ring order
     uint32_t request;  ///< the receiver's request slot
     uint32_t generation;
-    CtsEntry entries[kMaxRecvs];
+    CtsEntry entries[kCtsPerMessage];
+};
+/// A send that went into the receiver's eager ring (the write's bytes are in slot `slot`).
+struct EagerBody {
+    uint32_t slot;
+    int32_t tag;
+    uint32_t seq;
+    uint32_t reserved;
+    uint64_t size;
+};
+/// A send that can go neither eagerly nor into a CTS asks for the CTS of its receive entry.
+struct RtsBody {
+    int32_t tag;
+    uint32_t seq;
+};
+/// The receiver's eager grant (accept()'s first PING) and its later credits (CREDIT): `slots`
+/// 0 takes the grant back.
+struct CreditBody {
+    uint64_t credit;
+    uint32_t slots;
+    uint32_t slot_bytes;
 };
 struct DataBody {
     uint32_t request;
@@ -87,6 +134,7 @@ struct DataBody {
     uint64_t size;
 };
 static_assert(sizeof(WireHeader) + sizeof(CtsBody) <= TL_MAX_PAYLOAD);
+static_assert(kMaxRecvs <= 2 * kCtsPerMessage);
 
 /// A data write's immediate: bit 31 set, the request's generation (20 bits), its slot (5) and
 /// the entry (3).
@@ -108,6 +156,8 @@ struct Mr {
     unsigned char *shadow = nullptr;  ///< host MRs: our tl_alloc_host copy; else null
     uint64_t size = 0;
     bool exposed = false;
+    bool dmabuf_only = false;  ///< registered by its dma-buf alone (verbs only, no local copy)
+    tl_remote self = 0;        ///< a receive MR as a remote of our own: eager copies into GPU
 };
 
 struct Comm;
@@ -130,6 +180,8 @@ struct Request {
     unsigned char *data[kMaxRecvs] = {};
     uint64_t offsets[kMaxRecvs] = {};
     uint64_t posted[kMaxRecvs] = {};
+    int32_t tags[kMaxRecvs] = {};
+    uint32_t seqs[kMaxRecvs] = {};
     // trace: when it was posted, and whether a stall was already told
     std::chrono::steady_clock::time_point since{};
     bool stall_told = false;
@@ -147,16 +199,48 @@ struct Comm {
     tl_remote peer_mailbox = 0;
     std::string error;  ///< non-empty: dead, every call on it fails with this
     std::map<uint32_t, std::unique_ptr<Mr>> mrs;
-    std::vector<Request> requests;  ///< NCCL_NET_MAX_REQUESTS slots
-    // send: the receiver's posted buffers, oldest first (one CTS each, entries not yet used)
+    std::vector<Request> requests;             ///< NCCL_NET_MAX_REQUESTS slots
+    using Key = std::pair<int32_t, uint32_t>;  ///< (tag, sequence number)
+    /// send: sends made per tag; recv: receive entries posted per tag
+    std::map<int32_t, uint32_t> next_seq;
+    // send: the receiver's posted buffers not sent into yet, by (tag, sequence number)
     struct Cts {
         uint64_t from = 0;
-        CtsBody body{};
-        int count = 0;
-        bool used[kMaxRecvs] = {};
-        int left = 0;
+        uint32_t request = 0;
+        uint32_t generation = 0;
+        CtsEntry entry{};
     };
-    std::deque<Cts> cts;
+    std::map<Key, Cts> cts;
+    std::set<Key> rts_sent;  ///< send: entries asked for with RTS, not sent yet
+    /// send: when a send bigger than a slot first found no CTS (its RTS waits a while: only a
+    /// receive too small for it is held quietly, an error that may take that long to report)
+    std::map<Key, std::chrono::steady_clock::time_point> waiting_since;
+    // send: the receiver's eager grant, its remote ring, slots used and slots given back
+    uint32_t eager_slots = 0;
+    uint32_t eager_bytes = 0;
+    tl_remote eager_remote = 0;
+    uint64_t eager_sent = 0;
+    uint64_t eager_credit = 0;
+    // recv: the eager ring (kEagerEmpty / kEagerHeld / kEagerFreed per slot), credits
+    tl_region eager_region = 0;
+    unsigned char *eager_ptr = nullptr;
+    std::vector<uint8_t> eager_state;
+    uint64_t credit_upto = 0;  ///< slots freed in ring order
+    uint64_t credit_told = 0;  ///< what the sender was last told
+    bool eager_revoked = false;
+    struct Arrival {
+        uint32_t slot = 0;
+        uint64_t size = 0;
+    };
+    std::map<Key, Arrival> early;  ///< eager sends whose receive is not posted yet
+    /// posted entries not landed yet: request slot, entry, whether their CTS went out
+    struct Awaiting {
+        uint32_t request = 0;
+        uint32_t index = 0;
+        bool cts_sent = false;
+    };
+    std::map<Key, Awaiting> awaiting;
+    std::set<Key> rts_early;                   ///< RTS for entries not posted yet
     std::map<uint32_t, tl_remote> remote_mrs;  ///< the receiver's MRs, looked up once each
     // listen: CONNECTs not yet accepted
     struct Pending {
@@ -204,6 +288,25 @@ private:
     /// TENSORLANE_NCCL_TRACE=1: every request's steps at INFO (a hang's diagnosis).
     bool trace_ = false;
     ncclResult_t fail(Comm *c, const std::string &why);
+    /// isend()'s eager choice: a grant, a free slot, `size` fitting one, the ring looked up.
+    bool eagerFits(Comm *c, uint64_t size);
+    /// An EAGER payload's arrival at a receive comm: checked, then copied or kept (mu_ held).
+    void eagerArrived(Comm *c, const WireHeader &h, const EagerBody &e, const tl_message &m);
+    /// Copies ring slot `slot` (`size` bytes) into entry `index` of `r`, or starts the local
+    /// write that does (GPU buffers); false when the comm failed.
+    bool eagerConsume(Comm *c, Request &r, uint32_t index, uint32_t slot, uint64_t size);
+    /// A ring slot's bytes are no longer needed: credits advance, and go to the sender when
+    /// half the ring is owed.
+    void eagerFree(Comm *c, uint32_t slot);
+    /// Sends a CREDIT payload (the grant's size and the credits so far).
+    void sendCredit(Comm *c);
+    /// Sends the CTS of entries `idx[0..n)` of the posted request `r` (kCtsPerMessage a
+    /// payload), with the credits so far; false when the comm failed.
+    bool sendCts(Comm *c, const Request &r, const uint32_t *idx, int n);
+    /// Sends CTS for every posted entry that has none yet (the grant is gone).
+    void sendQuietCts(Comm *c);
+    /// Marks entry `index` of `r` landed with `size` bytes.
+    void markLanded(Comm *c, Request &r, uint32_t index, uint64_t size);
     /// Takes every message waiting and hands it to its comm (mu_ held).
     void progress();
     void dispatch(const tl_message &m);
@@ -263,6 +366,18 @@ private:
     std::vector<std::pair<tl_ticket, uint64_t>> unwaited_;
     std::string pci_path_;
     int speed_mbps_ = 10000;
+    /// The eager ring of each receive comm (TENSORLANE_NCCL_EAGER_SLOTS / _BYTES; 0 bytes: off),
+    /// and the test hook TENSORLANE_NCCL_EAGER_PREFER=1 (eager even when a CTS is there).
+    uint32_t eager_slots_ = 16;
+    uint32_t eager_bytes_ = 64 << 10;
+    bool eager_prefer_ = false;
+    /// Local writes from a ring slot into a GPU buffer: ticket, comm, slot.
+    struct EagerCopy {
+        tl_ticket ticket = 0;
+        uint64_t comm = 0;
+        uint32_t slot = 0;
+    };
+    std::vector<EagerCopy> eager_copies_;
 };
 
 }  // namespace tensorlane::nccl
