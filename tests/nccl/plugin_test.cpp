@@ -23,6 +23,7 @@
 
 #include "../sidecar/harness.hpp"
 #include "tensorlane/nccl_net.h"
+#include "tensorlane/tensorlane.h"
 
 using namespace tltest;
 
@@ -583,6 +584,184 @@ TEST_P(NcclPlugin, ASendBiggerThanAQuietReceiveFailsInsteadOfWaiting) {
     EXPECT_EQ(waitChild(s), 0) << nodes.logs();
     char one = 1;
     EXPECT_TRUE(done.put(&one, 1));
+    EXPECT_EQ(waitChild(r), 0) << nodes.logs();
+}
+
+/// Plugin payloads written into a receive comm's eager ring by someone who is not its sender
+/// (a client of the sender's node that knows the ring's name from the handle): a forged EAGER
+/// from another process, payloads too short for their kind, unknown kinds, a CTS and an RTS to
+/// the wrong kind of comm, bare bytes with a data immediate. None of it fails the comm or lands
+/// anywhere; the real sender's eager and CTS messages that follow arrive whole.
+TEST_P(NcclPlugin, ForeignPayloadsInTheEagerRingAreIgnored) {
+    Pair nodes(GetParam());
+    ASSERT_TRUE(nodes.ready()) << nodes.logs();
+    Pipe handle, handle2, forged, forged2, sent;
+    constexpr int kCount = 6;
+    const auto bytesOf = [](int k) { return k == 3 ? 300 << 10 : 1000 * k + 1; };
+    const pid_t r = forkClient([&]() -> int {
+        Plugin p;
+        char h[NCCL_NET_HANDLE_MAXSIZE] = {};
+        void *l = nullptr, *rc = nullptr;
+        if (!p.open(nodes.b->socket()) || p.v8->listen(0, h, &l) != ncclSuccess ||
+            !handle.put(h, sizeof(h)) || !handle2.put(h, sizeof(h)) ||
+            !pollFor([&] { return p.v8->accept(l, &rc, nullptr); }, &rc)) {
+            return 2;
+        }
+        std::vector<unsigned char> buf(kCount << 19, 0xee);
+        void *mh = nullptr;
+        if (p.v8->regMr(rc, buf.data(), buf.size(), NCCL_PTR_HOST, &mh) != ncclSuccess) {
+            return 3;
+        }
+        char go = 0;
+        if (!forged.get(&go, 1) || !sent.get(&go, 1)) {
+            return 4;
+        }
+        std::vector<unsigned char> expect(512 << 10);
+        for (int k = 0; k < kCount; ++k) {
+            void *data[1] = {buf.data() + (static_cast<size_t>(k) << 19)};
+            int size = k == 3 ? 512 << 10 : 64 << 10, tag = 5;
+            void *req = nullptr;
+            if (!pollFor([&] { return p.v8->irecv(rc, 1, data, &size, &tag, &mh, &req); }, &req)) {
+                return 10;  // (the comm failed)
+            }
+            int got = -1;
+            if (waitDone(p.v8, req, &got) != ncclSuccess || got != bytesOf(k)) {
+                return 11;
+            }
+            fillRandom(expect.data(), static_cast<size_t>(got), 300 + k);
+            const auto *at = static_cast<unsigned char *>(data[0]);
+            if (std::memcmp(at, expect.data(), static_cast<size_t>(got)) != 0 || at[got] != 0xee) {
+                return 12;
+            }
+        }
+        // Nothing landed outside the messages.
+        for (int k = 0; k < kCount; ++k) {
+            const size_t from = (static_cast<size_t>(k) << 19) + static_cast<size_t>(bytesOf(k));
+            for (size_t i = from; i < (static_cast<size_t>(k) + 1) << 19; ++i) {
+                if (buf[i] != 0xee) {
+                    return 13;
+                }
+            }
+        }
+        return p.v8->closeRecv(rc) == ncclSuccess ? 0 : 14;
+    });
+    // The forger: a plain client of node-a writing into the receiver's ring (comm 2: the
+    // listener is 1) under the name the handle's nonce gives.
+    const pid_t f = forkClient([&]() -> int {
+        char h[NCCL_NET_HANDLE_MAXSIZE];
+        if (!handle2.get(h, sizeof(h))) {
+            return 2;
+        }
+        uint64_t nonce = 0;
+        std::memcpy(&nonce, h + 8, sizeof(nonce));
+        char name[64];
+        std::snprintf(name, sizeof(name), "ncl.%016llx.E2", static_cast<unsigned long long>(nonce));
+        tl_client *c = nullptr;
+        tl_remote ring = 0;
+        void *p = nullptr;
+        tl_region src = 0;
+        if (tl_connect(nodes.a->socket().c_str(), &c) != TL_OK ||
+            tl_alloc_host(c, 1 << 16, &p, &src) != TL_OK) {
+            return 3;
+        }
+        const auto end = Clock::now() + std::chrono::seconds(10);
+        while (tl_lookup(c, "node-b", name, &ring, nullptr) != TL_OK) {
+            if (Clock::now() > end) {
+                return 4;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+        // The plugin's header: magic "TLNC", kind, count, to (comm 2), from, nonce; then a body.
+        const auto payload = [&](uint8_t kind, uint8_t count, uint64_t from, uint64_t from_nonce,
+                                 size_t body_bytes, const void *body) {
+            std::vector<unsigned char> out(32 + body_bytes, 0);
+            const uint32_t magic = 0x434e4c54u;
+            const uint64_t to = 2;
+            std::memcpy(out.data(), &magic, 4);
+            out[4] = kind;
+            out[5] = count;
+            std::memcpy(out.data() + 8, &to, 8);
+            std::memcpy(out.data() + 16, &from, 8);
+            std::memcpy(out.data() + 24, &from_nonce, 8);
+            if (body_bytes != 0) {
+                std::memcpy(out.data() + 32, body, body_bytes);
+            }
+            return out;
+        };
+        const auto post = [&](const std::vector<unsigned char> &pl, uint64_t bytes, uint32_t imm) {
+            tl_send_opts o{};
+            o.imm = imm;
+            o.payload = pl.empty() ? nullptr : pl.data();
+            o.payload_bytes = static_cast<uint32_t>(pl.size());
+            tl_ticket t = 0;
+            return tl_write_msg(c, src, 0, ring, 0, bytes, &o, &t) == TL_OK &&
+                   tl_wait(c, t, 5000) == TL_OK;
+        };
+        std::memset(p, 0x77, 1 << 16);
+        struct {
+            uint32_t slot;
+            int32_t tag;
+            uint32_t seq;
+            uint32_t reserved;
+            uint64_t size;
+        } eager{0, 5, 0, 0, 4096};
+        const uint32_t rts[2] = {5, 0};
+        const unsigned char junk[40] = {1, 2, 3};
+        const bool ok =
+            // an EAGER for tag 5 seq 0 from another process (its nonce is not the sender's)
+            post(payload(5, 1, 1, 0x1234, sizeof(eager), &eager), 4096, 0) &&
+            // the same with no bytes written, and one too short for its body
+            post(payload(5, 1, 1, 0x1234, sizeof(eager), &eager), 0, 0) &&
+            post(payload(5, 1, 1, 0x1234, 4, &eager), 0, 0) &&
+            // kinds a receive comm does not take, one it does not know, and a CTS/RTS/credit
+            post(payload(2, 6, 1, 0x1234, sizeof(junk), junk), 0, 0) &&
+            post(payload(6, 0, 1, 0x1234, sizeof(junk), junk), 0, 0) &&
+            post(payload(7, 1, 1, 0x1234, sizeof(rts), rts), 0, 0) &&
+            post(payload(99, 1, 1, 0x1234, sizeof(junk), junk), 0, 0) &&
+            // shorter than a header, and bare bytes with a data write's immediate
+            post(std::vector<unsigned char>(7, 0x54), 0, 0) &&
+            post({}, 4096, 0x80000000u | 1u << 8);
+        char one = 1;
+        return ok && forged.put(&one, 1) && forged2.put(&one, 1) ? 0 : 5;
+    });
+    const pid_t s = forkClient([&]() -> int {
+        Plugin p;
+        char h[NCCL_NET_HANDLE_MAXSIZE];
+        void *sc = nullptr;
+        if (!p.open(nodes.a->socket()) || !handle.get(h, sizeof(h)) ||
+            !pollFor([&] { return p.v8->connect(0, h, &sc, nullptr); }, &sc)) {
+            return 2;
+        }
+        std::vector<unsigned char> src(kCount << 19);
+        void *mh = nullptr;
+        if (p.v8->regMr(sc, src.data(), src.size(), NCCL_PTR_HOST, &mh) != ncclSuccess) {
+            return 3;
+        }
+        std::vector<void *> reqs(kCount, nullptr);
+        char one = 1;
+        if (!forged2.get(&one, 1)) {  // (connected: the ring exists; the forger is through)
+            return 8;
+        }
+        for (int k = 0; k < kCount; ++k) {
+            unsigned char *at = src.data() + (static_cast<size_t>(k) << 19);
+            fillRandom(at, static_cast<size_t>(bytesOf(k)), 300 + k);
+            if (k == 3 && !sent.put(&one, 1)) {  // the eager ones went; now the receives
+                return 4;
+            }
+            if (!pollFor([&] { return p.v8->isend(sc, at, bytesOf(k), 5, mh, &reqs[k]); },
+                         &reqs[k])) {
+                return 5;
+            }
+        }
+        for (void *req : reqs) {
+            if (waitDone(p.v8, req, nullptr) != ncclSuccess) {
+                return 6;
+            }
+        }
+        return p.v8->closeSend(sc) == ncclSuccess ? 0 : 7;
+    });
+    EXPECT_EQ(waitChild(f), 0) << nodes.logs();
+    EXPECT_EQ(waitChild(s), 0) << nodes.logs();
     EXPECT_EQ(waitChild(r), 0) << nodes.logs();
 }
 

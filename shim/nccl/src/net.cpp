@@ -289,7 +289,9 @@ tl_status Net::postMessage(const Comm *c, Wire type, uint8_t count, uint64_t to_
     unsigned char payload[TL_MAX_PAYLOAD];
     const WireHeader h{kWireMagic, static_cast<uint8_t>(type), count, 0, to_comm, c->id, nonce_};
     std::memcpy(payload, &h, sizeof(h));
-    std::memcpy(payload + sizeof(h), body, bytes);
+    if (bytes != 0) {
+        std::memcpy(payload + sizeof(h), body, bytes);  // (body may be null when bytes is 0)
+    }
     tl_send_opts o{};
     o.payload = payload;
     o.payload_bytes = static_cast<uint32_t>(sizeof(h) + bytes);
@@ -1014,6 +1016,22 @@ void Net::dispatch(const tl_message &m) {
         return;  // a comm closed meanwhile
     }
     Comm *c = it->second;
+    if (c->kind != 'L') {
+        // A connected comm takes words from its other end only: that process (its nonce: the
+        // sender's is known to nobody but its receiver) on that node, and that comm once known.
+        // Anything else is dropped, and the comm goes on.
+        const bool from_peer =
+            h.nonce == c->peer_nonce &&
+            std::strncmp(m.ex.n.peer, c->peer_node.c_str(), sizeof(m.ex.n.peer)) == 0 &&
+            (c->peer_comm == 0 || h.from == c->peer_comm);
+        if (!from_peer) {
+            log(NCCL_LOG_INFO,
+                "%s comm %llu: dropped a payload (kind %u) from %.64s (comm %llu), not its peer",
+                c->kind == 'S' ? "send" : "recv", static_cast<unsigned long long>(c->id), h.type,
+                m.ex.n.peer, static_cast<unsigned long long>(h.from));
+            return;
+        }
+    }
     const unsigned char *body = m.payload + sizeof(h);
     const size_t body_bytes = m.payload_bytes - sizeof(h);
     switch (static_cast<Wire>(h.type)) {
@@ -1062,12 +1080,12 @@ void Net::dispatch(const tl_message &m) {
                 return;
             }
             std::memcpy(&e, body, sizeof(e));
-            eagerArrived(c, h, e, m);
+            eagerArrived(c, e, m);
             return;
         }
         case Wire::kRts: {
             RtsBody rts{};
-            if (c->kind != 'R' || body_bytes < sizeof(rts) || h.from != c->peer_comm) {
+            if (c->kind != 'R' || body_bytes < sizeof(rts)) {
                 return;
             }
             std::memcpy(&rts, body, sizeof(rts));
@@ -1199,22 +1217,12 @@ bool Net::eagerFits(Comm *c, uint64_t size) {
     return true;
 }
 
-void Net::eagerArrived(Comm *c, const WireHeader &h, const EagerBody &e, const tl_message &m) {
+void Net::eagerArrived(Comm *c, const EagerBody &e, const tl_message &m) {
     // What a sender of this comm may have sent: a granted slot not in use, at most a slot's
     // bytes, written where the slot is. Anything else is a broken or hostile peer: the comm
     // fails with the reason (no byte is copied anywhere).
     const uint64_t at = static_cast<uint64_t>(e.slot) * eager_bytes_;
     const bool written = m.kind == TL_NOTIFY_WRITE || m.kind == TL_NOTIFY_MESSAGE;
-    if (h.from != c->peer_comm || h.nonce != c->peer_nonce ||
-        std::strncmp(m.ex.n.peer, c->peer_node.c_str(), sizeof(m.ex.n.peer)) != 0) {
-        // Not this comm's sender: nothing of it is used (and this comm goes on).
-        log(NCCL_LOG_INFO,
-            "recv comm %llu: dropped an eager payload from %s (comm %llu), not its "
-            "sender",
-            static_cast<unsigned long long>(c->id), m.ex.n.peer,
-            static_cast<unsigned long long>(h.from));
-        return;
-    }
     std::string bad;
     if (c->eager_region == 0) {
         bad = "but this comm has no eager ring";

@@ -291,7 +291,7 @@ private:
     /// isend()'s eager choice: a grant, a free slot, `size` fitting one, the ring looked up.
     bool eagerFits(Comm *c, uint64_t size);
     /// An EAGER payload's arrival at a receive comm: checked, then copied or kept (mu_ held).
-    void eagerArrived(Comm *c, const WireHeader &h, const EagerBody &e, const tl_message &m);
+    void eagerArrived(Comm *c, const EagerBody &e, const tl_message &m);
     /// Copies ring slot `slot` (`size` bytes) into entry `index` of `r`, or starts the local
     /// write that does (GPU buffers); false when the comm failed.
     bool eagerConsume(Comm *c, Request &r, uint32_t index, uint32_t slot, uint64_t size);
