@@ -77,13 +77,35 @@ struct Plugin {
     }
     static void logger(ncclDebugLogLevel level, unsigned long, const char *, int, const char *fmt,
                        ...) {
+        char line[1024];
+        va_list ap;
+        va_start(ap, fmt);
+        std::vsnprintf(line, sizeof(line), fmt, ap);
+        va_end(ap);
         if (level <= NCCL_LOG_WARN) {
-            va_list ap;
-            va_start(ap, fmt);
-            std::vfprintf(stderr, fmt, ap);
-            va_end(ap);
-            std::fputc('\n', stderr);
+            std::fprintf(stderr, "%s\n", line);
         }
+        if (std::strstr(line, " closed: ") != nullptr) {
+            closed().push_back(line);  // the comm's counts (which path each send took)
+        }
+    }
+    /// The plugin's "... comm N ... closed: counts" lines in this process so far.
+    static std::vector<std::string> &closed() {
+        static std::vector<std::string> lines;
+        return lines;
+    }
+    /// The last send comm's counts: eager sends, sends into a CTS, RTS sent; false if none.
+    static bool sendCounts(unsigned long long *eager, unsigned long long *direct,
+                           unsigned long long *rts) {
+        for (auto it = closed().rbegin(); it != closed().rend(); ++it) {
+            const char *at = std::strstr(it->c_str(), " closed: ");
+            if (it->find("send comm") != std::string::npos && at != nullptr &&
+                std::sscanf(at, " closed: %llu sends eager, %llu into a CTS, %llu RTS", eager,
+                            direct, rts) == 3) {
+                return true;
+            }
+        }
+        return false;
     }
 };
 
@@ -258,8 +280,9 @@ int receiver(const std::string &socket, Pipe &handle_pipe, bool v9, int speed) {
     return 0;
 }
 
-/// The sending rank: the other half of receiver().
-int sender(const std::string &socket, Pipe &handle_pipe, bool v9) {
+/// The sending rank: the other half of receiver(). `eager` >= 0: the sends that must have gone
+/// eagerly (the rest into a CTS), from the plugin's counts at close.
+int sender(const std::string &socket, Pipe &handle_pipe, bool v9, int eager = -1) {
     Plugin p;
     if (!p.open(socket)) {
         return 2;
@@ -329,6 +352,17 @@ int sender(const std::string &socket, Pipe &handle_pipe, bool v9) {
     if (net->deregMr(scomm, mh) != ncclSuccess || net->closeSend(scomm) != ncclSuccess) {
         return 40;
     }
+    unsigned long long eager_sends = 0, direct = 0, rts = 0;
+    if (eager >= 0) {
+        const int total = static_cast<int>(kSizes.size()) + 3 + 4;
+        if (!Plugin::sendCounts(&eager_sends, &direct, &rts) ||
+            eager_sends != static_cast<unsigned long long>(eager) ||
+            direct != static_cast<unsigned long long>(total - eager)) {
+            std::fprintf(stderr, "sends: %llu eager, %llu into a CTS; want %d eager of %d\n",
+                         eager_sends, direct, eager, total);
+            return 41;
+        }
+    }
     return 0;
 }
 
@@ -342,6 +376,7 @@ struct EagerMode {
     const char *name;
     const char *bytes;   ///< TENSORLANE_NCCL_EAGER_BYTES (null: the default ring)
     const char *prefer;  ///< TENSORLANE_NCCL_EAGER_PREFER
+    int eager;           ///< sends that must go eagerly (-1: it depends on timing)
 };
 void useEagerMode(const EagerMode &m) {
     if (m.bytes != nullptr) {
@@ -358,9 +393,11 @@ TEST_P(NcclPlugin, EverySizeGroupedAndOutOfOrderArriveWhole) {
     // The default (sends up to 64 KiB that find no CTS go eagerly, the rest wait for theirs);
     // eager preferred even where a CTS is there (the receiver copies into buffers it posted
     // already, and the sender drops those CTSes as stale); no eager ring (CTS only).
-    const EagerMode modes[] = {{"default", nullptr, nullptr},
-                               {"prefer eager", nullptr, "1"},
-                               {"no eager ring", "0", nullptr}};
+    // With eager preferred, every send of at most 64 KiB goes eagerly: the seven of kSizes up
+    // to 65535 bytes, the three grouped and the four in flight.
+    const EagerMode modes[] = {{"default", nullptr, nullptr, -1},
+                               {"prefer eager", nullptr, "1", 14},
+                               {"no eager ring", "0", nullptr, 0}};
     for (const EagerMode &mode : modes) {
         for (bool v9 : {false, true}) {
             if (v9 && mode.bytes == nullptr && mode.prefer != nullptr) {
@@ -377,7 +414,7 @@ TEST_P(NcclPlugin, EverySizeGroupedAndOutOfOrderArriveWhole) {
             });
             const pid_t s = forkClient([&] {
                 useEagerMode(mode);
-                return sender(nodes.a->socket(), handle, v9);
+                return sender(nodes.a->socket(), handle, v9, mode.eager);
             });
             EXPECT_EQ(waitChild(s), 0) << nodes.logs();
             EXPECT_EQ(waitChild(r), 0) << nodes.logs();
@@ -513,7 +550,20 @@ TEST_P(NcclPlugin, EagerSendsRunAheadByOneRingAndLandWhenTheirReceivesArePosted)
                 return 15;
             }
         }
-        return p.v8->closeSend(sc) == ncclSuccess ? 0 : 16;
+        if (p.v8->closeSend(sc) != ncclSuccess) {
+            return 16;
+        }
+        // The first ring went eagerly; the sends that found it full asked with RTS (message 1's
+        // slot is held until tag 1's receives are posted, after tag 2's); the big one went
+        // into its CTS.
+        unsigned long long eager = 0, direct = 0, rts = 0;
+        if (!Plugin::sendCounts(&eager, &direct, &rts) || eager < kSlots || rts < 1 || direct < 1 ||
+            eager + direct != kMessages) {
+            std::fprintf(stderr, "sends: %llu eager, %llu into a CTS, %llu RTS\n", eager, direct,
+                         rts);
+            return 18;
+        }
+        return 0;
     });
     EXPECT_EQ(waitChild(s), 0) << nodes.logs();
     EXPECT_EQ(waitChild(r), 0) << nodes.logs();

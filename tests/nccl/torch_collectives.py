@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import statistics
 import sys
@@ -284,11 +285,34 @@ def main() -> int:
                 print(line, file=sys.stderr)
                 shown += 1
     print(f"both ranks: {want}", file=sys.stderr)
+    if args.net == "tensorlane":
+        print(f"the plugin's paths: {plugin_paths(logs)}", file=sys.stderr)
     with open(args.out) as f:
         doc = json.load(f)
     for r in doc["results"]:
         print(json.dumps({"net": args.net, **r}))
     return 0 if doc["bad_total"] == 0 else 1
+
+
+def plugin_paths(logs: list) -> dict:
+    """The plugin's per-comm counts at close (its INFO lines), summed over both ranks: how many
+    sends went eagerly, into a CTS, after an RTS (docs/nccl.md, "The eager path")."""
+    sent = re.compile(r"send comm \d+ to \S+ closed: (\d+) sends eager, (\d+) into a CTS, "
+                      r"(\d+) RTS, (\d+) CTS crossed")
+    got = re.compile(r"recv comm \d+ from \S+ closed: (\d+) eager messages \((\d+) kept for a "
+                     r"later receive, (\d+) crossing a CTS, (\d+) copied into GPU memory\), "
+                     r"(\d+) entries sent a CTS")
+    keys = ("sends_eager", "sends_into_cts", "rts", "cts_crossed", "recv_eager", "recv_kept",
+            "recv_crossing", "recv_gpu_copies", "recv_cts")
+    total = dict.fromkeys(keys, 0)
+    for text in logs:
+        for m in sent.finditer(text):
+            for k, v in zip(keys[:4], m.groups()):
+                total[k] += int(v)
+        for m in got.finditer(text):
+            for k, v in zip(keys[4:], m.groups()):
+                total[k] += int(v)
+    return total
 
 
 if __name__ == "__main__":

@@ -253,6 +253,28 @@ ncclResult_t Net::exposeMailbox(Comm *c) {
 }
 
 void Net::release(Comm *c) {
+    if (c->kind == 'S' && c->connected) {
+        log(NCCL_LOG_INFO,
+            "send comm %llu to %s closed: %llu sends eager, %llu into a CTS, %llu RTS, %llu "
+            "CTS crossed by an eager send",
+            static_cast<unsigned long long>(c->id), c->peer_node.c_str(),
+            static_cast<unsigned long long>(c->counts.eager),
+            static_cast<unsigned long long>(c->counts.direct),
+            static_cast<unsigned long long>(c->counts.rts),
+            static_cast<unsigned long long>(c->counts.crossed));
+    } else if (c->kind == 'R') {
+        log(NCCL_LOG_INFO,
+            "recv comm %llu from %s closed: %llu eager messages (%llu kept for a later receive, "
+            "%llu crossing a CTS, %llu copied into GPU memory), %llu entries sent a CTS (%llu "
+            "on an RTS)",
+            static_cast<unsigned long long>(c->id), c->peer_node.c_str(),
+            static_cast<unsigned long long>(c->counts.eager),
+            static_cast<unsigned long long>(c->counts.kept),
+            static_cast<unsigned long long>(c->counts.crossed),
+            static_cast<unsigned long long>(c->counts.gpu_copies),
+            static_cast<unsigned long long>(c->counts.direct),
+            static_cast<unsigned long long>(c->counts.rts));
+    }
     if (c->probe != 0) {
         unwaited_.push_back({c->probe, 0});
     }
@@ -644,6 +666,7 @@ ncclResult_t Net::irecv(void *recv_comm, int n, void **data, const uint64_t *siz
         c->awaiting[key] = Comm::Awaiting{r->slot, static_cast<uint32_t>(i), cts};
         if (cts) {
             wanted[nwanted++] = static_cast<uint32_t>(i);
+            ++c->counts.direct;
         }
     }
     if (nwanted > 0 && !sendCts(c, *r, wanted, nwanted)) {
@@ -707,6 +730,7 @@ ncclResult_t Net::isend(void *send_comm, void *data, uint64_t size, int tag, voi
                 return ncclRemoteError;
             }
             c->rts_sent.insert(key);
+            ++c->counts.rts;
         }
         checkAlive(c);
         traceStall(c, "isend waits for its CTS");
@@ -801,6 +825,9 @@ ncclResult_t Net::isend(void *send_comm, void *data, uint64_t size, int tag, voi
     }
     if (eager) {
         ++c->eager_sent;
+        ++c->counts.eager;
+    } else {
+        ++c->counts.direct;
     }
     r->free = false;
     r->ticket = t;
@@ -1058,6 +1085,7 @@ void Net::dispatch(const tl_message &m) {
                 if (e.index >= kMaxRecvs ||
                     (next != c->next_seq.end() && seqBefore(e.seq, next->second))) {
                     ++stale;  // sent eagerly before this CTS came: the receiver has it
+                    ++c->counts.crossed;
                     continue;
                 }
                 c->cts[Comm::Key{e.tag, e.seq}] = Comm::Cts{h.from, cb.request, cb.generation, e};
@@ -1102,6 +1130,7 @@ void Net::dispatch(const tl_message &m) {
             }
             if (!w->second.cts_sent) {
                 w->second.cts_sent = true;
+                ++c->counts.rts;
                 const uint32_t index = w->second.index;
                 sendCts(c, c->requests[w->second.request], &index, 1);
             }
@@ -1250,10 +1279,14 @@ void Net::eagerArrived(Comm *c, const EagerBody &e, const tl_message &m) {
     }
     c->eager_state[e.slot] = kEagerHeld;
     c->last_progress = Clock::now();
+    ++c->counts.eager;
     if (auto w = c->awaiting.find(key); w != c->awaiting.end()) {
         // Its receive is posted (its CTS crossed this send on the way): straight in.
         Request &r = c->requests[w->second.request];
         const uint32_t index = w->second.index;
+        if (w->second.cts_sent) {
+            ++c->counts.crossed;
+        }
         if (trace_) {
             log(NCCL_LOG_INFO,
                 "trace: comm R%llu eager slot %u tag %d seq %u into slot %u entry %u",
@@ -1274,6 +1307,7 @@ void Net::eagerArrived(Comm *c, const EagerBody &e, const tl_message &m) {
             static_cast<unsigned long long>(e.size));
     }
     c->early[key] = Comm::Arrival{e.slot, e.size};
+    ++c->counts.kept;
 }
 
 bool Net::eagerConsume(Comm *c, Request &r, uint32_t index, uint32_t slot, uint64_t size) {
@@ -1321,6 +1355,7 @@ bool Net::eagerConsume(Comm *c, Request &r, uint32_t index, uint32_t slot, uint6
         return false;
     }
     eager_copies_.push_back(EagerCopy{t, c->id, slot});
+    ++c->counts.gpu_copies;
     return true;
 }
 

@@ -240,7 +240,16 @@ struct Comm {
         bool cts_sent = false;
     };
     std::map<Key, Awaiting> awaiting;
-    std::set<Key> rts_early;                   ///< RTS for entries not posted yet
+    std::set<Key> rts_early;  ///< RTS for entries not posted yet
+    /// What took which path, told at close (INFO): does a run use the eager path?
+    struct Counts {
+        uint64_t eager = 0;       ///< send: eager sends; recv: eager messages taken
+        uint64_t direct = 0;      ///< send: sends into a CTS; recv: entries that sent a CTS
+        uint64_t rts = 0;         ///< send: RTS sent; recv: RTS answered with a CTS
+        uint64_t crossed = 0;     ///< send: CTS dropped as stale; recv: eager into a CTS'd entry
+        uint64_t kept = 0;        ///< recv: eager messages kept until their receive was posted
+        uint64_t gpu_copies = 0;  ///< recv: eager messages copied into GPU buffers
+    } counts;
     std::map<uint32_t, tl_remote> remote_mrs;  ///< the receiver's MRs, looked up once each
     // listen: CONNECTs not yet accepted
     struct Pending {
