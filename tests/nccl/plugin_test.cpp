@@ -94,14 +94,28 @@ struct Plugin {
         static std::vector<std::string> lines;
         return lines;
     }
-    /// The last send comm's counts: eager sends, sends into a CTS, RTS sent; false if none.
+    /// The last send comm's counts: eager sends, sends into a CTS, RTS sent, sends that
+    /// waited, MiB copied; false if none (the whole line must parse: tests/nccl/
+    /// torch_collectives.py reads the same lines).
     static bool sendCounts(unsigned long long *eager, unsigned long long *direct,
-                           unsigned long long *rts) {
+                           unsigned long long *rts, unsigned long long *waited = nullptr,
+                           double *copied_mib = nullptr) {
         for (auto it = closed().rbegin(); it != closed().rend(); ++it) {
             const char *at = std::strstr(it->c_str(), " closed: ");
+            unsigned long long crossed = 0, w = 0;
+            double wait_ms = 0, mib = 0, copy_ms = 0;
             if (it->find("send comm") != std::string::npos && at != nullptr &&
-                std::sscanf(at, " closed: %llu sends eager, %llu into a CTS, %llu RTS", eager,
-                            direct, rts) == 3) {
+                std::sscanf(at,
+                            " closed: %llu sends eager, %llu into a CTS, %llu RTS, %llu CTS "
+                            "crossed by an eager send; %llu sends waited %lf ms in all; copied "
+                            "%lf MiB in %lf ms",
+                            eager, direct, rts, &crossed, &w, &wait_ms, &mib, &copy_ms) == 8) {
+                if (waited != nullptr) {
+                    *waited = w;
+                }
+                if (copied_mib != nullptr) {
+                    *copied_mib = mib;
+                }
                 return true;
             }
         }
@@ -556,11 +570,12 @@ TEST_P(NcclPlugin, EagerSendsRunAheadByOneRingAndLandWhenTheirReceivesArePosted)
         // The first ring went eagerly; the sends that found it full asked with RTS (message 1's
         // slot is held until tag 1's receives are posted, after tag 2's); the big one went
         // into its CTS.
-        unsigned long long eager = 0, direct = 0, rts = 0;
-        if (!Plugin::sendCounts(&eager, &direct, &rts) || eager < kSlots || rts < 1 || direct < 1 ||
-            eager + direct != kMessages) {
-            std::fprintf(stderr, "sends: %llu eager, %llu into a CTS, %llu RTS\n", eager, direct,
-                         rts);
+        unsigned long long eager = 0, direct = 0, rts = 0, waited = 0;
+        double copied = 0;
+        if (!Plugin::sendCounts(&eager, &direct, &rts, &waited, &copied) || eager < kSlots ||
+            rts < 1 || direct < 1 || eager + direct != kMessages || waited < 1 || copied <= 0) {
+            std::fprintf(stderr, "sends: %llu eager, %llu into a CTS, %llu RTS, %llu waited\n",
+                         eager, direct, rts, waited);
             return 18;
         }
         return 0;

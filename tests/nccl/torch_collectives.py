@@ -296,23 +296,32 @@ def main() -> int:
 
 def plugin_paths(logs: list) -> dict:
     """The plugin's per-comm counts at close (its INFO lines), summed over both ranks: how many
-    sends went eagerly, into a CTS, after an RTS (docs/nccl.md, "The eager path")."""
+    sends went eagerly, into a CTS, after an RTS; how long sends waited for a CTS or a slot; how
+    much the plugin copied on NCCL's proxy threads (docs/nccl.md, "The eager path")."""
     sent = re.compile(r"send comm \d+ to \S+ closed: (\d+) sends eager, (\d+) into a CTS, "
-                      r"(\d+) RTS, (\d+) CTS crossed")
+                      r"(\d+) RTS, (\d+) CTS crossed by an eager send; (\d+) sends waited "
+                      r"([\d.]+) ms in all; copied ([\d.]+) MiB in ([\d.]+) ms")
     got = re.compile(r"recv comm \d+ from \S+ closed: (\d+) eager messages \((\d+) kept for a "
                      r"later receive, (\d+) crossing a CTS, (\d+) copied into GPU memory\), "
-                     r"(\d+) entries sent a CTS")
-    keys = ("sends_eager", "sends_into_cts", "rts", "cts_crossed", "recv_eager", "recv_kept",
-            "recv_crossing", "recv_gpu_copies", "recv_cts")
-    total = dict.fromkeys(keys, 0)
+                     r"(\d+) entries sent a CTS \(\d+ on an RTS\); copied ([\d.]+) MiB in "
+                     r"([\d.]+) ms")
+    send_keys = ("sends_eager", "sends_into_cts", "rts", "cts_crossed", "sends_waited",
+                 "send_wait_ms", "send_copy_mib", "send_copy_ms")
+    recv_keys = ("recv_eager", "recv_kept", "recv_crossing", "recv_gpu_copies", "recv_cts",
+                 "recv_copy_mib", "recv_copy_ms")
+    total = dict.fromkeys(send_keys + recv_keys, 0.0)
+    closes = sum(text.count(" closed: ") for text in logs)
+    matched = 0
     for text in logs:
-        for m in sent.finditer(text):
-            for k, v in zip(keys[:4], m.groups()):
-                total[k] += int(v)
-        for m in got.finditer(text):
-            for k, v in zip(keys[4:], m.groups()):
-                total[k] += int(v)
-    return total
+        for pattern, keys in ((sent, send_keys), (got, recv_keys)):
+            for m in pattern.finditer(text):
+                matched += 1
+                for k, v in zip(keys, m.groups()):
+                    total[k] += float(v)
+    if matched < closes:
+        print(f"warning: {closes - matched} of the plugin's close lines did not parse (has their "
+              f"format changed?)", file=sys.stderr)
+    return {k: round(v, 3) for k, v in total.items()}
 
 
 if __name__ == "__main__":

@@ -256,24 +256,31 @@ void Net::release(Comm *c) {
     if (c->kind == 'S' && c->connected) {
         log(NCCL_LOG_INFO,
             "send comm %llu to %s closed: %llu sends eager, %llu into a CTS, %llu RTS, %llu "
-            "CTS crossed by an eager send",
+            "CTS crossed by an eager send; %llu sends waited %.3f ms in all; copied %.1f MiB "
+            "in %.3f ms",
             static_cast<unsigned long long>(c->id), c->peer_node.c_str(),
             static_cast<unsigned long long>(c->counts.eager),
             static_cast<unsigned long long>(c->counts.direct),
             static_cast<unsigned long long>(c->counts.rts),
-            static_cast<unsigned long long>(c->counts.crossed));
+            static_cast<unsigned long long>(c->counts.crossed),
+            static_cast<unsigned long long>(c->counts.waited),
+            static_cast<double>(c->counts.wait_ns) / 1e6,
+            static_cast<double>(c->counts.copy_bytes) / (1 << 20),
+            static_cast<double>(c->counts.copy_ns) / 1e6);
     } else if (c->kind == 'R') {
         log(NCCL_LOG_INFO,
             "recv comm %llu from %s closed: %llu eager messages (%llu kept for a later receive, "
             "%llu crossing a CTS, %llu copied into GPU memory), %llu entries sent a CTS (%llu "
-            "on an RTS)",
+            "on an RTS); copied %.1f MiB in %.3f ms",
             static_cast<unsigned long long>(c->id), c->peer_node.c_str(),
             static_cast<unsigned long long>(c->counts.eager),
             static_cast<unsigned long long>(c->counts.kept),
             static_cast<unsigned long long>(c->counts.crossed),
             static_cast<unsigned long long>(c->counts.gpu_copies),
             static_cast<unsigned long long>(c->counts.direct),
-            static_cast<unsigned long long>(c->counts.rts));
+            static_cast<unsigned long long>(c->counts.rts),
+            static_cast<double>(c->counts.copy_bytes) / (1 << 20),
+            static_cast<double>(c->counts.copy_ns) / 1e6);
     }
     if (c->probe != 0) {
         unwaited_.push_back({c->probe, 0});
@@ -717,11 +724,12 @@ ncclResult_t Net::isend(void *send_comm, void *data, uint64_t size, int tag, voi
         // at once (it found no free slot), a bigger one only after kRtsAfter (its receive is too
         // small for it: the CTS then tells the truncation).
         const Comm::Key key{tag, seq};
+        const auto now = Clock::now();
+        const auto since = c->waiting_since.try_emplace(key, now).first->second;
         bool ask = c->eager_slots != 0 && c->peer_comm != 0 && c->error.empty() &&
                    c->rts_sent.count(key) == 0;
         if (ask && size > c->eager_bytes) {
-            auto since = c->waiting_since.try_emplace(key, Clock::now()).first;
-            ask = Clock::now() - since->second >= kRtsAfter;
+            ask = now - since >= kRtsAfter;
         }
         if (ask) {
             const RtsBody rts{tag, seq};
@@ -758,7 +766,7 @@ ncclResult_t Net::isend(void *send_comm, void *data, uint64_t size, int tag, voi
     uint32_t eager_slot = 0;
     if (eager) {
         if (mr->shadow != nullptr && size != 0) {
-            std::memcpy(mr->shadow + off, p, size);  // NCCL's host buffer into the sidecar's reach
+            copy(c, mr->shadow + off, p, size);  // NCCL's host buffer into the sidecar's reach
         }
         eager_slot = static_cast<uint32_t>(c->eager_sent % c->eager_slots);
         const EagerBody body{eager_slot, tag, seq, 0, size};
@@ -796,7 +804,7 @@ ncclResult_t Net::isend(void *send_comm, void *data, uint64_t size, int tag, voi
             c->remote_mrs[entry.mr] = dst;
         }
         if (mr->shadow != nullptr && size != 0) {
-            std::memcpy(mr->shadow + off, p, size);  // NCCL's host buffer into the sidecar's reach
+            copy(c, mr->shadow + off, p, size);  // NCCL's host buffer into the sidecar's reach
         }
         if (size != 0) {
             // The bytes with an immediate naming the receiver's request and entry.
@@ -818,7 +826,12 @@ ncclResult_t Net::isend(void *send_comm, void *data, uint64_t size, int tag, voi
     }
     ++c->next_seq[tag];
     c->rts_sent.erase(Comm::Key{tag, seq});
-    c->waiting_since.erase(Comm::Key{tag, seq});
+    if (auto w = c->waiting_since.find(Comm::Key{tag, seq}); w != c->waiting_since.end()) {
+        ++c->counts.waited;
+        c->counts.wait_ns += static_cast<uint64_t>(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - w->second).count());
+        c->waiting_since.erase(w);
+    }
     const uint32_t entry_index = have_cts ? cts->second.entry.index : 0;
     if (have_cts) {
         c->cts.erase(cts);  // used, or (eager) stale: the receiver copies from the ring
@@ -1207,9 +1220,17 @@ void Net::landed(Comm *c, uint32_t slot, uint32_t generation, uint32_t index, ui
     }
     Mr *mr = r.mrs[index];
     if (mr->shadow != nullptr && size != 0) {
-        std::memcpy(r.data[index], mr->shadow + r.offsets[index], size);
+        copy(c, r.data[index], mr->shadow + r.offsets[index], size);
     }
     markLanded(c, r, index, size);
+}
+
+void Net::copy(Comm *c, void *to, const void *from, uint64_t bytes) {
+    const auto t0 = Clock::now();
+    std::memcpy(to, from, bytes);
+    c->counts.copy_ns += static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+    c->counts.copy_bytes += bytes;
 }
 
 void Net::markLanded(Comm *c, Request &r, uint32_t index, uint64_t size) {
@@ -1322,7 +1343,7 @@ bool Net::eagerConsume(Comm *c, Request &r, uint32_t index, uint32_t slot, uint6
     if (size == 0 || mr->shadow != nullptr) {
         // Host memory (NCCL's own buffer; its shadow is not involved): one memcpy.
         if (size != 0) {
-            std::memcpy(r.data[index], from, size);
+            copy(c, r.data[index], from, size);
         }
         markLanded(c, r, index, size);
         eagerFree(c, slot);

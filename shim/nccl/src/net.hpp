@@ -212,8 +212,8 @@ struct Comm {
     };
     std::map<Key, Cts> cts;
     std::set<Key> rts_sent;  ///< send: entries asked for with RTS, not sent yet
-    /// send: when a send bigger than a slot first found no CTS (its RTS waits a while: only a
-    /// receive too small for it is held quietly, an error that may take that long to report)
+    /// send: when a send first found neither a CTS nor a slot (a send bigger than a slot asks
+    /// with RTS only after a while: only a receive too small for it is held quietly)
     std::map<Key, std::chrono::steady_clock::time_point> waiting_since;
     // send: the receiver's eager grant, its remote ring, slots used and slots given back
     uint32_t eager_slots = 0;
@@ -249,6 +249,10 @@ struct Comm {
         uint64_t crossed = 0;     ///< send: CTS dropped as stale; recv: eager into a CTS'd entry
         uint64_t kept = 0;        ///< recv: eager messages kept until their receive was posted
         uint64_t gpu_copies = 0;  ///< recv: eager messages copied into GPU buffers
+        uint64_t waited = 0;      ///< send: sends that found neither a CTS nor a slot at first
+        uint64_t wait_ns = 0;     ///< send: how long those waited in all
+        uint64_t copy_bytes = 0;  ///< bytes memcpy'd by the plugin (shadows, eager slots)
+        uint64_t copy_ns = 0;     ///< and how long that took (NCCL's proxy thread's time)
     } counts;
     std::map<uint32_t, tl_remote> remote_mrs;  ///< the receiver's MRs, looked up once each
     // listen: CONNECTs not yet accepted
@@ -314,6 +318,8 @@ private:
     bool sendCts(Comm *c, const Request &r, const uint32_t *idx, int n);
     /// Sends CTS for every posted entry that has none yet (the grant is gone).
     void sendQuietCts(Comm *c);
+    /// memcpy, its bytes and time counted in `c`'s counts.
+    static void copy(Comm *c, void *to, const void *from, uint64_t bytes);
     /// Marks entry `index` of `r` landed with `size` bytes.
     void markLanded(Comm *c, Request &r, uint32_t index, uint64_t size);
     /// Takes every message waiting and hands it to its comm (mu_ held).
