@@ -515,7 +515,11 @@ EngineReport EngineImpl::report(std::optional<uid_t> only_uid, ReportDetail want
     r.poll_mode = config::toString(cfg_.ipc.poll_mode);
     r.poll_mode_reason = poll_choice_.reason;
     for (const Transport *t : transports_.all()) {
-        r.link_mbps = std::max(r.link_mbps, t->caps().link_mbps);
+        const TransportCaps caps = t->caps();
+        r.link_mbps = std::max(r.link_mbps, caps.link_mbps);
+        if (r.nic_pci_path.empty()) {
+            r.nic_pci_path = caps.nic_pci_path;
+        }
     }
     r.uptime_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
     for (const auto &[id, s] : sessions_) {

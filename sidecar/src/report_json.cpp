@@ -122,6 +122,7 @@ std::string toJsonText(const EngineReport &r, int indent) {
     j["poll_mode"] = r.poll_mode;
     j["poll_mode_reason"] = r.poll_mode_reason;
     j["link_mbps"] = r.link_mbps;
+    j["nic_pci_path"] = r.nic_pci_path;
     j["uptime_s"] = r.uptime_s;
     json clients = json::array();
     for (const ClientReport &c : r.clients) {

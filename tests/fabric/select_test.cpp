@@ -1,6 +1,8 @@
 // selectFabric against fixture trees: device and port, netdev, GID, MTU, traffic class.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include "sysfs_tree.hpp"
 #include "tensorlane/sidecar/fabric.hpp"
 #include "test_config.hpp"
@@ -50,6 +52,34 @@ TEST(SelectFabric, StandardHostAutoEverything) {
     EXPECT_NE(s.device_reason.find("only RDMA device"), std::string::npos) << s.device_reason;
     EXPECT_NE(s.tclass_reason.find("no host-wide override"), std::string::npos);
     EXPECT_NE(s.summary().find("GID 3 10.0.0.2"), std::string::npos) << s.summary();
+}
+
+TEST(SelectFabric, TheNicsPciFunctionIsTheAbsolutePathOfItsDeviceLink) {
+    SysfsTree t;
+    t.standardHost();
+    FabricSelection s;
+    ASSERT_TRUE(select(fabricConfig(""), t, &s).isOk());
+    EXPECT_EQ(s.pci_path, t.rootString() + "/" + SysfsTree::kNicPci);
+    EXPECT_TRUE(isPciFunctionPath(SysfsTree::kNicPci));
+    // What is not a PCI function (a simulated device's plain device/ directory, a path outside
+    // devices/, a bridge name that is not an address) is no PCI path.
+    EXPECT_FALSE(isPciFunctionPath("class/infiniband/sim0/device"));
+    EXPECT_FALSE(isPciFunctionPath("devices/virtual/net/lo"));
+    EXPECT_FALSE(isPciFunctionPath("devices/pci0000:00"));
+    EXPECT_FALSE(isPciFunctionPath("devices/pci0000:00/0000:00:01.8"));
+    EXPECT_FALSE(isPciFunctionPath("devices/pci0000:00/0000:0g:01.0"));
+    EXPECT_FALSE(isPciFunctionPath(""));
+}
+
+TEST(SelectFabric, ASimulatedDeviceOnNoBusHasNoPciPath) {
+    SysfsTree t;
+    t.standardHost();
+    // The device link replaced by a plain directory, as mksysfs.sh writes without --pci.
+    std::filesystem::remove(t.rootString() + "/class/infiniband/mlx5_0/device");
+    std::filesystem::create_directories(t.rootString() + "/class/infiniband/mlx5_0/device");
+    FabricSelection s;
+    ASSERT_TRUE(select(fabricConfig(""), t, &s).isOk());
+    EXPECT_EQ(s.pci_path, "");
 }
 
 TEST(SelectFabric, PortRatesInMegabits) {

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <climits>
 #include <cstdarg>
 #include <cstdlib>
 #include <cstring>
@@ -31,6 +32,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+/// The simulated NIC's PCI function (mksysfs.sh --pci).
+constexpr const char *kNicPci = "0000:03:00.0";
+
 /// Two sidecars (node-a, node-b) that list each other, over `transport`.
 struct Pair {
     TempDir dir;
@@ -49,6 +53,7 @@ struct Pair {
             o.transport = transport;
             o.rdma_ip = uniqueLoopback(ip);
             o.fabric = "timeout = 14\nretry_cnt = 3\n";
+            o.rdma_pci = kNicPci;  // the simulated NIC on a PCI bus, as a real one is
             o.peers.push_back({peer, "127.0.0.1:" + std::to_string(peer_port)});
             return o;
         };
@@ -175,7 +180,8 @@ struct Pipe {
 
 /// The receiving rank: listens, accepts, posts `kSizes` one at a time and checks each, then a
 /// grouped receive of three tags, then four requests in flight tested last to first.
-int receiver(const std::string &socket, Pipe &handle_pipe, bool v9, int speed) {
+int receiver(const std::string &socket, Pipe &handle_pipe, bool v9, int speed,
+             const std::string &pci_path) {
     Plugin p;
     if (!p.open(socket)) {
         return 2;
@@ -184,6 +190,11 @@ int receiver(const std::string &socket, Pipe &handle_pipe, bool v9, int speed) {
     ncclNetProperties_v8_t props{};
     if (net->getProperties(0, &props) != ncclSuccess || props.maxRecvs < 3 ||
         (props.ptrSupport & NCCL_PTR_HOST) == 0) {
+        return 3;
+    }
+    const std::string got_pci = props.pciPath == nullptr ? "" : props.pciPath;
+    if (got_pci != pci_path) {
+        std::fprintf(stderr, "pciPath '%s', want '%s'\n", got_pci.c_str(), pci_path.c_str());
         return 3;
     }
     if (props.speed != speed) {
@@ -422,9 +433,19 @@ TEST_P(NcclPlugin, EverySizeGroupedAndOutOfOrderArriveWhole) {
             // The speed NCCL is told: the simulated port's rate ("100 Gb/sec (4X EDR)") over
             // verbs, NCCL Socket's 10 Gb/s over tcp (no port to ask).
             const int speed = GetParam() == "verbs" ? 100000 : 10000;
+            // The NIC's PCI function NCCL is told (its topology places the NIC by it, for
+            // GPUDirect): the verbs sidecar's device, as this process resolves it; none over tcp.
+            std::string pci;
+            if (GetParam() == "verbs") {
+                char real[PATH_MAX];
+                const std::string fn =
+                    nodes.b->sysfsRoot() + "/devices/pci0000:00/0000:00:01.0/" + kNicPci;
+                ASSERT_NE(::realpath(fn.c_str(), real), nullptr) << fn;
+                pci = real;
+            }
             const pid_t r = forkClient([&] {
                 useEagerMode(mode);
-                return receiver(nodes.b->socket(), handle, v9, speed);
+                return receiver(nodes.b->socket(), handle, v9, speed, pci);
             });
             const pid_t s = forkClient([&] {
                 useEagerMode(mode);

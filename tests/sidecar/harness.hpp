@@ -150,6 +150,9 @@ struct SidecarOptions {
     /// verbs: the netdev MTU the tree says (the port's active MTU follows it); it must not
     /// exceed the real interface's (loopback: 65536; a veth: 1500).
     int rdma_mtu = 4200;
+    /// verbs: the simulated NIC's PCI function ("0000:03:00.0"), linked from its class entries
+    /// as on a real host (mksysfs.sh --pci); empty: on no bus.
+    std::string rdma_pci;
     std::string fabric;  ///< extra lines for [fabric]
 };
 
@@ -188,7 +191,8 @@ public:
             // No address: a host with no RDMA device at all (an empty tree).
             tree_ok_ = opts_.rdma_ip.empty()
                            ? ::mkdir(sysfs_.c_str(), 0755) == 0
-                           : makeSimTree(sysfs_, opts_.rdma_netdev, opts_.rdma_ip, opts_.rdma_mtu);
+                           : makeSimTree(sysfs_, opts_.rdma_netdev, opts_.rdma_ip, opts_.rdma_mtu,
+                                         opts_.rdma_pci.empty() ? "" : "--pci " + opts_.rdma_pci);
         }
         config_ = dir_.file("sidecar.toml");
         writeFile(config_, toml());

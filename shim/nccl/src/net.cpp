@@ -3,6 +3,8 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <cctype>
+#include <climits>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -64,10 +66,27 @@ bool peerGone(tl_status s) {
     return s == TL_ENOENT || s == TL_EPEER || s == TL_ECONN || s == TL_EDEADLINE;
 }
 
+/// The sidecar's status JSON ("" when it cannot be read).
+std::string sidecarStatus(tl_client *c) {
+    std::string buf(1 << 16, '\0');
+    size_t len = 0;
+    for (int i = 0; i < 2; ++i) {
+        if (tl_sidecar_status(c, buf.data(), buf.size(), &len) != TL_OK) {
+            return {};
+        }
+        if (len < buf.size()) {
+            buf.resize(len);
+            return buf;
+        }
+        buf.assign(len + 1, '\0');
+    }
+    return {};
+}
+
 /// The device's speed for NCCL's tuner, in Mb/s: TENSORLANE_NCCL_SPEED_MBPS, else the
 /// sidecar's link rate (the verbs port's, `link_mbps` in its status), else 10 Gb/s (what NCCL's
 /// Socket transport assumes when it cannot read a speed; the tcp transport has no port rate).
-int linkSpeed(tl_client *c) {
+int linkSpeed(const std::string &status) {
     if (const char *env = std::getenv("TENSORLANE_NCCL_SPEED_MBPS")) {
         char *end = nullptr;
         const long v = std::strtol(env, &end, 10);
@@ -75,23 +94,69 @@ int linkSpeed(tl_client *c) {
             return static_cast<int>(v);
         }
     }
-    std::string buf(1 << 16, '\0');
-    size_t len = 0;
-    for (int i = 0; i < 2; ++i) {
-        if (tl_sidecar_status(c, buf.data(), buf.size(), &len) != TL_OK) {
-            return 10000;
-        }
-        if (len < buf.size()) {
-            break;
-        }
-        buf.assign(len + 1, '\0');
-    }
-    const char *key = std::strstr(buf.c_str(), "\"link_mbps\":");
+    const char *key = std::strstr(status.c_str(), "\"link_mbps\":");
     if (key == nullptr) {
         return 10000;
     }
     const unsigned long long v = std::strtoull(key + std::strlen("\"link_mbps\":"), nullptr, 10);
     return v > 0 && v <= 100'000'000 ? static_cast<int>(v) : 10000;
+}
+
+/// Whether `path`'s last component is a PCI address ("0000:03:00.0").
+bool endsInPciAddress(const std::string &path) {
+    const size_t at = path.rfind('/');
+    const std::string last = at == std::string::npos ? path : path.substr(at + 1);
+    if (last.size() != 12 || last[4] != ':' || last[7] != ':' || last[10] != '.') {
+        return false;
+    }
+    for (size_t i : {0, 1, 2, 3, 5, 6, 8, 9, 11}) {
+        if (std::isxdigit(static_cast<unsigned char>(last[i])) == 0) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/// The NIC's PCI function for NCCL's topology (`pciPath`): TENSORLANE_NCCL_PCI_PATH (empty:
+/// none), else the sidecar's verbs NIC (`nic_pci_path` in its status); kept only where this
+/// process sees it in its own /sys (a container may not) and it ends in a PCI address, since
+/// NCCL reads the path to place the NIC. Empty: NCCL puts the device at system distance and
+/// stages GPU data through host memory.
+std::string nicPciPath(const std::string &status) {
+    std::string path;
+    if (const char *env = std::getenv("TENSORLANE_NCCL_PCI_PATH")) {
+        path = env;
+    } else {
+        const std::string key = "\"nic_pci_path\":";
+        size_t from = status.find(key);
+        if (from == std::string::npos) {
+            return {};
+        }
+        from += key.size();
+        while (from < status.size() && std::isspace(static_cast<unsigned char>(status[from]))) {
+            ++from;
+        }
+        if (from >= status.size() || status[from] != '"') {
+            return {};
+        }
+        ++from;
+        const size_t to = status.find('"', from);
+        if (to == std::string::npos) {
+            return {};
+        }
+        path = status.substr(from, to - from);
+        if (path.find('\\') != std::string::npos) {
+            return {};  // (an escaped character: no sysfs path of a PCI function has one)
+        }
+    }
+    if (path.empty()) {
+        return {};
+    }
+    char real[PATH_MAX];
+    if (::realpath(path.c_str(), real) == nullptr || !endsInPciAddress(real)) {
+        return {};
+    }
+    return real;
 }
 
 }  // namespace
@@ -179,7 +244,9 @@ ncclResult_t Net::init(ncclDebugLogger_t logger) {
     client_ = c;
     node_ = tl_node_name(c);
     nonce_ = randomNonce();
-    speed_mbps_ = linkSpeed(c);
+    const std::string status = sidecarStatus(c);
+    speed_mbps_ = linkSpeed(status);
+    pci_path_ = nicPciPath(status);
     const char *trace = std::getenv("TENSORLANE_NCCL_TRACE");
     trace_ = trace != nullptr && std::strcmp(trace, "1") == 0;
     eager_bytes_ = envNumber("TENSORLANE_NCCL_EAGER_BYTES", 64 << 10, 0, 4 << 20);
@@ -190,10 +257,11 @@ ncclResult_t Net::init(ncclDebugLogger_t logger) {
         std::thread([this] { watchdog(); }).detach();
     }
     log(NCCL_LOG_INFO,
-        "using the sidecar of node %s (process nonce %016llx), speed %d Mb/s, eager ring %u x "
-        "%u bytes",
+        "using the sidecar of node %s (process nonce %016llx), speed %d Mb/s, NIC at %s, eager "
+        "ring %u x %u bytes",
         node_.c_str(), static_cast<unsigned long long>(nonce_), speed_mbps_,
-        eager_bytes_ == 0 ? 0 : eager_slots_, eager_bytes_);
+        pci_path_.empty() ? "no PCI path" : pci_path_.c_str(), eager_bytes_ == 0 ? 0 : eager_slots_,
+        eager_bytes_);
     return ncclSuccess;
 }
 

@@ -196,6 +196,7 @@ Status selectFabricStaged(const config::Config &cfg, const SysfsRoot &root,
     }
     s.device = dev.name;
     s.port = f.port;
+    s.pci_path = isPciFunctionPath(dev.pci_path) ? root.pathOf(dev.pci_path) : std::string();
     *stage = SelectStage::kPort;
     const PortInfo &port = *dev.findPort(f.port);
     const std::string where = portName(dev.name, f.port);

@@ -1,8 +1,10 @@
 // Devices, ports and netdevs from sysfs, and the PCIe distance between two PCI functions.
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 #include "fabric/internal.hpp"
 #include "tensorlane/sidecar/fabric.hpp"
@@ -78,6 +80,24 @@ std::optional<DeviceInfo> readDevice(const SysfsRoot &root, const std::string &n
         d.ports.push_back(std::move(port));
     }
     return d;
+}
+
+bool isPciFunctionPath(const std::string &rel) {
+    if (rel.rfind("devices/", 0) != 0) {
+        return false;
+    }
+    const std::string_view last = std::string_view(rel).substr(rel.rfind('/') + 1);
+    // "0000:03:00.0": 4 hex, ':', 2 hex, ':', 2 hex, '.', one function digit 0-7.
+    if (last.size() != 12 || last[4] != ':' || last[7] != ':' || last[10] != '.' ||
+        last[11] < '0' || last[11] > '7') {
+        return false;
+    }
+    for (size_t i : {0, 1, 2, 3, 5, 6, 8, 9}) {
+        if (std::isxdigit(static_cast<unsigned char>(last[i])) == 0) {
+            return false;
+        }
+    }
+    return true;
 }
 
 uint64_t rateMbps(const std::string &rate) {

@@ -33,6 +33,10 @@ options:
   --fw-ver TEXT         fw_ver (default 1.0.0)
   --mac XX:..:XX        netdev address (default 02:00 + the IP's bytes)
   --operstate STATE     class/net/NETDEV/operstate (default: up when ACTIVE, down when DOWN)
+  --pci BDF             put the device on the PCI bus, as a real NIC is: a PCI function
+                        devices/pci0000:00/0000:00:01.0/BDF (class 0x020000, NUMA node 0)
+                        that class/infiniband/NAME/device and class/net/NETDEV/device link to
+                        (default: device/ is a plain directory, on no bus)
   -h, --help            this text
 
 Files written (all in the kernel's formats):
@@ -57,7 +61,7 @@ case "$1" in -h|--help) usage; exit 0 ;; esac
 root=$1
 shift
 dev="" netdev="" ip="" state=ACTIVE mtu=1500 gid_index=3 gid_size=16 tclass=""
-node_guid="" rate="100 Gb/sec (4X EDR)" fw_ver="1.0.0" mac="" operstate=""
+node_guid="" rate="100 Gb/sec (4X EDR)" fw_ver="1.0.0" mac="" operstate="" pci=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --dev) dev=${2:?}; shift 2 ;;
@@ -73,6 +77,7 @@ while [ $# -gt 0 ]; do
         --fw-ver) fw_ver=${2:?}; shift 2 ;;
         --mac) mac=${2:?}; shift 2 ;;
         --operstate) operstate=${2:?}; shift 2 ;;
+        --pci) pci=${2:?}; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) usage >&2; die "unknown argument: $1" ;;
     esac
@@ -93,6 +98,9 @@ fi
 if [ -n "$tclass" ] && { ! is_uint "$tclass" || [ "$tclass" -gt 255 ]; }; then
     die "bad --tclass: $tclass"
 fi
+if [ -n "$pci" ] && ! [[ "$pci" =~ ^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$ ]]; then
+    die "bad --pci: $pci (want DDDD:BB:SS.F, lower-case hex)"
+fi
 
 hex2() { printf '%02x' "$1"; }
 ipv4_hex="$(hex2 "$o1")$(hex2 "$o2"):$(hex2 "$o3")$(hex2 "$o4")"
@@ -112,8 +120,18 @@ zero_gid="0000:0000:0000:0000:0000:0000:0000:0000"
 ib="$root/class/infiniband/$dev"
 port="$ib/ports/1"
 net="$root/class/net/$netdev"
+mkdir -p "$ib" "$net"
+if [ -n "$pci" ]; then
+    # The NIC's PCI function, and both of its class entries' device links to it.
+    fn="$root/devices/pci0000:00/0000:00:01.0/$pci"
+    mkdir -p "$fn"
+    printf '%s\n' 0x020000 >"$fn/class"
+    printf '%s\n' 0 >"$fn/numa_node"
+    [ -L "$ib/device" ] || ln -s "../../../devices/pci0000:00/0000:00:01.0/$pci" "$ib/device"
+    [ -L "$net/device" ] || ln -s "../../../devices/pci0000:00/0000:00:01.0/$pci" "$net/device"
+fi
 mkdir -p "$ib/device" "$port/gids" "$port/gid_attrs/types" "$port/gid_attrs/ndevs" \
-    "$port/pkeys" "$port/hw_counters" "$net"
+    "$port/pkeys" "$port/hw_counters"
 
 put() { printf '%s\n' "$2" >"$1"; }
 

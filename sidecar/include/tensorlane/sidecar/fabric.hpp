@@ -73,6 +73,11 @@ struct GidEntry {
 /// "100 Gb/sec (4X EDR)" or "2.5 Gb/sec (1X SDR)" in Mb/s; 0 when it is not that form.
 uint64_t rateMbps(const std::string &rate);
 
+/// Whether a root-relative path leads to a PCI function: "devices/..." ending in a
+/// "DDDD:BB:SS.F" address (hex), as a NIC's device link does (a simulated device's device/ is a
+/// plain directory instead).
+bool isPciFunctionPath(const std::string &rel);
+
 /// One port of an RDMA device.
 struct PortInfo {
     uint32_t port = 0;
@@ -188,6 +193,10 @@ struct FabricSelection {
     /// The port's rate in Mb/s from its sysfs `rate` ("100 Gb/sec (4X EDR)": 100000); 0 when
     /// unreadable. What the NCCL plugin reports as its device's speed.
     uint64_t rate_mbps = 0;
+    /// The device's PCI function, absolute ("/sys/devices/pci0000:00/.../0000:03:00.0"); empty
+    /// when its device link does not lead to one (a virtual or simulated device on no bus).
+    /// What the NCCL plugin gives NCCL as the NIC's pciPath (its GPU-NIC distance, GPUDirect).
+    std::string pci_path;
     uint32_t gid_index = 0;
     Gid gid;
     /// The sysfs form of `gid`.

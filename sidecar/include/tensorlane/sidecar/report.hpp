@@ -175,6 +175,9 @@ struct EngineReport {
     std::string poll_mode_reason;  ///< why ("auto: 2 usable CPUs (affinity): ...")
     /// The fastest remote transport's link rate in Mb/s (the verbs port's); 0 when none knows.
     uint64_t link_mbps = 0;
+    /// The verbs NIC's PCI function in sysfs (TransportCaps::nic_pci_path); empty when none:
+    /// what the NCCL plugin gives NCCL as its device's pciPath.
+    std::string nic_pci_path;
     double uptime_s = 0;
     std::vector<ClientReport> clients;
     std::string clients_shown;  ///< "all", or "uid N" when filtered for a non-root client

@@ -71,6 +71,9 @@ struct TransportCaps {
     uint64_t max_message = 0;  ///< the largest single write; 0: any size a region can hold
     uint32_t wire_id = 0;      ///< remote: its TransportWireId
     uint64_t link_mbps = 0;    ///< remote: its link's rate (the NIC port's), 0 when unknown
+    /// remote: its NIC's PCI function in sysfs ("/sys/devices/pci0000:00/.../0000:03:00.0");
+    /// empty when it has none (tcp, a device on no bus)
+    std::string nic_pci_path;
 };
 
 /// The most bytes WriteOp::message may hold (the engine's group and payload records,

@@ -120,6 +120,7 @@ TransportCaps VerbsTransport::caps() const {
     c.ordered = true;
     c.wire_id = kTransportVerbs;
     c.link_mbps = sel_.rate_mbps;
+    c.nic_pci_path = sel_.pci_path;
     return c;
 }
 
