@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <thread>
@@ -177,6 +178,33 @@ struct Pipe {
     bool put(const void *p, size_t n) { return ::write(fd[1], p, n) == static_cast<ssize_t>(n); }
     bool get(void *p, size_t n) { return ::read(fd[0], p, n) == static_cast<ssize_t>(n); }
 };
+
+/// Opens the plugin beside `socket`, listens, gives the handle to each of `to` and polls accept
+/// as NCCL does: the receive comm, null on a failure.
+void *listenAndAccept(Plugin &p, const std::string &socket, std::initializer_list<Pipe *> to) {
+    char h[NCCL_NET_HANDLE_MAXSIZE] = {};
+    void *l = nullptr, *rc = nullptr;
+    if (!p.open(socket) || p.v8->listen(0, h, &l) != ncclSuccess) {
+        return nullptr;
+    }
+    for (Pipe *pipe : to) {
+        if (!pipe->put(h, sizeof(h))) {
+            return nullptr;
+        }
+    }
+    return pollFor([&] { return p.v8->accept(l, &rc, nullptr); }, &rc) ? rc : nullptr;
+}
+
+/// Opens the plugin beside `socket`, takes the listener's handle from `from` and polls connect:
+/// the send comm, null on a failure.
+void *connectWith(Plugin &p, const std::string &socket, Pipe &from) {
+    char h[NCCL_NET_HANDLE_MAXSIZE];
+    void *sc = nullptr;
+    if (!p.open(socket) || !from.get(h, sizeof(h))) {
+        return nullptr;
+    }
+    return pollFor([&] { return p.v8->connect(0, h, &sc, nullptr); }, &sc) ? sc : nullptr;
+}
 
 /// The receiving rank: listens, accepts, posts `kSizes` one at a time and checks each, then a
 /// grouped receive of three tags, then four requests in flight tested last to first.
@@ -475,11 +503,8 @@ TEST_P(NcclPlugin, EagerSendsRunAheadByOneRingAndLandWhenTheirReceivesArePosted)
         ::setenv("TENSORLANE_NCCL_EAGER_SLOTS", std::to_string(kSlots).c_str(), 1);
         ::setenv("TENSORLANE_NCCL_EAGER_BYTES", std::to_string(kSlotBytes).c_str(), 1);
         Plugin p;
-        char h[NCCL_NET_HANDLE_MAXSIZE] = {};
-        void *l = nullptr, *rc = nullptr;
-        if (!p.open(nodes.b->socket()) || p.v8->listen(0, h, &l) != ncclSuccess ||
-            !handle.put(h, sizeof(h)) ||
-            !pollFor([&] { return p.v8->accept(l, &rc, nullptr); }, &rc)) {
+        void *rc = listenAndAccept(p, nodes.b->socket(), {&handle});
+        if (rc == nullptr) {
             return 2;
         }
         std::vector<unsigned char> buf(kMessages << 17, 0xee);
@@ -520,10 +545,8 @@ TEST_P(NcclPlugin, EagerSendsRunAheadByOneRingAndLandWhenTheirReceivesArePosted)
     });
     const pid_t s = forkClient([&]() -> int {
         Plugin p;
-        char h[NCCL_NET_HANDLE_MAXSIZE];
-        void *sc = nullptr;
-        if (!p.open(nodes.a->socket()) || !handle.get(h, sizeof(h)) ||
-            !pollFor([&] { return p.v8->connect(0, h, &sc, nullptr); }, &sc)) {
+        void *sc = connectWith(p, nodes.a->socket(), handle);
+        if (sc == nullptr) {
             return 2;
         }
         std::vector<unsigned char> src(kMessages << 17);
@@ -614,11 +637,8 @@ TEST_P(NcclPlugin, ASendBiggerThanAQuietReceiveFailsInsteadOfWaiting) {
     Pipe handle, done;
     const pid_t r = forkClient([&]() -> int {
         Plugin p;
-        char h[NCCL_NET_HANDLE_MAXSIZE] = {};
-        void *l = nullptr, *rc = nullptr;
-        if (!p.open(nodes.b->socket()) || p.v8->listen(0, h, &l) != ncclSuccess ||
-            !handle.put(h, sizeof(h)) ||
-            !pollFor([&] { return p.v8->accept(l, &rc, nullptr); }, &rc)) {
+        void *rc = listenAndAccept(p, nodes.b->socket(), {&handle});
+        if (rc == nullptr) {
             return 2;
         }
         std::vector<unsigned char> buf(1 << 20);
@@ -644,10 +664,8 @@ TEST_P(NcclPlugin, ASendBiggerThanAQuietReceiveFailsInsteadOfWaiting) {
     });
     const pid_t s = forkClient([&]() -> int {
         Plugin p;
-        char h[NCCL_NET_HANDLE_MAXSIZE];
-        void *sc = nullptr;
-        if (!p.open(nodes.a->socket()) || !handle.get(h, sizeof(h)) ||
-            !pollFor([&] { return p.v8->connect(0, h, &sc, nullptr); }, &sc)) {
+        void *sc = connectWith(p, nodes.a->socket(), handle);
+        if (sc == nullptr) {
             return 2;
         }
         std::vector<unsigned char> src(1 << 20, 1);
@@ -686,11 +704,8 @@ TEST_P(NcclPlugin, ForeignPayloadsInTheEagerRingAreIgnored) {
     const auto bytesOf = [](int k) { return k == 3 ? 300 << 10 : 1000 * k + 1; };
     const pid_t r = forkClient([&]() -> int {
         Plugin p;
-        char h[NCCL_NET_HANDLE_MAXSIZE] = {};
-        void *l = nullptr, *rc = nullptr;
-        if (!p.open(nodes.b->socket()) || p.v8->listen(0, h, &l) != ncclSuccess ||
-            !handle.put(h, sizeof(h)) || !handle2.put(h, sizeof(h)) ||
-            !pollFor([&] { return p.v8->accept(l, &rc, nullptr); }, &rc)) {
+        void *rc = listenAndAccept(p, nodes.b->socket(), {&handle, &handle2});
+        if (rc == nullptr) {
             return 2;
         }
         std::vector<unsigned char> buf(kCount << 19, 0xee);
@@ -812,10 +827,8 @@ TEST_P(NcclPlugin, ForeignPayloadsInTheEagerRingAreIgnored) {
     });
     const pid_t s = forkClient([&]() -> int {
         Plugin p;
-        char h[NCCL_NET_HANDLE_MAXSIZE];
-        void *sc = nullptr;
-        if (!p.open(nodes.a->socket()) || !handle.get(h, sizeof(h)) ||
-            !pollFor([&] { return p.v8->connect(0, h, &sc, nullptr); }, &sc)) {
+        void *sc = connectWith(p, nodes.a->socket(), handle);
+        if (sc == nullptr) {
             return 2;
         }
         std::vector<unsigned char> src(kCount << 19);
@@ -863,11 +876,8 @@ TEST_P(NcclPlugin, APeerKilledMidTransferFailsTheSurvivorsRequests) {
         // first; then one end is killed and the other must see its requests fail.
         const pid_t r = forkClient([&]() -> int {
             Plugin p;
-            char h[NCCL_NET_HANDLE_MAXSIZE] = {};
-            void *l = nullptr, *rc = nullptr;
-            if (!p.open(nodes.b->socket()) || p.v8->listen(0, h, &l) != ncclSuccess ||
-                !handle.put(h, sizeof(h)) ||
-                !pollFor([&] { return p.v8->accept(l, &rc, nullptr); }, &rc)) {
+            void *rc = listenAndAccept(p, nodes.b->socket(), {&handle});
+            if (rc == nullptr) {
                 return 2;
             }
             std::vector<unsigned char> buf(4 << 20);
@@ -908,10 +918,8 @@ TEST_P(NcclPlugin, APeerKilledMidTransferFailsTheSurvivorsRequests) {
         });
         const pid_t s = forkClient([&]() -> int {
             Plugin p;
-            char h[NCCL_NET_HANDLE_MAXSIZE];
-            void *sc = nullptr;
-            if (!p.open(nodes.a->socket()) || !handle.get(h, sizeof(h)) ||
-                !pollFor([&] { return p.v8->connect(0, h, &sc, nullptr); }, &sc)) {
+            void *sc = connectWith(p, nodes.a->socket(), handle);
+            if (sc == nullptr) {
                 return 2;
             }
             std::vector<unsigned char> src(1 << 20, 5);

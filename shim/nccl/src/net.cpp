@@ -832,33 +832,16 @@ ncclResult_t Net::isend(void *send_comm, void *data, uint64_t size, int tag, voi
     tl_ticket t = 0;
     tl_status s = TL_OK;
     uint32_t eager_slot = 0;
-    if (eager) {
-        if (mr->shadow != nullptr && size != 0) {
-            copy(c, mr->shadow + off, p, size);  // NCCL's host buffer into the sidecar's reach
-        }
-        eager_slot = static_cast<uint32_t>(c->eager_sent % c->eager_slots);
-        const EagerBody body{eager_slot, tag, seq, 0, size};
-        unsigned char payload[sizeof(WireHeader) + sizeof(EagerBody)];
-        const WireHeader h{
-            kWireMagic, static_cast<uint8_t>(Wire::kEager), 1, 0, c->peer_comm, c->id, nonce_};
-        std::memcpy(payload, &h, sizeof(h));
-        std::memcpy(payload + sizeof(h), &body, sizeof(body));
-        tl_send_opts o{};
-        o.payload = payload;
-        o.payload_bytes = sizeof(payload);
-        // Zero bytes: a message of the payload alone, at the slot (it takes a slot all the same,
-        // so the ring bounds what the sender may run ahead).
-        s = tl_write_msg(client_, mr->region, off, c->eager_remote,
-                         static_cast<uint64_t>(eager_slot) * c->eager_bytes, size, &o, &t);
-    } else {
-        const Comm::Cts slot = cts->second;
-        const CtsEntry &entry = slot.entry;
+    // Into a CTS: its receive must hold the message, and its buffer is looked up once.
+    const Comm::Cts *slot = eager ? nullptr : &cts->second;
+    tl_remote dst = c->eager_remote;
+    if (slot != nullptr) {
+        const CtsEntry &entry = slot->entry;
         if (size > entry.size) {
             return fail(c, "a send of " + std::to_string(size) + " bytes (tag " +
                                std::to_string(tag) + ") into a receive of " +
                                std::to_string(entry.size) + ": message truncated");
         }
-        tl_remote dst = 0;
         if (auto it = c->remote_mrs.find(entry.mr); it != c->remote_mrs.end()) {
             dst = it->second;
         } else {
@@ -871,18 +854,33 @@ ncclResult_t Net::isend(void *send_comm, void *data, uint64_t size, int tag, voi
             }
             c->remote_mrs[entry.mr] = dst;
         }
-        if (mr->shadow != nullptr && size != 0) {
-            copy(c, mr->shadow + off, p, size);  // NCCL's host buffer into the sidecar's reach
-        }
-        if (size != 0) {
-            // The bytes with an immediate naming the receiver's request and entry.
-            s = tl_write(client_, mr->region, off, dst, entry.offset, size,
-                         dataImm(slot.request, slot.generation, entry.index), &t);
-        } else {
-            // No bytes to write: a DATA message says the entry is done.
-            const DataBody body{slot.request, slot.generation, entry.index, 0, 0};
-            s = postMessage(c, Wire::kData, 1, slot.from, &body, sizeof(body), dst, &t);
-        }
+    }
+    if (mr->shadow != nullptr && size != 0) {
+        copy(c, mr->shadow + off, p, size);  // NCCL's host buffer into the sidecar's reach
+    }
+    if (eager) {
+        eager_slot = static_cast<uint32_t>(c->eager_sent % c->eager_slots);
+        const EagerBody body{eager_slot, tag, seq, 0, size};
+        unsigned char payload[sizeof(WireHeader) + sizeof(EagerBody)];
+        const WireHeader h{
+            kWireMagic, static_cast<uint8_t>(Wire::kEager), 1, 0, c->peer_comm, c->id, nonce_};
+        std::memcpy(payload, &h, sizeof(h));
+        std::memcpy(payload + sizeof(h), &body, sizeof(body));
+        tl_send_opts o{};
+        o.payload = payload;
+        o.payload_bytes = sizeof(payload);
+        // Zero bytes: a message of the payload alone, at the slot (it takes a slot all the same,
+        // so the ring bounds what the sender may run ahead).
+        s = tl_write_msg(client_, mr->region, off, dst,
+                         static_cast<uint64_t>(eager_slot) * c->eager_bytes, size, &o, &t);
+    } else if (size != 0) {
+        // The bytes with an immediate naming the receiver's request and entry.
+        s = tl_write(client_, mr->region, off, dst, slot->entry.offset, size,
+                     dataImm(slot->request, slot->generation, slot->entry.index), &t);
+    } else {
+        // No bytes to write: a DATA message says the entry is done.
+        const DataBody body{slot->request, slot->generation, slot->entry.index, 0, 0};
+        s = postMessage(c, Wire::kData, 1, slot->from, &body, sizeof(body), dst, &t);
     }
     if (s == TL_EAGAIN) {
         traceStall(c, "the ring is full");
