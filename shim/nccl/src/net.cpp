@@ -23,6 +23,9 @@ constexpr auto kConnectRetry = std::chrono::milliseconds(20);
 constexpr size_t kMailboxBytes = 4096;
 /// How long a send bigger than an eager slot waits for its CTS before it asks with RTS.
 constexpr auto kRtsAfter = std::chrono::milliseconds(2);
+/// Shadow copies from this size on are spread over the copy pool (NCCL's Simple steps are
+/// 512 KiB; its LL and LL128 ones, and the eager slots, are at most 64 KiB).
+constexpr size_t kSplitCopyBytes = 256 << 10;
 
 uint64_t randomNonce() {
     uint64_t n = 0;
@@ -253,15 +256,18 @@ ncclResult_t Net::init(ncclDebugLogger_t logger) {
     eager_slots_ = envNumber("TENSORLANE_NCCL_EAGER_SLOTS", 16, 1, 256);
     const char *prefer = std::getenv("TENSORLANE_NCCL_EAGER_PREFER");
     eager_prefer_ = prefer != nullptr && std::strcmp(prefer, "1") == 0;
+    // Helpers that take parts of the shadow copies (0: NCCL's proxy thread copies alone).
+    pool_ = std::make_unique<CopyPool>(envNumber("TENSORLANE_NCCL_COPY_THREADS", 2, 0, 16),
+                                       kSplitCopyBytes, 64 << 10);
     if (trace_) {
         std::thread([this] { watchdog(); }).detach();
     }
     log(NCCL_LOG_INFO,
         "using the sidecar of node %s (process nonce %016llx), speed %d Mb/s, NIC at %s, eager "
-        "ring %u x %u bytes",
+        "ring %u x %u bytes, %u copy helpers",
         node_.c_str(), static_cast<unsigned long long>(nonce_), speed_mbps_,
         pci_path_.empty() ? "no PCI path" : pci_path_.c_str(), eager_bytes_ == 0 ? 0 : eager_slots_,
-        eager_bytes_);
+        eager_bytes_, pool_->threads());
     return ncclSuccess;
 }
 
@@ -1293,7 +1299,11 @@ void Net::landed(Comm *c, uint32_t slot, uint32_t generation, uint32_t index, ui
 
 void Net::copy(Comm *c, void *to, const void *from, uint64_t bytes) {
     const auto t0 = Clock::now();
-    std::memcpy(to, from, bytes);
+    if (pool_) {
+        pool_->copy(to, from, bytes);
+    } else {
+        std::memcpy(to, from, bytes);
+    }
     c->counts.copy_ns += static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
     c->counts.copy_bytes += bytes;

@@ -32,8 +32,9 @@
 //    calls on it, so NCCL aborts instead of hanging.
 // Host memory NCCL registers (cudaHostAlloc'ed, private to the process) cannot be a region:
 // each host MR has a shadow tl_alloc_host buffer of its size; sends copy into it, receives out
-// of it (one memcpy at each end). CUDA memory (cudaMalloc or NCCL's cuMemCreate buffers)
-// registers directly (tl_register), else by its dma-buf (tl_register_dmabuf).
+// of it (one memcpy at each end, spread over helper threads from 256 KiB: CopyPool). CUDA memory
+// (cudaMalloc or NCCL's cuMemCreate buffers) registers directly (tl_register), else by its dma-buf
+// (tl_register_dmabuf).
 //
 // Threads: NCCL calls from its proxy threads and its main thread; one mutex serialises
 // everything (no call blocks on the network except the first lookups of a connection).
@@ -50,6 +51,7 @@
 #include <string>
 #include <vector>
 
+#include "copy_pool.hpp"
 #include "tensorlane/nccl_net.h"
 #include "tensorlane/tensorlane.h"
 
@@ -318,8 +320,9 @@ private:
     bool sendCts(Comm *c, const Request &r, const uint32_t *idx, int n);
     /// Sends CTS for every posted entry that has none yet (the grant is gone).
     void sendQuietCts(Comm *c);
-    /// memcpy, its bytes and time counted in `c`'s counts.
-    static void copy(Comm *c, void *to, const void *from, uint64_t bytes);
+    /// memcpy (spread over the copy pool when it is large), its bytes and time counted in
+    /// `c`'s counts.
+    void copy(Comm *c, void *to, const void *from, uint64_t bytes);
     /// Marks entry `index` of `r` landed with `size` bytes.
     void markLanded(Comm *c, Request &r, uint32_t index, uint64_t size);
     /// Takes every message waiting and hands it to its comm (mu_ held).
@@ -386,6 +389,8 @@ private:
     uint32_t eager_slots_ = 16;
     uint32_t eager_bytes_ = 64 << 10;
     bool eager_prefer_ = false;
+    /// Helpers for the shadow copies (TENSORLANE_NCCL_COPY_THREADS; made by init()).
+    std::unique_ptr<CopyPool> pool_;
     /// Local writes from a ring slot into a GPU buffer: ticket, comm, slot.
     struct EagerCopy {
         tl_ticket ticket = 0;
