@@ -297,7 +297,10 @@ def main() -> int:
 def plugin_paths(logs: list) -> dict:
     """The plugin's per-comm counts at close (its INFO lines), summed over both ranks: how many
     sends went eagerly, into a CTS, after an RTS; how long sends waited for a CTS or a slot; how
-    much the plugin copied on NCCL's proxy threads (docs/nccl.md, "The eager path")."""
+    much the plugin copied on NCCL's proxy threads (docs/nccl.md, "The eager path"); and, from
+    each rank's last running totals, how long the plugin's calls held its lock (NCCL's proxy
+    thread's time in the plugin), over how many calls and seconds, and how many copy parts the
+    helper threads took (both ranks summed)."""
     sent = re.compile(r"send comm \d+ to \S+ closed: (\d+) sends eager, (\d+) into a CTS, "
                       r"(\d+) RTS, (\d+) CTS crossed by an eager send; (\d+) sends waited "
                       r"([\d.]+) ms in all; copied ([\d.]+) MiB in ([\d.]+) ms")
@@ -318,6 +321,19 @@ def plugin_paths(logs: list) -> dict:
                 matched += 1
                 for k, v in zip(keys, m.groups()):
                     total[k] += float(v)
+    # Each close line is followed by the process's running totals: the last one of each rank.
+    proc = re.compile(r"process totals: the plugin's lock held ([\d.]+) ms in (\d+) calls over "
+                      r"([\d.]+) s since init; copy helpers took (\d+) parts")
+    for key in ("lock_held_ms", "lock_calls", "since_init_s", "helper_copy_parts"):
+        total[key] = 0.0
+    for text in logs:
+        last = None
+        for last in proc.finditer(text):
+            pass
+        if last is not None:
+            for k, v in zip(("lock_held_ms", "lock_calls", "since_init_s", "helper_copy_parts"),
+                            last.groups()):
+                total[k] += float(v)
     if matched < closes:
         print(f"warning: {closes - matched} of the plugin's close lines did not parse (has their "
               f"format changed?)", file=sys.stderr)

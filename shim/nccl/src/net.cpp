@@ -182,6 +182,9 @@ Net::Guard::Guard(Net &net, const char *site) : net_(net) {
 Net::Guard::~Guard() {
     std::vector<tl_region> doomed;
     doomed.swap(net_.doomed_);
+    net_.held_ns_ += static_cast<uint64_t>(Clock::now().time_since_epoch().count() -
+                                           net_.lock_since_ns_.load(std::memory_order_relaxed));
+    ++net_.held_calls_;
     net_.lock_site_.store(nullptr, std::memory_order_relaxed);
     net_.mu_.unlock();
     // Outside the lock: deregistering a pinned host buffer waits for this process's GPU work
@@ -245,6 +248,7 @@ ncclResult_t Net::init(ncclDebugLogger_t logger) {
         return ncclSystemError;
     }
     client_ = c;
+    init_time_ = Clock::now();
     node_ = tl_node_name(c);
     nonce_ = randomNonce();
     const std::string status = sidecarStatus(c);
@@ -355,6 +359,15 @@ void Net::release(Comm *c) {
             static_cast<unsigned long long>(c->counts.rts),
             static_cast<double>(c->counts.copy_bytes) / (1 << 20),
             static_cast<double>(c->counts.copy_ns) / 1e6);
+    }
+    if (c->kind != 'L') {
+        // Where NCCL's proxy thread goes: the plugin's calls hold the lock for all their work.
+        log(NCCL_LOG_INFO,
+            "process totals: the plugin's lock held %.3f ms in %llu calls over %.3f s since init; "
+            "copy helpers took %llu parts",
+            static_cast<double>(held_ns_) / 1e6, static_cast<unsigned long long>(held_calls_),
+            std::chrono::duration<double>(Clock::now() - init_time_).count(),
+            static_cast<unsigned long long>(pool_ ? pool_->helperParts() : 0));
     }
     if (c->probe != 0) {
         unwaited_.push_back({c->probe, 0});

@@ -369,6 +369,10 @@ private:
     std::atomic<const char *> lock_site_{nullptr};
     std::atomic<int64_t> lock_since_ns_{0};
     std::atomic<int> lock_waiters_{0};
+    /// How long the lock was held in all, over how many calls, since init() (mu_ held).
+    uint64_t held_ns_ = 0;
+    uint64_t held_calls_ = 0;
+    std::chrono::steady_clock::time_point init_time_{};
     /// Regions to deregister once mu_ is let go (~Guard): never under the lock.
     std::vector<tl_region> doomed_;
     tl_client *client_ = nullptr;
