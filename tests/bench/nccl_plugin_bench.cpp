@@ -9,9 +9,18 @@
 // it starts, so the receiver's CTS is on the critical path unless the send goes eagerly);
 // against the same exchange of tl_write_msg messages and of a loopback TCP connection.
 //
+// A third table with --stream MIB, the stream: both ranks at once send MIB in steps of
+// --step BYTES (512 KiB, NCCL's Simple step) with 8 in flight each way (NCCL_STEPS), receives
+// posted ahead, as a 2-rank collective's bulk does; GB/s per direction, against the same
+// stream of tl_write + immediate (window 8, notifications counted) and a full-duplex loopback
+// TCP stream. Where the plugin's bandwidth goes: the plugin, the sidecars or neither.
+//
 //   nccl_plugin_bench [--sizes 64,4096,65536,1048576] [--iters 2000] [--rounds 5]
 //                     [--poll-mode adaptive|busy|event] [--chunk BYTES] [--integrity mac|none]
 //                     [--eager-bytes N] (TENSORLANE_NCCL_EAGER_BYTES of both ranks; 0: off)
+//                     [--stream MIB] [--step BYTES] [--copy-threads N] (--sizes none: the
+//                     stream alone)
+//                     (TENSORLANE_NCCL_COPY_THREADS of both ranks)
 //
 // Two sidecars over tcp on loopback; this process is rank 0, a forked child rank 1, each
 // beside its own sidecar with the plugin dlopen'ed (host memory: NCCL's LL buffers). Prints
@@ -28,10 +37,12 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -47,6 +58,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr size_t kMax = 4 << 20;
 constexpr int kTag = 7;
+constexpr size_t kStreamDepth = 8;  // NCCL_STEPS: a connection's steps in flight
 
 [[noreturn]] void die(const std::string &why) {
     std::fprintf(stderr, "nccl_plugin_bench: %s\n", why.c_str());
@@ -156,6 +168,77 @@ public:
         void *recv = postRecv(std::max<size_t>(bytes, 64 << 10));
         sendAndWait(bytes);
         waitDone(recv);
+    }
+    /// The stream's bulk: `n` sends and `n` receives of `step` bytes, each side keeping
+    /// kStreamDepth in flight and its receives posted ahead, driven from this one thread as
+    /// NCCL's proxy drives them.
+    void streamPlugin(size_t step, int n) {
+        std::deque<void *> sends, recvs;
+        int sent = 0, posted = 0, sends_done = 0, recvs_done = 0;
+        while (sends_done < n || recvs_done < n) {
+            if (posted < n && recvs.size() < kStreamDepth) {
+                void *data = rbuf_.data() + static_cast<size_t>(posted % kStreamDepth) * step;
+                int size = static_cast<int>(step), tag = kTag;
+                void *req = nullptr;
+                check(net_->irecv(recv_, 1, &data, &size, &tag, &rmr_, &req), "irecv");
+                if (req != nullptr) {
+                    recvs.push_back(req);
+                    ++posted;
+                }
+            }
+            if (sent < n && sends.size() < kStreamDepth) {
+                void *req = nullptr;
+                check(net_->isend(send_,
+                                  sbuf_.data() + static_cast<size_t>(sent % kStreamDepth) * step,
+                                  static_cast<int>(step), kTag, smr_, &req),
+                      "isend");
+                if (req != nullptr) {
+                    sends.push_back(req);
+                    ++sent;
+                }
+            }
+            for (auto *q : {&sends, &recvs}) {
+                if (q->empty()) {
+                    continue;
+                }
+                int done = 0, size = 0;
+                check(net_->test(q->front(), &done, &size), "test");
+                if (done != 0) {
+                    q->pop_front();
+                    ++(q == &sends ? sends_done : recvs_done);
+                }
+            }
+        }
+    }
+    /// The same bulk as tl_write + immediate into the other rank's region, window kStreamDepth,
+    /// and the other rank's `n` notifications taken.
+    void streamWrite(size_t step, int n) {
+        std::deque<tl_ticket> inflight;
+        int sent = 0, got = 0;
+        while (sent < n || !inflight.empty() || got < n) {
+            if (sent < n && inflight.size() < kStreamDepth) {
+                const uint64_t off = static_cast<uint64_t>(sent % kStreamDepth) * step;
+                tl_ticket t = 0;
+                if (tl_write(c_, src_, off, remote_, off, step, 5, &t) != TL_OK) {
+                    die(std::string("tl_write: ") + tl_last_error());
+                }
+                inflight.push_back(t);
+                ++sent;
+            }
+            if (!inflight.empty()) {
+                int done = 0;
+                if (tl_test(c_, inflight.front(), &done) != TL_OK) {
+                    die(std::string("tl_write: ") + tl_last_error());
+                }
+                if (done != 0) {
+                    inflight.pop_front();
+                }
+            }
+            tl_notification note{};
+            if (got < n && tl_wait_notification(c_, &note, 0) == TL_OK) {
+                ++got;
+            }
+        }
     }
     void waitDone(void *req) {
         int done = 0, size = 0;
@@ -272,6 +355,30 @@ public:
             n -= static_cast<size_t>(k);
         }
     }
+    /// Sends `bytes` from `out` while it receives `bytes` into `in` (full duplex, one thread).
+    void duplex(const unsigned char *out, unsigned char *in, size_t bytes, size_t step) const {
+        size_t sent = 0, got = 0;
+        while (sent < bytes || got < bytes) {
+            if (sent < bytes) {
+                const size_t n = std::min(step - sent % step, bytes - sent);
+                const ssize_t k = ::send(fd_, out + sent % step, n, MSG_DONTWAIT);
+                if (k > 0) {
+                    sent += static_cast<size_t>(k);
+                } else if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+                    die("tcp send");
+                }
+            }
+            if (got < bytes) {
+                const size_t n = std::min(step - got % step, bytes - got);
+                const ssize_t k = ::recv(fd_, in + got % step, n, MSG_DONTWAIT);
+                if (k > 0) {
+                    got += static_cast<size_t>(k);
+                } else if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
+                    die("tcp recv");
+                }
+            }
+        }
+    }
     void recv(unsigned char *p, size_t n) const {
         while (n > 0) {
             const ssize_t k = ::recv(fd_, p, n, 0);
@@ -298,10 +405,23 @@ private:
 
 struct Command {
     int mode;  // 0 stop, 1 plugin, 2 write_msg + ticket, 3 tcp, 4 write + immediate, 5 write_msg,
-               // 6 plugin exchange, 7 write_msg exchange, 8 tcp exchange
+               // 6 plugin exchange, 7 write_msg exchange, 8 tcp exchange, 9 plugin stream,
+               // 10 write stream, 11 tcp stream (bytes: the step; iters: steps)
     uint64_t bytes;
     int iters;
 };
+
+/// Both ranks' part of a stream command (9 plugin, 10 tl_write, 11 tcp).
+void runStream(Rank &r, const Tcp &tcp, const Command &c, std::vector<unsigned char> &buf) {
+    if (c.mode == 9) {
+        r.streamPlugin(c.bytes, c.iters);
+    } else if (c.mode == 10) {
+        r.streamWrite(c.bytes, c.iters);
+    } else {
+        std::vector<unsigned char> out(c.bytes, 9);
+        tcp.duplex(out.data(), buf.data(), c.bytes * static_cast<size_t>(c.iters), c.bytes);
+    }
+}
 
 /// Rank 1: answers every message with one of the same size, for `iters` messages a command.
 /// Like NCCL's proxy it keeps its next receive posted while it answers.
@@ -327,6 +447,9 @@ void echo(Rank &r, const Tcp &tcp, const Pipe &commands, const Pipe &acks) {
                 r.waitMsg();
                 r.writeMsg(c.bytes);
             }
+        } else if (c.mode >= 9 && c.mode <= 11) {
+            acks.put(&c, 1);
+            runStream(r, tcp, c, buf);
         } else if (c.mode == 6) {
             acks.put(&c, 1);
             for (int i = 0; i < c.iters; ++i) {
@@ -394,11 +517,12 @@ std::vector<uint64_t> parseSizes(const std::string &s) {
 int main(int argc, char **argv) {
     std::vector<uint64_t> sizes = {64, 4096, 65536, 1 << 20};
     int iters = 2000, rounds = 5;
-    std::string poll = "adaptive", chunk, integrity, eager = "default";
+    std::string poll = "adaptive", chunk, integrity, eager = "default", copy_threads = "default";
+    uint64_t stream_mib = 0, step = 512 << 10;
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string a = argv[i], v = argv[i + 1];
         if (a == "--sizes") {
-            sizes = parseSizes(v);
+            sizes = v == "none" ? std::vector<uint64_t>{} : parseSizes(v);
         } else if (a == "--iters") {
             iters = std::stoi(v);
         } else if (a == "--rounds") {
@@ -409,6 +533,13 @@ int main(int argc, char **argv) {
             chunk = std::to_string(std::stoull(v));
         } else if (a == "--integrity") {
             integrity = v == "none" ? "none" : "mac";
+        } else if (a == "--stream") {
+            stream_mib = std::stoull(v);
+        } else if (a == "--step") {
+            step = std::stoull(v);
+        } else if (a == "--copy-threads") {
+            ::setenv("TENSORLANE_NCCL_COPY_THREADS", std::to_string(std::stoul(v)).c_str(), 1);
+            copy_threads = v;
         } else if (a == "--eager-bytes") {
             ::setenv("TENSORLANE_NCCL_EAGER_BYTES", std::to_string(std::stoul(v)).c_str(), 1);
             eager = v;
@@ -420,6 +551,9 @@ int main(int argc, char **argv) {
         if (s > kMax) {
             die("sizes up to " + std::to_string(kMax));
         }
+    }
+    if (step == 0 || step * kStreamDepth > kMax) {
+        die("--step from 1 to " + std::to_string(kMax / kStreamDepth));
     }
     const int pa = tlbench::freePort(), pb = tlbench::freePort();
     auto opts = [&](const char *name, int port, const char *peer, int peer_port) {
@@ -519,6 +653,35 @@ int main(int argc, char **argv) {
     for (const auto &x : exchanges) {
         std::printf("%10.0f %10.2f %10.2f %10.2f %7.2f %7.2f\n", x[0], x[1], x[2], x[3],
                     x[2] > 0 ? x[1] / x[2] : 0, x[3] > 0 ? x[1] / x[3] : 0);
+    }
+    if (stream_mib != 0) {
+        const int steps = static_cast<int>(std::max<uint64_t>(1, (stream_mib << 20) / step));
+        std::vector<double> gbs[12];
+        for (int round = 0; round < rounds; ++round) {
+            for (int mode : {9, 10, 11}) {
+                Command c{mode, step, steps};
+                commands.put(&c, sizeof(c));
+                char ack = 0;
+                acks.get(&ack, 1);
+                const auto t0 = Clock::now();
+                runStream(r, tcp, c, buf);
+                acks.get(&ack, 1);  // the other rank's direction is done too
+                const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+                r.reap();
+                gbs[mode].push_back(static_cast<double>(step) * steps / s / 1e9);
+            }
+        }
+        const double p = median(gbs[9]), w = median(gbs[10]), t = median(gbs[11]);
+        std::printf(
+            "\n%10s %10s %10s %10s %7s %7s  (stream: both ranks send %llu MiB at once in steps "
+            "of %llu bytes, %zu in flight; GB/s per direction, medians of %d rounds; eager %s, "
+            "copy threads %s)\n",
+            "step", "plugin", "write", "tcp", "/write", "/tcp",
+            static_cast<unsigned long long>(stream_mib), static_cast<unsigned long long>(step),
+            kStreamDepth, rounds, eager.c_str(), copy_threads.c_str());
+        std::printf("%10llu %10.3f %10.3f %10.3f %7.2f %7.2f\n",
+                    static_cast<unsigned long long>(step), p, w, t, w > 0 ? p / w : 0,
+                    t > 0 ? p / t : 0);
     }
     Command stop{0, 0, 0};
     commands.put(&stop, sizeof(stop));
