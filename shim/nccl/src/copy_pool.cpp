@@ -25,6 +25,9 @@ CopyPool::~CopyPool() {
 }
 
 void CopyPool::copy(void *to, const void *from, size_t bytes) {
+    if (bytes == 0) {
+        return;  // (either pointer may be null then: memcpy may not be given one)
+    }
     if (workers_.empty() || bytes < min_bytes_) {
         std::memcpy(to, from, bytes);
         return;
