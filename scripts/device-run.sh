@@ -342,7 +342,8 @@ if [ -n "$soak_args" ] && [ "$(left)" -gt 60 ]; then
     done
     if ! command -v ip >/dev/null && [ -d "$root/.debs-net" ]; then
         netroot=/tmp/tensorlane-net
-        mkdir -p "$netroot/bin"
+        wrap="$netroot/wrappers"  # (not bin/: the packages put ip there)
+        mkdir -p "$wrap"
         for f in "$root"/.debs-net/*.deb; do
             dpkg -x "$f" "$netroot"
         done
@@ -350,13 +351,20 @@ if [ -n "$soak_args" ] && [ "$(left)" -gt 60 ]; then
         for t in ip:sbin/ip nft:usr/sbin/nft iptables:usr/sbin/iptables-nft; do
             name=${t%%:*}
             path=${t#*:}
-            [ -e "$netroot/$path" ] || path=usr/$path
+            # Where the package put it: bookworm's iproute2 has bin/ip, and sbin/ip is a link
+            # to /bin/ip, which is not there on this machine (-e follows links).
+            for cand in "$path" "usr/$path" "bin/$name" "usr/bin/$name"; do
+                if [ -e "$netroot/$cand" ]; then
+                    path=$cand
+                    break
+                fi
+            done
             # shellcheck disable=SC2016  # (the wrapper expands them, not this script)
             printf '#!/bin/sh\nLD_LIBRARY_PATH=%s${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} exec %s "$@"\n' \
-                "$netlib" "$netroot/$path" >"$netroot/bin/$name"
-            chmod +x "$netroot/bin/$name"
+                "$netlib" "$netroot/$path" >"$wrap/$name"
+            chmod +x "$wrap/$name"
         done
-        export PATH="$netroot/bin:$PATH"
+        export PATH="$wrap:$PATH"
     fi
     soak_list=()
     eval "soak_list=($soak_args)"  # shell words, quotes allowed

@@ -65,6 +65,20 @@ for f in "$build_dir/sidecar/tensorlane-sidecar" "$build_dir/sidecar/tensorlane"
 done
 python=/usr/bin/python3
 [ -x "$python" ] || python=python3
+# Stream-ordered writes need torch in the workers' interpreter (soak.py starts them with its
+# own): where Debian's python3 has none, the first python3 on PATH that has it.
+case " ${extra[*]} " in
+*" --stream-share "*)
+    if ! "$python" -c 'import torch' 2>/dev/null; then
+        for p in $(type -ap python3); do
+            if "$p" -c 'import torch' 2>/dev/null; then
+                python=$p
+                break
+            fi
+        done
+    fi
+    ;;
+esac
 cmd=("$python" "$root/tests/soak/soak.py" --duration "$duration" --build-dir "$build_dir"
     --seed "$seed" "${extra[@]}")
 # (the namespace tag is added below, once it is drawn)
