@@ -113,9 +113,11 @@ build/fuzz/tests/simhca/fuzz/fuzz_simhca_packet"
 
     step "ThreadSanitizer: ring stress, frame tags on worker threads, tcp peers"
     cmake --preset tsan >/dev/null
-    cmake --build build/tsan --target ipc_stress tag_pool_tests peer_tests -j "$jobs"
+    cmake --build build/tsan --target ipc_stress tag_pool_tests copy_pool_tests peer_tests -j "$jobs"
     ctest --test-dir build/tsan -L stress -LE '^simhca$' --output-on-failure
     TSAN_OPTIONS="halt_on_error=1 exitcode=66" build/tsan/tests/peer/tag_pool_tests
+    # The NCCL plugin's copy helpers (callers from several threads, helpers joining late).
+    TSAN_OPTIONS="halt_on_error=1 exitcode=66" build/tsan/tests/nccl/copy_pool_tests
     # The peer managers over tcp, hostile peers and tampering included (the verbs cases run on
     # the simulated HCA, instrumented below).
     if ! TSAN_OPTIONS="halt_on_error=1 exitcode=66" build/tsan/tests/peer/peer_tests \
