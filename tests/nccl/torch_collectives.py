@@ -324,15 +324,14 @@ def plugin_paths(logs: list) -> dict:
     # Each close line is followed by the process's running totals: the last one of each rank.
     proc = re.compile(r"process totals: the plugin's lock held ([\d.]+) ms in (\d+) calls over "
                       r"([\d.]+) s since init; copy helpers took (\d+) parts")
-    for key in ("lock_held_ms", "lock_calls", "since_init_s", "helper_copy_parts"):
-        total[key] = 0.0
+    proc_keys = ("lock_held_ms", "lock_calls", "since_init_s", "helper_copy_parts")
+    total.update(dict.fromkeys(proc_keys, 0.0))
     for text in logs:
         last = None
         for last in proc.finditer(text):
             pass
         if last is not None:
-            for k, v in zip(("lock_held_ms", "lock_calls", "since_init_s", "helper_copy_parts"),
-                            last.groups()):
+            for k, v in zip(proc_keys, last.groups()):
                 total[k] += float(v)
     if matched < closes:
         print(f"warning: {closes - matched} of the plugin's close lines did not parse (has their "

@@ -1327,11 +1327,7 @@ void Net::landed(Comm *c, uint32_t slot, uint32_t generation, uint32_t index, ui
 
 void Net::copy(Comm *c, void *to, const void *from, uint64_t bytes) {
     const auto t0 = Clock::now();
-    if (pool_) {
-        pool_->copy(to, from, bytes);
-    } else {
-        std::memcpy(to, from, bytes);
-    }
+    pool_->copy(to, from, bytes);  // (made by init(), before any comm that copies exists)
     c->counts.copy_ns += static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
     c->counts.copy_bytes += bytes;
