@@ -2,6 +2,7 @@
 
 #include "logging.hpp"
 
+#include <pthread.h>
 #include <spdlog/async.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 
@@ -29,7 +30,8 @@ std::shared_ptr<spdlog::logger> sidecarLogger(std::string_view part) {
         return existing;
     }
     static const std::shared_ptr<spdlog::details::thread_pool> pool =
-        std::make_shared<spdlog::details::thread_pool>(kQueueItems, 1);
+        std::make_shared<spdlog::details::thread_pool>(
+            kQueueItems, 1, [] { pthread_setname_np(pthread_self(), "tl-log"); });
     static const std::shared_ptr<spdlog::sinks::stderr_color_sink_mt> sink =
         std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
     auto logger = std::make_shared<spdlog::async_logger>(

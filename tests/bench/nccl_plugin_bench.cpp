@@ -21,6 +21,10 @@
 //                     [--stream MIB] [--step BYTES] [--copy-threads N] (--sizes none: the
 //                     stream alone)
 //                     (TENSORLANE_NCCL_COPY_THREADS of both ranks)
+//                     [--tag-threads N] [--connections N] ([tcp] of both sidecars)
+//                     [--cpu 1] (with --stream: each sidecar thread's CPU time over the
+//                     tl_write stream, from /proc/PID/task/TID/schedstat, as a share of the
+//                     stream's wall time: which thread is the bottleneck)
 //
 // Two sidecars over tcp on loopback; this process is rank 0, a forked child rank 1, each
 // beside its own sidecar with the plugin dlopen'ed (host memory: NCCL's LL buffers). Prints
@@ -43,6 +47,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -514,10 +521,47 @@ std::vector<uint64_t> parseSizes(const std::string &s) {
 
 }  // namespace
 
+/// CPU nanoseconds of each thread of `pid`, by thread id, with its name.
+using ThreadTimes = std::map<std::string, std::pair<std::string, uint64_t>>;
+ThreadTimes threadTimes(pid_t pid) {
+    ThreadTimes out;
+    const std::string dir = "/proc/" + std::to_string(pid) + "/task";
+    for (const auto &e : std::filesystem::directory_iterator(dir)) {
+        std::ifstream sched(e.path() / "schedstat"), comm(e.path() / "comm");
+        uint64_t ns = 0;
+        std::string name;
+        if (sched >> ns && std::getline(comm, name)) {
+            out[e.path().filename().string()] = {name, ns};
+        }
+    }
+    return out;
+}
+
+/// Per thread name: CPU time between the two samples as a share of `wall_s` (1.00: one CPU busy
+/// the whole time), threads of one name summed and counted.
+void printThreadShares(const char *node, const ThreadTimes &before, const ThreadTimes &after,
+                       double wall_s) {
+    std::map<std::string, std::pair<double, int>> by_name;
+    for (const auto &[tid, v] : after) {
+        const auto it = before.find(tid);
+        const uint64_t was = it == before.end() ? 0 : it->second.second;
+        auto &slot = by_name[v.first];
+        slot.first += static_cast<double>(v.second - was) / 1e9 / wall_s;
+        ++slot.second;
+    }
+    std::printf("  %s threads over the write stream (CPU share of %.3f s):", node, wall_s);
+    for (const auto &[name, v] : by_name) {
+        std::printf(" %s x%d %.2f;", name.c_str(), v.second, v.first);
+    }
+    std::printf("\n");
+}
+
 int main(int argc, char **argv) {
     std::vector<uint64_t> sizes = {64, 4096, 65536, 1 << 20};
     int iters = 2000, rounds = 5;
     std::string poll = "adaptive", chunk, integrity, eager = "default", copy_threads = "default";
+    std::string tag_threads, connections;
+    bool cpu = false;
     uint64_t stream_mib = 0, step = 512 << 10;
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string a = argv[i], v = argv[i + 1];
@@ -533,6 +577,12 @@ int main(int argc, char **argv) {
             chunk = std::to_string(std::stoull(v));
         } else if (a == "--integrity") {
             integrity = v == "none" ? "none" : "mac";
+        } else if (a == "--tag-threads") {
+            tag_threads = std::to_string(std::stoul(v));
+        } else if (a == "--connections") {
+            connections = std::to_string(std::stoul(v));
+        } else if (a == "--cpu") {
+            cpu = v != "0";
         } else if (a == "--stream") {
             stream_mib = std::stoull(v);
         } else if (a == "--step") {
@@ -562,8 +612,10 @@ int main(int argc, char **argv) {
         o.poll_mode = poll;
         o.listen = "127.0.0.1:" + std::to_string(port);
         // (The generated config ends in its [security] table.)
-        o.extra = (integrity.empty() ? "" : "tcp_integrity = \"" + integrity + "\"\n") +
-                  (chunk.empty() ? "" : "[tcp]\nchunk_bytes = " + chunk + "\n") +
+        o.extra = (integrity.empty() ? "" : "tcp_integrity = \"" + integrity + "\"\n") + "[tcp]\n" +
+                  (chunk.empty() ? "" : "chunk_bytes = " + chunk + "\n") +
+                  (tag_threads.empty() ? "" : "tag_threads = " + tag_threads + "\n") +
+                  (connections.empty() ? "" : "connections_per_peer = " + connections + "\n") +
                   std::string("[fabric]\ntransport = \"tcp\"\n[[peers]]\nname = \"") + peer +
                   "\"\naddress = \"127.0.0.1:" + std::to_string(peer_port) + "\"\n";
         return o;
@@ -663,10 +715,21 @@ int main(int argc, char **argv) {
                 commands.put(&c, sizeof(c));
                 char ack = 0;
                 acks.get(&ack, 1);
+                const bool sample = cpu && mode == 10;
+                const ThreadTimes before_a = sample ? threadTimes(a.pid()) : ThreadTimes{};
+                const ThreadTimes before_b = sample ? threadTimes(b.pid()) : ThreadTimes{};
+                const ThreadTimes before_r0 = sample ? threadTimes(::getpid()) : ThreadTimes{};
+                const ThreadTimes before_r1 = sample ? threadTimes(child) : ThreadTimes{};
                 const auto t0 = Clock::now();
                 runStream(r, tcp, c, buf);
                 acks.get(&ack, 1);  // the other rank's direction is done too
                 const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+                if (sample) {
+                    printThreadShares("node-a", before_a, threadTimes(a.pid()), s);
+                    printThreadShares("node-b", before_b, threadTimes(b.pid()), s);
+                    printThreadShares("rank 0", before_r0, threadTimes(::getpid()), s);
+                    printThreadShares("rank 1", before_r1, threadTimes(child), s);
+                }
                 r.reap();
                 gbs[mode].push_back(static_cast<double>(step) * steps / s / 1e9);
             }

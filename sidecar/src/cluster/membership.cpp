@@ -1,5 +1,6 @@
 #include "cluster/membership.hpp"
 
+#include <pthread.h>
 #include <sodium.h>
 
 #include <algorithm>
@@ -66,8 +67,14 @@ std::unique_ptr<Membership> Membership::start(const config::DirectoryConfig &cfg
     clusterLog().info("directory: etcd at {}, cluster '{}', this node at {} (lease TTL {} ms)",
                       cfg.endpoints.front(), cfg.cluster, m->keyOf(m->self_.name),
                       cfg.lease_ttl_ms);
-    m->registrar_ = std::thread([p = m.get()] { p->registrarLoop(); });
-    m->watcher_ = std::thread([p = m.get()] { p->watcherLoop(); });
+    m->registrar_ = std::thread([p = m.get()] {
+        pthread_setname_np(pthread_self(), "tl-etcd-lease");
+        p->registrarLoop();
+    });
+    m->watcher_ = std::thread([p = m.get()] {
+        pthread_setname_np(pthread_self(), "tl-etcd-watch");
+        p->watcherLoop();
+    });
     return m;
 }
 

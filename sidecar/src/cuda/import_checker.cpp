@@ -1,5 +1,6 @@
 #include "cuda/import_checker.hpp"
 
+#include <pthread.h>
 #include <cstring>
 
 #include "tensorlane/ipc/doorbell.hpp"
@@ -12,7 +13,10 @@ std::unique_ptr<CudaImportChecker> CudaImportChecker::create(Status *st) {
         *st = {Code::kInternal, std::string("eventfd: ") + std::strerror(rc)};
         return nullptr;
     }
-    c->thread_ = std::thread([p = c.get()] { p->loop(); });
+    c->thread_ = std::thread([p = c.get()] {
+        pthread_setname_np(pthread_self(), "tl-cuda-import");
+        p->loop();
+    });
     return c;
 }
 

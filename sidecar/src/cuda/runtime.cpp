@@ -1,5 +1,7 @@
 #include "cuda/runtime.hpp"
 
+#include <pthread.h>
+
 #ifdef TENSORLANE_HAVE_CUDA
 #include "tensorlane/cuda/driver.hpp"
 #endif
@@ -34,7 +36,10 @@ void CudaRuntime::defer(std::function<void()> fn) {
     if (!rel_started_) {
         rel_started_ = true;
         // Detached: the runtime lives as long as the process (get()).
-        std::thread([this] { releaseLoop(); }).detach();
+        std::thread([this] {
+            pthread_setname_np(pthread_self(), "tl-cuda-release");
+            releaseLoop();
+        }).detach();
     }
     rel_queue_.push_back(std::move(fn));
     rel_cv_.notify_one();

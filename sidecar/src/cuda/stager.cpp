@@ -1,5 +1,6 @@
 #include "cuda/stager.hpp"
 
+#include <pthread.h>
 #include <sys/mman.h>
 
 #include <cerrno>
@@ -46,7 +47,10 @@ Status CudaStager::start() {
     if (int rc = ipc::makeEventFd(&wake_)) {
         return {Code::kInternal, std::string("eventfd: ") + std::strerror(rc)};
     }
-    thread_ = std::thread([this] { run(); });
+    thread_ = std::thread([this] {
+        pthread_setname_np(pthread_self(), "tl-stager");
+        run();
+    });
     return Status::ok();
 }
 

@@ -2,6 +2,7 @@
 
 #include "tensorlane/ipc/doorbell.hpp"
 
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -43,7 +44,10 @@ void Resolver::push(Request r) {
         std::lock_guard lock(mu_);
         requests_.push_back(std::move(r));
         if (!thread_.joinable()) {
-            thread_ = std::thread([this] { run(); });
+            thread_ = std::thread([this] {
+                pthread_setname_np(pthread_self(), "tl-resolver");
+                run();
+            });
         }
     }
     cv_.notify_one();

@@ -1,5 +1,6 @@
 #include "transport/local/copy_thread.hpp"
 
+#include <pthread.h>
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -41,7 +42,10 @@ Status LocalCopyThread::start() {
     if (int rc = ipc::makeEventFd(&wake_)) {
         return {Code::kInternal, std::string("eventfd: ") + std::strerror(rc)};
     }
-    thread_ = std::thread([this] { run(); });
+    thread_ = std::thread([this] {
+        pthread_setname_np(pthread_self(), "tl-copy");
+        run();
+    });
     return Status::ok();
 }
 

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 
 #include <cerrno>
 #include <cstring>
@@ -81,7 +82,10 @@ Status VerbsDevice::open(const FabricSelection &sel, std::unique_ptr<VerbsDevice
         return {Code::kInternal, std::string("eventfd: ") + std::strerror(rc)};
     }
     VerbsDevice *raw = d.get();
-    d->thread_ = std::thread([raw] { raw->run(); });
+    d->thread_ = std::thread([raw] {
+        pthread_setname_np(pthread_self(), "tl-verbs-async");
+        raw->run();
+    });
     *out = std::move(d);
     return Status::ok();
 }

@@ -1,5 +1,6 @@
 #include "transport/verbs/registrar.hpp"
 
+#include <pthread.h>
 #include <cerrno>
 #include <cstring>
 
@@ -11,7 +12,10 @@ Status Registrar::start() {
     if (int rc = ipc::makeEventFd(&done_fd_); rc != 0) {
         return {Code::kInternal, std::string("eventfd: ") + std::strerror(rc)};
     }
-    thread_ = std::thread([this] { run(); });
+    thread_ = std::thread([this] {
+        pthread_setname_np(pthread_self(), "tl-verbs-reg");
+        run();
+    });
     return Status::ok();
 }
 
