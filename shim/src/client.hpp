@@ -76,7 +76,9 @@ private:
     /// tl_register of device memory (cuda_client.cpp).
     tl_status registerCuda(void *ptr, size_t bytes, tl_region *out);
     /// tl_register of VMM memory: its pieces' fds, or the dma-buf of their span alone.
-    tl_status registerVmm(void *ptr, size_t bytes, const CudaAllocation &a, tl_region *out);
+    /// `host`: pinned host memory made with cuMemCreate (CudaPointer::kVmmHost).
+    tl_status registerVmm(void *ptr, size_t bytes, const CudaAllocation &a, tl_region *out,
+                          bool host);
     /// Creates the stream segment on first use and starts the keeper. TL_OK when it exists.
     tl_status ensureStreams();
     /// The keeper thread: releases every waiting stream when the sidecar goes away.

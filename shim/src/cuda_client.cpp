@@ -24,7 +24,9 @@ tl_status Client::registerCuda(void *ptr, size_t bytes, tl_region *out) {
         case CudaPointer::kRefused:
             return fail(Code::kCuda, why);
         case CudaPointer::kVmm:
-            return registerVmm(ptr, bytes, a, out);
+            return registerVmm(ptr, bytes, a, out, false);
+        case CudaPointer::kVmmHost:
+            return registerVmm(ptr, bytes, a, out, true);
         case CudaPointer::kDevice:
             break;
     }
@@ -93,12 +95,17 @@ tl_status Client::registerCuda(void *ptr, size_t bytes, tl_region *out) {
     return TL_OK;
 }
 
-tl_status Client::registerVmm(void *ptr, size_t bytes, const CudaAllocation &a, tl_region *out) {
+tl_status Client::registerVmm(void *ptr, size_t bytes, const CudaAllocation &a, tl_region *out,
+                              bool host) {
     const auto addr = reinterpret_cast<uint64_t>(ptr);
     VmmExport ex;
     std::string why;
     if (Code c = exportVmmRange(a, addr, bytes, &ex, &why); c != Code::kOk) {
         return fail(c, why);
+    }
+    if (host && ex.fds.empty()) {
+        return fail(Code::kCuda,
+                    "tl_register: this VMM host memory cannot be shared: " + ex.no_fd_reason);
     }
     ipc::RegisterMsg m{};
     m.h = messageHeader(ipc::MsgType::kRegister);
@@ -122,7 +129,7 @@ tl_status Client::registerVmm(void *ptr, size_t bytes, const CudaAllocation &a, 
             // No shareable handle: the span's dma-buf alone (the verbs transport can reach it).
             m.flags |= ipc::kRegisterDmabufOnly;
         } else {
-            m.flags |= ipc::kRegisterVmm;
+            m.flags |= ipc::kRegisterVmm | (host ? ipc::kRegisterVmmHost : 0u);
             for (size_t first = 0; first < ex.pieces.size();
                  first += ipc::kMaxVmmPiecesPerMessage) {
                 ipc::VmmPiecesMsg pm{};

@@ -17,6 +17,28 @@ std::string hexAddress(uint64_t a) {
 
 #ifdef TENSORLANE_HAVE_CUDA
 
+namespace {
+
+/// Whether `ptr` lies in a VMM allocation made at a host location with a POSIX-fd handle type
+/// (cuMemCreate with CU_MEM_LOCATION_TYPE_HOST_NUMA, as NCCL makes its host buffers): the
+/// sidecar can import that and reach it with its CPU.
+bool vmmHostAllocation(const cuda::Driver &d, const void *ptr) {
+    CUmemGenericAllocationHandle h = 0;
+    if (d.cuMemRetainAllocationHandle(&h, const_cast<void *>(ptr)) != CUDA_SUCCESS) {
+        return false;
+    }
+    CUmemAllocationProp prop{};
+    const bool got = d.cuMemGetAllocationPropertiesFromHandle(&prop, h) == CUDA_SUCCESS;
+    d.cuMemRelease(h);
+    const bool host = prop.location.type == CU_MEM_LOCATION_TYPE_HOST ||
+                      prop.location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
+                      prop.location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
+    return got && host &&
+           (prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;
+}
+
+}  // namespace
+
 CudaPointer probeCudaPointer(const void *ptr, CudaAllocation *out, std::string *why) {
     const cuda::Driver &d = cuda::driver();
     if (!d.ok || !cudaInUse()) {
@@ -56,6 +78,11 @@ CudaPointer probeCudaPointer(const void *ptr, CudaAllocation *out, std::string *
             "CUDA IPC; use cudaMalloc/cuMemAlloc memory";
         return CudaPointer::kRefused;
     }
+    if (type != CU_MEMORYTYPE_DEVICE && vmmHostAllocation(d, ptr)) {
+        *out = CudaAllocation{};
+        std::memcpy(&out->context, &values[4], sizeof(out->context));
+        return CudaPointer::kVmmHost;
+    }
     if (type != CU_MEMORYTYPE_DEVICE) {
         *why =
             "tl_register: page-locked host memory from CUDA (cudaMallocHost/cudaHostRegister) "
@@ -81,7 +108,7 @@ CudaPointer probeCudaPointer(const void *ptr, CudaAllocation *out, std::string *
         if (d.cuMemRetainAllocationHandle(&h, const_cast<void *>(ptr)) == CUDA_SUCCESS) {
             d.cuMemRelease(h);
             *out = a;
-            return CudaPointer::kVmm;
+            return vmmHostAllocation(d, ptr) ? CudaPointer::kVmmHost : CudaPointer::kVmm;
         }
         *why =
             "tl_register: this device memory can be exported neither with CUDA IPC nor as VMM "

@@ -33,6 +33,9 @@ enum class CudaPointer {
     /// device memory mapped with the VMM calls (cuMemCreate + cuMemMap: PyTorch's expandable
     /// segments, NCCL's buffers); info filled in but base/bytes (exportVmmRange finds them)
     kVmm,
+    /// pinned host memory mapped with the VMM calls (cuMemCreate at a host location with a
+    /// POSIX-fd handle: NCCL's host buffers since 2.23); `context` filled in, no device
+    kVmmHost,
     kRefused,  ///< memory CUDA knows but tl_register cannot take (managed, pinned host, ...)
 };
 

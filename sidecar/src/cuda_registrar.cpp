@@ -107,12 +107,17 @@ void CudaRegistrar::registerCuda(Session &s, const ipc::RegisterMsg &m, ipc::Uni
     const auto refuse = [&](Code code, const std::string &why) {
         reply_(s, m.h.seq, code, 0, 0, "tl_register: " + why);
     };
-    constexpr uint32_t kKnownFlags =
-        ipc::kRegisterReuse | ipc::kRegisterDmabuf | ipc::kRegisterVmm | ipc::kRegisterDmabufOnly;
+    constexpr uint32_t kKnownFlags = ipc::kRegisterReuse | ipc::kRegisterDmabuf |
+                                     ipc::kRegisterVmm | ipc::kRegisterDmabufOnly |
+                                     ipc::kRegisterVmmHost;
     const bool reuse = (m.flags & ipc::kRegisterReuse) != 0;
     const bool with_fd = (m.flags & ipc::kRegisterDmabuf) != 0;
     const bool vmm = (m.flags & ipc::kRegisterVmm) != 0;
     const bool dmabuf_only = (m.flags & ipc::kRegisterDmabufOnly) != 0;
+    const bool vmm_host = (m.flags & ipc::kRegisterVmmHost) != 0;
+    if (vmm_host && !vmm) {
+        return refuse(Code::kInvalid, "host memory by VMM without its VMM pieces");
+    }
     if (vmm) {
         // The staged pieces are this registration's, whatever becomes of it.
         std::vector<VmmPieceFd> pieces;
@@ -218,9 +223,11 @@ void CudaRegistrar::registerVmm(Session &s, const ipc::RegisterMsg &m,
     if (Status q = lifecycle_.checkQuota(s, 0, false); !q.isOk()) {
         return refuse(q.code(), q.message());
     }
+    // Host memory belongs to no GPU: any context of the sidecar's maps it (its first device's).
+    const bool host = (m.flags & ipc::kRegisterVmmHost) != 0;
     CudaUuid uuid;
     std::memcpy(uuid.data(), m.device_uuid, uuid.size());
-    const int ordinal = rt.ordinalOf(uuid);
+    const int ordinal = host ? 0 : rt.ordinalOf(uuid);
     if (ordinal < 0) {
         return refuse(Code::kCuda, "the GPU of this memory (" + uuidText(m.device_uuid) +
                                        ") is not visible to the sidecar (its "
@@ -237,7 +244,7 @@ void CudaRegistrar::registerVmm(Session &s, const ipc::RegisterMsg &m,
     // thread); never kept for reuse: each VMM registration brings its own pieces.
     submitCheck(s, m,
                 std::make_shared<CudaImport>(std::move(pieces), ordinal, m.alloc_bytes,
-                                             m.alloc_address, std::move(fd)));
+                                             m.alloc_address, std::move(fd), host));
 }
 
 void CudaRegistrar::registerDmabufOnly(Session &s, const ipc::RegisterMsg &m,

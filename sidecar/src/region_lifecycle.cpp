@@ -177,6 +177,16 @@ Status RegionLifecycle::addCuda(const Session &s, const ipc::RegisterMsg &m,
     r->owner = s.id;
     r->kind = MemoryKind::kCuda;
     r->bytes = m.bytes;
+    if (imp->host()) {
+        // Pinned host memory mapped for our CPU (kRegisterVmmHost): a host region that every
+        // transport reads and writes in place; the import keeps it mapped.
+        uint64_t va = 0;
+        if (Status st = imp->base(&va); !st.isOk()) {
+            return st;
+        }
+        r->kind = MemoryKind::kHost;
+        r->base = reinterpret_cast<unsigned char *>(va + m.offset);
+    }
     r->cuda.device = m.device_ordinal;
     r->cuda.ipc_handle = imp->handle();
     r->cuda.dmabuf = imp->dmabuf();
@@ -236,12 +246,13 @@ void RegionLifecycle::release(const std::shared_ptr<Region> &r) {
     if (!table_.remove(r->id)) {
         return;  // already released (a range released with its buffer)
     }
-    if (Session *s = sessions_.find(r->owner);
-        s != nullptr && r->parent == 0 && r->kind == MemoryKind::kHost) {
+    // A tl_alloc_host buffer (or the probe's): not a range of one, nor VMM host memory.
+    const bool host_buffer = r->parent == 0 && r->kind == MemoryKind::kHost && !r->cuda.import;
+    if (Session *s = sessions_.find(r->owner); s != nullptr && host_buffer) {
         s->host_bytes -= r->bytes;
         --s->mappings;
     }
-    if (r->parent == 0 && r->kind == MemoryKind::kHost) {
+    if (host_buffer) {
         --mappings_;
         if (r->owner != 0) {
             node_host_bytes_ -= r->bytes;  // a client's tl_alloc_host buffer (allocHost)

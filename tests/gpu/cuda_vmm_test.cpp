@@ -1,11 +1,14 @@
 // GPU tier: VMM memory (cuMemCreate pieces mapped with cuMemMap, what PyTorch's expandable
 // segments and NCCL's buffers are) registered with tl_register: regions inside one piece and
 // across pieces, written over the local, tcp and verbs transports and checked on the GPU; a
-// client lying about its pieces (sizes, fds); VMM memory without a shareable handle type,
+// client lying about its pieces (sizes, fds); pinned host memory made with cuMemCreate (NCCL's
+// host buffers), which the sidecar maps for its CPU and writes in place, and a client that
+// calls device pieces host memory; VMM memory without a shareable handle type,
 // which only the verbs transport can reach; and the sidecar's mappings going with the regions.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,11 +38,13 @@ struct VmmBuffer {
     std::vector<CUmemGenericAllocationHandle> handles;
     std::string why;
 
-    bool make(Cuda &c, int n, uint64_t piece_bytes, bool shareable) {
+    /// `host`: pinned host memory at NUMA node 0 (as NCCL's ncclCuMemHostAlloc makes its host
+    /// buffers), readable and writable by the GPU and by this process's CPU.
+    bool make(Cuda &c, int n, uint64_t piece_bytes, bool shareable, bool host = false) {
         cuda = &c;
         CUmemAllocationProp prop{};
         prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.type = host ? CU_MEM_LOCATION_TYPE_HOST_NUMA : CU_MEM_LOCATION_TYPE_DEVICE;
         prop.location.id = 0;
         prop.requestedHandleTypes =
             shareable ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
@@ -66,15 +71,19 @@ struct VmmBuffer {
                 return false;
             }
         }
-        CUmemAccessDesc access{};
-        access.location = prop.location;
-        access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-        if (!c.ok(c.cuMemSetAccess(va, piece * n, &access, 1), "cuMemSetAccess")) {
+        CUmemAccessDesc access[2]{};
+        access[0].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        access[0].location.id = 0;
+        access[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        access[1].location = prop.location;
+        access[1].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        if (!c.ok(c.cuMemSetAccess(va, piece * n, access, host ? 2 : 1), "cuMemSetAccess")) {
             why = c.why;
             return false;
         }
         return true;
     }
+    unsigned char *cpu() const { return reinterpret_cast<unsigned char *>(va); }
     uint64_t bytes() const { return piece * handles.size(); }
     /// The POSIX fd of piece `i` (-1 on failure); the caller closes it.
     int exportPiece(size_t i) const {
@@ -258,6 +267,135 @@ TEST_F(CudaVmm, VerbsWritesBetweenPiecesLandWhole) {
                 pa.value("gpu_registration", "").c_str());
     tl_disconnect(w);
     tl_disconnect(r);
+}
+
+/// Pinned host memory made with cuMemCreate (NCCL's host buffers since 2.23): tl_register
+/// shares it with the sidecar, which maps it for its CPU and reads and writes it in place. A
+/// region across the two pieces of one such buffer written by `w` into a region of another
+/// exposed by `r`, checked byte by byte with the CPU, nothing around it touched.
+void hostVmmToHostVmm(Cuda &cuda, tl_client *w, tl_client *r, const char *node,
+                      const std::string &name, uint32_t seed) {
+    VmmBuffer src, dst;
+    ASSERT_TRUE(src.make(cuda, 2, 2 << 20, true, true)) << src.why;
+    ASSERT_TRUE(dst.make(cuda, 2, 2 << 20, true, true)) << dst.why;
+    const uint64_t src_off = 4096 + 12, dst_off = 8192 + 4;
+    const uint64_t bytes = src.piece + (512 << 10) + 40;  // into the second piece
+    ASSERT_LE(dst_off + bytes, dst.bytes());
+    for (uint64_t i = 0; i < src.bytes(); ++i) {
+        src.cpu()[i] = static_cast<unsigned char>(seed + i * 7 + i / 4093);
+    }
+    std::memset(dst.cpu(), 0xa5, dst.bytes());
+    tl_region rs = 0, rd = 0;
+    ASSERT_EQ(tl_register(w, src.cpu() + src_off, bytes, &rs), TL_OK) << tl_last_error();
+    ASSERT_EQ(tl_register(r, dst.cpu() + dst_off, bytes, &rd), TL_OK) << tl_last_error();
+    ASSERT_EQ(tl_expose(r, rd, name.c_str()), TL_OK) << tl_last_error();
+    tl_remote remote = 0;
+    ASSERT_EQ(
+        tltest::lookupEventually(w, node, name.c_str(), &remote, nullptr, std::chrono::seconds(20)),
+        TL_OK)
+        << tl_last_error();
+    tl_ticket t = 0;
+    ASSERT_EQ(tl_write(w, rs, 0, remote, 0, bytes, seed, &t), TL_OK) << tl_last_error();
+    ASSERT_EQ(tl_wait(w, t, kWaitMs), TL_OK) << tl_last_error();
+    tl_notification n{};
+    ASSERT_EQ(tl_wait_notification(r, &n, kWaitMs), TL_OK) << tl_last_error();
+    EXPECT_EQ(n.region, rd);
+    EXPECT_EQ(n.bytes, bytes);
+    EXPECT_EQ(std::memcmp(dst.cpu() + dst_off, src.cpu() + src_off, bytes), 0);
+    size_t touched = 0;
+    for (uint64_t i = 0; i < dst.bytes(); ++i) {
+        touched += (i < dst_off || i >= dst_off + bytes) && dst.cpu()[i] != 0xa5;
+    }
+    EXPECT_EQ(touched, 0u) << "bytes changed outside the region";
+    // The sidecars mapped the pieces, and let go of them with the regions.
+    EXPECT_GE(mappingsOpen(w), 1u);
+    EXPECT_EQ(tl_deregister(w, rs), TL_OK);
+    EXPECT_EQ(tl_deregister(r, rd), TL_OK);
+    EXPECT_TRUE(tlgpu::waitFor([&] { return mappingsOpen(w) == 0 && mappingsOpen(r) == 0; }))
+        << mappingsOpen(w) << " " << mappingsOpen(r);
+}
+
+TEST_F(CudaVmm, HostMemoryByVmmIsWrittenInPlaceLocally) {
+    tltest::Sidecar sc;
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    tl_client *w = nullptr, *r = nullptr;
+    ASSERT_EQ(tl_connect(sc.socket().c_str(), &w), TL_OK);
+    ASSERT_EQ(tl_connect(sc.socket().c_str(), &r), TL_OK);
+    hostVmmToHostVmm(cuda, w, r, "node-a", "vmm-host-local", 91);
+    if (HasFailure()) {
+        ADD_FAILURE() << sc.log().substr(0, 8000);
+    }
+    tl_disconnect(w);
+    tl_disconnect(r);
+}
+
+TEST_F(CudaVmm, HostMemoryByVmmIsWrittenInPlaceOverTcpAndVerbs) {
+    for (const char *transport : {"tcp", "verbs"}) {
+        SCOPED_TRACE(transport);
+        Pair nodes(transport);
+        ASSERT_TRUE(nodes.ready()) << nodes.logs();
+        tl_client *w = nullptr, *r = nullptr;
+        ASSERT_EQ(tl_connect(nodes.a->socket().c_str(), &w), TL_OK);
+        ASSERT_EQ(tl_connect(nodes.b->socket().c_str(), &r), TL_OK);
+        hostVmmToHostVmm(cuda, w, r, "node-b", std::string("vmm-host-") + transport, 101);
+        const auto pa = tltest::peerStatus(w, "node-b");
+        EXPECT_EQ(pa.value("transport", ""), transport) << pa.dump();
+        if (HasFailure()) {
+            ADD_FAILURE() << nodes.logs();
+        }
+        tl_disconnect(w);
+        tl_disconnect(r);
+    }
+}
+
+// The CPU is only ever given host memory: a registration that calls device pieces host memory
+// (the sidecar's CPU would fault on them) or host pieces device memory is refused, nothing stays
+// mapped, and the sidecar lives on.
+TEST_F(CudaVmm, AHostClaimAboutDeviceMemoryIsRefused) {
+    tltest::Sidecar sc;
+    ASSERT_TRUE(sc.ready()) << sc.log();
+    tl_client *probe = nullptr;
+    ASSERT_EQ(tl_connect(sc.socket().c_str(), &probe), TL_OK);
+    tltest::RawClient raw;
+    ASSERT_TRUE(raw.connect(sc.socket()));
+    VmmBuffer dev, host;
+    ASSERT_TRUE(dev.make(cuda, 1, 2 << 20, true)) << dev.why;
+    ASSERT_TRUE(host.make(cuda, 1, 2 << 20, true, true)) << host.why;
+    uint64_t key = 100;
+    const auto attempt = [&](const VmmBuffer &b, uint32_t flags) {
+        ipc::VmmPiecesMsg m{};
+        m.h.type = static_cast<uint16_t>(ipc::MsgType::kVmmPieces);
+        m.key = ++key;
+        m.count = 1;
+        m.pieces[0] = {0, b.piece};
+        std::vector<int> fds{b.exportPiece(0)};
+        ipc::ReplyMsg r = raw.call(m, nullptr, fds);
+        EXPECT_EQ(r.status, 0) << r.error;
+        ::close(fds[0]);
+        ipc::RegisterMsg reg = vmmRegistration(key, b.piece, b.va);
+        reg.flags = flags;
+        setUuid(&reg);
+        return raw.call(reg);
+    };
+    ipc::ReplyMsg r = attempt(dev, ipc::kRegisterVmm | ipc::kRegisterVmmHost);
+    EXPECT_EQ(static_cast<ipc::Code>(r.status), ipc::Code::kInvalid) << r.error;
+    EXPECT_NE(std::string(r.error).find("is not host memory"), std::string::npos) << r.error;
+    r = attempt(host, ipc::kRegisterVmm);
+    EXPECT_EQ(static_cast<ipc::Code>(r.status), ipc::Code::kInvalid) << r.error;
+    EXPECT_NE(std::string(r.error).find("is host memory"), std::string::npos) << r.error;
+    // The flag without pieces means nothing.
+    ipc::RegisterMsg bare = vmmRegistration(++key, host.piece, host.va);
+    bare.flags = ipc::kRegisterVmmHost;
+    r = raw.call(bare);
+    EXPECT_EQ(static_cast<ipc::Code>(r.status), ipc::Code::kInvalid) << r.error;
+    // The honest host registration maps.
+    r = attempt(host, ipc::kRegisterVmm | ipc::kRegisterVmmHost);
+    EXPECT_EQ(r.status, 0) << r.error;
+    EXPECT_EQ(mappingsOpen(probe), 1u);
+    raw.sock.reset();
+    EXPECT_TRUE(tlgpu::waitFor([&] { return mappingsOpen(probe) == 0; })) << mappingsOpen(probe);
+    EXPECT_TRUE(sc.alive());
+    tl_disconnect(probe);
 }
 
 // A client that lies about its pieces is refused at the sidecar's own mapping (the driver maps

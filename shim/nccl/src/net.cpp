@@ -274,6 +274,7 @@ ncclResult_t Net::init(ncclDebugLogger_t logger) {
     eager_slots_ = envNumber("TENSORLANE_NCCL_EAGER_SLOTS", 16, 1, 256);
     const char *prefer = std::getenv("TENSORLANE_NCCL_EAGER_PREFER");
     eager_prefer_ = prefer != nullptr && std::strcmp(prefer, "1") == 0;
+    host_direct_ = envNumber("TENSORLANE_NCCL_HOST_DIRECT", 1, 0, 1) != 0;
     // Helpers that take parts of the shadow copies (0: NCCL's proxy thread copies alone).
     pool_ = std::make_unique<CopyPool>(
         envNumber("TENSORLANE_NCCL_COPY_THREADS", defaultCopyThreads(), 0, 16), kSplitCopyBytes,
@@ -379,10 +380,12 @@ void Net::release(Comm *c) {
         // Where NCCL's proxy thread goes: the plugin's calls hold the lock for all their work.
         log(NCCL_LOG_INFO,
             "process totals: the plugin's lock held %.3f ms in %llu calls over %.3f s since init; "
-            "copy helpers took %llu parts",
+            "copy helpers took %llu parts; host buffers registered in place %llu, shadowed %llu",
             static_cast<double>(held_ns_) / 1e6, static_cast<unsigned long long>(held_calls_),
             std::chrono::duration<double>(Clock::now() - init_time_).count(),
-            static_cast<unsigned long long>(pool_ ? pool_->helperParts() : 0));
+            static_cast<unsigned long long>(pool_ ? pool_->helperParts() : 0),
+            static_cast<unsigned long long>(host_direct_mrs_),
+            static_cast<unsigned long long>(host_shadow_mrs_));
     }
     if (c->probe != 0) {
         unwaited_.push_back({c->probe, 0});
@@ -614,10 +617,23 @@ ncclResult_t Net::regMr(void *comm, void *data, size_t size, int type, void **mh
     mr->size = size == 0 ? 1 : size;
     tl_status s = TL_OK;
     if (type == NCCL_PTR_HOST) {
-        // NCCL's host buffers are its own (cudaHostAlloc): a shadow the sidecar can reach.
-        void *p = nullptr;
-        s = tl_alloc_host(client_, mr->size, &p, &mr->region);
-        mr->shadow = static_cast<unsigned char *>(p);
+        mr->host = true;
+        // NCCL's host buffers are cuMem host allocations (NCCL_CUMEM_HOST_ENABLE, on by default
+        // since 2.23 with a recent driver) that the shim shares with the sidecar: registered in
+        // place, no copies. Others (cudaHostAlloc, older NCCL) get a shadow the sidecar can
+        // reach, copied at each end.
+        if (host_direct_ && tl_register(client_, data, mr->size, &mr->region) == TL_OK) {
+            ++host_direct_mrs_;
+        } else {
+            if (host_direct_) {
+                log(NCCL_LOG_TRACE, "host buffer %p (%zu bytes) gets a shadow: %s", data, size,
+                    tl_last_error());
+            }
+            void *p = nullptr;
+            s = tl_alloc_host(client_, mr->size, &p, &mr->region);
+            mr->shadow = static_cast<unsigned char *>(p);
+            ++host_shadow_mrs_;
+        }
     } else {
         s = tl_register(client_, data, mr->size, &mr->region);
     }
@@ -1440,8 +1456,8 @@ bool Net::eagerConsume(Comm *c, Request &r, uint32_t index, uint32_t slot, uint6
     }
     Mr *mr = r.mrs[index];
     const unsigned char *from = c->eager_ptr + static_cast<uint64_t>(slot) * eager_bytes_;
-    if (size == 0 || mr->shadow != nullptr) {
-        // Host memory (NCCL's own buffer; its shadow is not involved): one memcpy.
+    if (size == 0 || mr->host) {
+        // Host memory (NCCL's own buffer; a shadow is not involved): one memcpy.
         if (size != 0) {
             copy(c, r.data[index], from, size);
         }

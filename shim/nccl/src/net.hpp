@@ -156,6 +156,9 @@ struct Mr {
     tl_region region = 0;
     unsigned char *user = nullptr;    ///< NCCL's address of the first byte
     unsigned char *shadow = nullptr;  ///< host MRs: our tl_alloc_host copy; else null
+    /// Host memory (NCCL_PTR_HOST), whether shadowed or registered in place (NCCL's cuMem host
+    /// buffers, which the sidecar maps itself: no copies).
+    bool host = false;
     uint64_t size = 0;
     bool exposed = false;
     bool dmabuf_only = false;  ///< registered by its dma-buf alone (verbs only, no local copy)
@@ -393,6 +396,12 @@ private:
     uint32_t eager_slots_ = 16;
     uint32_t eager_bytes_ = 64 << 10;
     bool eager_prefer_ = false;
+    /// TENSORLANE_NCCL_HOST_DIRECT (default 1): NCCL's host buffers are registered in place
+    /// where the shim can share them (cuMem host allocations); 0: always a shadow.
+    bool host_direct_ = true;
+    /// Host MRs registered in place and shadowed (told at close).
+    uint64_t host_direct_mrs_ = 0;
+    uint64_t host_shadow_mrs_ = 0;
     /// Helpers for the shadow copies (TENSORLANE_NCCL_COPY_THREADS; made by init()).
     std::unique_ptr<CopyPool> pool_;
     /// Local writes from a ring slot into a GPU buffer: ticket, comm, slot.

@@ -11,13 +11,14 @@ CudaImport::CudaImport(const CudaIpcHandle &handle, int ordinal, uint64_t alloc_
       uid_(uid) {}
 
 CudaImport::CudaImport(std::vector<VmmPieceFd> pieces, int ordinal, uint64_t alloc_bytes,
-                       uint64_t owner_address, std::shared_ptr<ipc::UniqueFd> dmabuf)
+                       uint64_t owner_address, std::shared_ptr<ipc::UniqueFd> dmabuf, bool host)
     : handle_{},
       ordinal_(ordinal),
       alloc_bytes_(alloc_bytes),
       dmabuf_(std::move(dmabuf)),
       uid_(0),
       vmm_(true),
+      host_(host),
       pieces_(std::move(pieces)),
       owner_address_(owner_address) {}
 
@@ -51,7 +52,7 @@ Status CudaImport::base(uint64_t *out) {
                 return failed_;
             }
             Status st = CudaRuntime::get().mapVmm(pieces_, ordinal_, alloc_bytes_, owner_address_,
-                                                  &vmm_mapping_, &vmm_base_);
+                                                  host_, &vmm_mapping_, &vmm_base_);
             pieces_.clear();  // their fds close here, mapped or not (a failure is not retried)
             if (!st.isOk()) {
                 failed_ = st;

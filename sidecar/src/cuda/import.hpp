@@ -33,8 +33,10 @@ public:
     /// VMM memory: `pieces` (contiguous from 0, summing to `alloc_bytes`) are mapped by base()
     /// into a reservation of the sidecar's own, and their fds closed then. No uid binding: the
     /// fds are the capability, and only their holder could send them.
+    /// `host`: the pieces are pinned host memory (ipc::kRegisterVmmHost), mapped for the
+    /// sidecar's CPU; base() is then a CPU pointer.
     CudaImport(std::vector<VmmPieceFd> pieces, int ordinal, uint64_t alloc_bytes,
-               uint64_t owner_address, std::shared_ptr<ipc::UniqueFd> dmabuf);
+               uint64_t owner_address, std::shared_ptr<ipc::UniqueFd> dmabuf, bool host = false);
     ~CudaImport();
     CudaImport(const CudaImport &) = delete;
     CudaImport &operator=(const CudaImport &) = delete;
@@ -47,6 +49,8 @@ public:
     uint64_t allocBytes() const { return alloc_bytes_; }
     /// Whether this is VMM memory (its pieces mapped by the sidecar), not a CUDA IPC import.
     bool vmm() const { return vmm_; }
+    /// Whether this is VMM host memory that base() maps for the CPU.
+    bool host() const { return host_; }
     const CudaIpcHandle &handle() const { return handle_; }
     /// The owner's dma-buf fd of the whole allocation (empty when the owner could not take one).
     const std::shared_ptr<ipc::UniqueFd> &dmabuf() const { return dmabuf_; }
@@ -68,6 +72,7 @@ private:
     const std::shared_ptr<ipc::UniqueFd> dmabuf_;
     const uint32_t uid_;
     const bool vmm_ = false;
+    const bool host_ = false;
     std::atomic<bool> verified_{false};
     mutable std::mutex mu_;
     std::shared_ptr<CudaIpcMapping> mapping_;

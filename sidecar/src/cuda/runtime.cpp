@@ -227,7 +227,8 @@ void CudaRuntime::closeIpc(CudaIpcMapping *m) {
 }
 
 Status CudaRuntime::mapVmm(const std::vector<VmmPieceFd> &pieces, int ordinal, uint64_t span,
-                           uint64_t hint, std::shared_ptr<void> *mapping, uint64_t *base) {
+                           uint64_t hint, bool host, std::shared_ptr<void> *mapping,
+                           uint64_t *base) {
     void *ctx = nullptr;
     if (Status st = context(ordinal, &ctx); !st.isOk()) {
         return st;
@@ -245,7 +246,8 @@ Status CudaRuntime::mapVmm(const std::vector<VmmPieceFd> &pieces, int ordinal, u
         return {Code::kCuda, "cuMemAddressReserve(" + std::to_string(span) + " bytes) on " +
                                  deviceName(ordinal) + ": " + d.errorText(rc)};
     }
-    size_t mapped = 0;  // pieces mapped so far
+    size_t mapped = 0;       // pieces mapped so far
+    bool host_numa = false;  // host pieces: made at a NUMA node (else CU_MEM_LOCATION_TYPE_HOST)
     const auto undo = [&] {
         for (size_t i = 0; i < mapped; ++i) {
             d.cuMemUnmap(va + pieces[i].offset, pieces[i].bytes);
@@ -267,6 +269,31 @@ Status CudaRuntime::mapVmm(const std::vector<VmmPieceFd> &pieces, int ordinal, u
                                      "(cuMemImportFromShareableHandle: " +
                                      d.errorText(rc) + ")"};
         }
+        // Where the allocation lives decides who may touch it: the CPU may only be given host
+        // memory (device memory read by a CPU pointer would fault the sidecar), and device
+        // registrations stay device memory.
+        CUmemAllocationProp prop{};
+        rc = d.cuMemGetAllocationPropertiesFromHandle(&prop, h);
+        const bool at_host = prop.location.type == CU_MEM_LOCATION_TYPE_HOST ||
+                             prop.location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
+                             prop.location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
+        if (rc != CUDA_SUCCESS || at_host != host) {
+            d.cuMemRelease(h);
+            undo();
+            return {
+                rc != CUDA_SUCCESS ? Code::kCuda : Code::kInvalid,
+                "the VMM " + which +
+                    (rc != CUDA_SUCCESS
+                         ? " has no readable properties (cuMemGetAllocationPropertiesFromHandle: " +
+                               d.errorText(rc) + ")"
+                         : std::string(host ? " is not host memory, and the registration "
+                                              "says it is"
+                                            : " is host memory, and the registration says "
+                                              "it is device memory"))};
+        }
+        if (host) {
+            host_numa = prop.location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA;
+        }
         rc = d.cuMemMap(va + p.offset, p.bytes, 0, h, 0);
         d.cuMemRelease(h);  // the mapping, if made, holds the memory from here
         if (rc != CUDA_SUCCESS) {
@@ -285,11 +312,19 @@ Status CudaRuntime::mapVmm(const std::vector<VmmPieceFd> &pieces, int ordinal, u
     CUmemAccessDesc access{};
     access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     access.location.id = ordinal;
+    if (host) {
+        // This process's CPU (the id of a HOST_NUMA access is ignored: the CPU's own node).
+        access.location.type =
+            host_numa ? CU_MEM_LOCATION_TYPE_HOST_NUMA : CU_MEM_LOCATION_TYPE_HOST;
+        access.location.id = 0;
+    }
     access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     if (CUresult rc = d.cuMemSetAccess(va, span, &access, 1); rc != CUDA_SUCCESS) {
         undo();
-        return {Code::kCuda, "cuMemSetAccess of a VMM registration on " + deviceName(ordinal) +
-                                 ": " + d.errorText(rc)};
+        return {Code::kCuda,
+                std::string("cuMemSetAccess of a VMM registration ") +
+                    (host ? "of host memory for the CPU" : "on " + deviceName(ordinal)) + ": " +
+                    d.errorText(rc)};
     }
     std::vector<std::pair<uint64_t, uint64_t>> ranges;
     ranges.reserve(pieces.size());

@@ -71,8 +71,11 @@ public:
     /// is mapped whole, so a piece whose real size is not what the client says fails here
     /// (kInvalid: the driver maps an allocation whole or not at all); an fd that is no CUDA
     /// allocation is kCuda. The fds may be closed afterwards: the mapping holds the memory.
+    /// `host`: every piece must be pinned host memory (an allocation at a host location; any
+    /// other is kInvalid before anything is mapped), and the span is made readable and writable
+    /// by this process's CPU instead of the device: `*base` is then a CPU pointer.
     Status mapVmm(const std::vector<VmmPieceFd> &pieces, int ordinal, uint64_t span, uint64_t hint,
-                  std::shared_ptr<void> *mapping, uint64_t *base);
+                  bool host, std::shared_ptr<void> *mapping, uint64_t *base);
     /// Page-locks [base, base + bytes) for DMA (cuMemHostRegister, portable); the memory must
     /// stay mapped until the returned handle is dropped (which unregisters it).
     Status pinHost(void *base, size_t bytes, std::shared_ptr<void> *out);

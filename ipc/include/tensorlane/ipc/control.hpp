@@ -85,6 +85,12 @@ enum RegisterFlag : uint32_t {
     /// allocation is the whole dma-buf (its size is the kernel's); `offset` is where the
     /// region starts in it.
     kRegisterDmabufOnly = 1u << 3,
+    /// With kRegisterVmm: the pieces are pinned host memory (cuMemCreate at a host location,
+    /// as NCCL's host buffers), not device memory. The sidecar checks that every piece's
+    /// allocation is at a host location, maps them for its CPU and makes a host region of
+    /// them, which every transport reads and writes in place (no device copy, no staging).
+    /// `device_uuid` is ignored (the memory belongs to no device).
+    kRegisterVmmHost = 1u << 4,
 };
 
 /// The most pieces one kVmmPieces message carries (each with its fd).

@@ -127,7 +127,9 @@ bool MrCache::prepare(const Region &r, const Key &key, Registrar::Job *job, Entr
         job->addr = start;
         job->length = length;
         job->iova = identity(start);
-        job->keepalive = r.mapping;
+        // A tl_alloc_host segment, or VMM host memory that its import keeps mapped.
+        job->keepalive =
+            r.mapping ? std::shared_ptr<void>(r.mapping) : std::shared_ptr<void>(r.cuda.import);
         e->base = job->iova;
         e->keepalive = job->keepalive;
         return true;
