@@ -681,6 +681,24 @@ TEST(HostileClient, VmmPieceLiesAreRefusedAndTheirFdsClosed) {
         EXPECT_NE(std::string(r.error).find("cannot use CUDA memory"), std::string::npos)
             << r.error;
 
+        // Host memory by VMM: the flag without kRegisterVmm is refused before anything else;
+        // with it, the pieces go with the registration as for device memory (refused here for
+        // want of CUDA).
+        reg = vmmRegister(10, kPiece);
+        reg.flags = ipc::kRegisterVmmHost;
+        r = raw.call(reg);
+        EXPECT_EQ(code(r), ipc::Code::kInvalid) << r.error;
+        EXPECT_NE(std::string(r.error).find("without its VMM pieces"), std::string::npos)
+            << r.error;
+        m = vmmPieces(11, 0, 2, kPiece);
+        ASSERT_EQ(code(raw.call(m, nullptr, std::span<const int>(fds.data(), 2))), ipc::Code::kOk);
+        reg = vmmRegister(11, 2 * kPiece);
+        reg.flags |= ipc::kRegisterVmmHost;
+        r = raw.call(reg);
+        EXPECT_EQ(code(r), ipc::Code::kCuda) << r.error;
+        reg = vmmRegister(11, 2 * kPiece);
+        EXPECT_EQ(code(raw.call(reg)), ipc::Code::kNotFound) << "the pieces went with it";
+
         // Fds on messages that carry none, and two on a registration.
         ipc::LookupMsg lm{};
         lm.h.type = static_cast<uint16_t>(ipc::MsgType::kLookup);
