@@ -19,6 +19,7 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -91,7 +92,8 @@ struct Plugin {
         if (level <= NCCL_LOG_WARN) {
             std::fprintf(stderr, "%s\n", line);
         }
-        if (std::strstr(line, " closed: ") != nullptr) {
+        if (std::strstr(line, " closed: ") != nullptr ||
+            std::strstr(line, "process totals: ") != nullptr) {
             closed().push_back(line);  // the comm's counts (which path each send took)
         }
     }
@@ -99,6 +101,35 @@ struct Plugin {
     static std::vector<std::string> &closed() {
         static std::vector<std::string> lines;
         return lines;
+    }
+    /// From the last "process totals" line: host buffers registered in place and shadowed.
+    static bool hostBuffers(unsigned long long *in_place, unsigned long long *shadowed) {
+        for (auto it = closed().rbegin(); it != closed().rend(); ++it) {
+            const char *at = std::strstr(it->c_str(), "host buffers registered in place ");
+            if (at != nullptr &&
+                std::sscanf(at, "host buffers registered in place %llu, shadowed %llu", in_place,
+                            shadowed) == 2) {
+                return true;
+            }
+        }
+        return false;
+    }
+    /// A host buffer of `bytes` for NCCL_PTR_HOST: this process's memory (the plugin shadows
+    /// it), or with `in_place` a tl_alloc_host buffer of the plugin's own client (memory
+    /// tl_register shares, as NCCL's cuMem host buffers are: the plugin uses it in place).
+    unsigned char *hostBuffer(size_t bytes, bool in_place, std::vector<unsigned char> *own) {
+        if (!in_place) {
+            own->assign(bytes, 0);
+            return own->data();
+        }
+        using ClientFn = tl_client *(*)();
+        auto fn = reinterpret_cast<ClientFn>(::dlsym(lib, "tensorlane_nccl_test_client"));
+        void *p = nullptr;
+        tl_region r = 0;
+        if (fn == nullptr || fn() == nullptr || tl_alloc_host(fn(), bytes, &p, &r) != TL_OK) {
+            return nullptr;
+        }
+        return static_cast<unsigned char *>(p);
     }
     /// The last send comm's counts: eager sends, sends into a CTS, RTS sent, sends that
     /// waited, MiB copied; false if none (the whole line must parse: tests/nccl/
@@ -209,7 +240,7 @@ void *connectWith(Plugin &p, const std::string &socket, Pipe &from) {
 /// The receiving rank: listens, accepts, posts `kSizes` one at a time and checks each, then a
 /// grouped receive of three tags, then four requests in flight tested last to first.
 int receiver(const std::string &socket, Pipe &handle_pipe, bool v9, int speed,
-             const std::string &pci_path) {
+             const std::string &pci_path, bool in_place = false) {
     Plugin p;
     if (!p.open(socket)) {
         return 2;
@@ -238,7 +269,12 @@ int receiver(const std::string &socket, Pipe &handle_pipe, bool v9, int speed,
         return 5;
     }
     net->closeListen(lcomm);  // as NCCL does once connected
-    std::vector<unsigned char> buf(kBuffer);
+    std::vector<unsigned char> own;
+    unsigned char *const base = p.hostBuffer(kBuffer, in_place, &own);
+    if (base == nullptr) {
+        return 6;
+    }
+    const std::span<unsigned char> buf(base, kBuffer);
     void *mh = nullptr;
     if (net->regMr(rcomm, buf.data(), buf.size(), NCCL_PTR_HOST, &mh) != ncclSuccess) {
         return 6;
@@ -330,12 +366,20 @@ int receiver(const std::string &socket, Pipe &handle_pipe, bool v9, int speed,
     if (net->deregMr(rcomm, mh) != ncclSuccess || net->closeRecv(rcomm) != ncclSuccess) {
         return 40;
     }
+    unsigned long long direct = 0, shadowed = 0;
+    if (!Plugin::hostBuffers(&direct, &shadowed) || direct != (in_place ? 1u : 0u) ||
+        shadowed != (in_place ? 0u : 1u)) {
+        std::fprintf(stderr, "receiver's host buffers: %llu in place, %llu shadowed\n", direct,
+                     shadowed);
+        return 41;
+    }
     return 0;
 }
 
 /// The sending rank: the other half of receiver(). `eager` >= 0: the sends that must have gone
 /// eagerly (the rest into a CTS), from the plugin's counts at close.
-int sender(const std::string &socket, Pipe &handle_pipe, bool v9, int eager = -1) {
+int sender(const std::string &socket, Pipe &handle_pipe, bool v9, int eager = -1,
+           bool in_place = false) {
     Plugin p;
     if (!p.open(socket)) {
         return 2;
@@ -349,7 +393,12 @@ int sender(const std::string &socket, Pipe &handle_pipe, bool v9, int eager = -1
     if (!pollFor([&] { return net->connect(0, handle, &scomm, nullptr); }, &scomm)) {
         return 4;
     }
-    std::vector<unsigned char> src(kBuffer);
+    std::vector<unsigned char> own;
+    unsigned char *const base = p.hostBuffer(kBuffer, in_place, &own);
+    if (base == nullptr) {
+        return 5;
+    }
+    const std::span<unsigned char> src(base, kBuffer);
     void *mh = nullptr;
     if (net->regMr(scomm, src.data(), src.size(), NCCL_PTR_HOST, &mh) != ncclSuccess) {
         return 5;
@@ -406,6 +455,19 @@ int sender(const std::string &socket, Pipe &handle_pipe, bool v9, int eager = -1
         return 40;
     }
     unsigned long long eager_sends = 0, direct = 0, rts = 0;
+    unsigned long long in_place_mrs = 0, shadowed = 0;
+    if (!Plugin::hostBuffers(&in_place_mrs, &shadowed) || in_place_mrs != (in_place ? 1u : 0u) ||
+        shadowed != (in_place ? 0u : 1u)) {
+        std::fprintf(stderr, "sender's host buffers: %llu in place, %llu shadowed\n", in_place_mrs,
+                     shadowed);
+        return 42;
+    }
+    double copied = -1;
+    if (in_place && eager == 0 &&
+        (!Plugin::sendCounts(&eager_sends, &direct, &rts, nullptr, &copied) || copied != 0)) {
+        std::fprintf(stderr, "in place with no eager ring, the sender copied %.3f MiB\n", copied);
+        return 43;
+    }
     if (eager >= 0) {
         const int total = static_cast<int>(kSizes.size()) + 3 + 4;
         if (!Plugin::sendCounts(&eager_sends, &direct, &rts) ||
@@ -488,6 +550,40 @@ TEST_P(NcclPlugin, EverySizeGroupedAndOutOfOrderArriveWhole) {
             EXPECT_EQ(waitChild(s), 0) << nodes.logs();
             EXPECT_EQ(waitChild(r), 0) << nodes.logs();
         }
+    }
+}
+
+// Host buffers the sidecar can reach (NCCL's cuMem host buffers on a GPU machine; here ranges
+// of the plugin's own tl_alloc_host buffers, which tl_register takes the same way) are used in
+// place: every size, grouped and out of order arrive whole, nothing is written past a message,
+// and with no eager ring the plugin copies no byte (its counts at close).
+TEST_P(NcclPlugin, HostBuffersTheSidecarReachesAreUsedInPlace) {
+    Pair nodes(GetParam());
+    ASSERT_TRUE(nodes.ready()) << nodes.logs();
+    const EagerMode modes[] = {{"default", nullptr, nullptr, -1},
+                               {"no eager ring", "0", nullptr, 0}};
+    for (const EagerMode &mode : modes) {
+        SCOPED_TRACE(mode.name);
+        Pipe handle;
+        const int speed = GetParam() == "verbs" ? 100000 : 10000;
+        std::string pci;
+        if (GetParam() == "verbs") {
+            char real[PATH_MAX];
+            const std::string fn =
+                nodes.b->sysfsRoot() + "/devices/pci0000:00/0000:00:01.0/" + kNicPci;
+            ASSERT_NE(::realpath(fn.c_str(), real), nullptr) << fn;
+            pci = real;
+        }
+        const pid_t r = forkClient([&] {
+            useEagerMode(mode);
+            return receiver(nodes.b->socket(), handle, false, speed, pci, true);
+        });
+        const pid_t s = forkClient([&] {
+            useEagerMode(mode);
+            return sender(nodes.a->socket(), handle, false, mode.eager, true);
+        });
+        EXPECT_EQ(waitChild(s), 0) << nodes.logs();
+        EXPECT_EQ(waitChild(r), 0) << nodes.logs();
     }
 }
 

@@ -299,8 +299,9 @@ def plugin_paths(logs: list) -> dict:
     sends went eagerly, into a CTS, after an RTS; how long sends waited for a CTS or a slot; how
     much the plugin copied on NCCL's proxy threads (docs/nccl.md, "The eager path"); and, from
     each rank's last running totals, how long the plugin's calls held its lock (NCCL's proxy
-    thread's time in the plugin), over how many calls and seconds, and how many copy parts the
-    helper threads took (both ranks summed)."""
+    thread's time in the plugin), over how many calls and seconds, how many copy parts the
+    helper threads took, and how many of NCCL's host buffers were registered in place or
+    shadowed (both ranks summed)."""
     sent = re.compile(r"send comm \d+ to \S+ closed: (\d+) sends eager, (\d+) into a CTS, "
                       r"(\d+) RTS, (\d+) CTS crossed by an eager send; (\d+) sends waited "
                       r"([\d.]+) ms in all; copied ([\d.]+) MiB in ([\d.]+) ms")
@@ -323,8 +324,10 @@ def plugin_paths(logs: list) -> dict:
                     total[k] += float(v)
     # Each close line is followed by the process's running totals: the last one of each rank.
     proc = re.compile(r"process totals: the plugin's lock held ([\d.]+) ms in (\d+) calls over "
-                      r"([\d.]+) s since init; copy helpers took (\d+) parts")
-    proc_keys = ("lock_held_ms", "lock_calls", "since_init_s", "helper_copy_parts")
+                      r"([\d.]+) s since init; copy helpers took (\d+) parts; host buffers "
+                      r"registered in place (\d+), shadowed (\d+)")
+    proc_keys = ("lock_held_ms", "lock_calls", "since_init_s", "helper_copy_parts",
+                 "host_buffers_in_place", "host_buffers_shadowed")
     total.update(dict.fromkeys(proc_keys, 0.0))
     for text in logs:
         last = None

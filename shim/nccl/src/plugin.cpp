@@ -127,6 +127,13 @@ ncclResult_t irecvConsumed(void *, int, void *) {
 
 extern "C" {
 
+/// For tests: the plugin's own client of its sidecar, once NCCL's init() made it (null before).
+/// A test registers ranges of this client's tl_alloc_host buffers as NCCL host buffers: memory
+/// tl_register shares, so the plugin's in-place path runs where no CUDA is.
+__attribute__((visibility("default"))) tl_client *tensorlane_nccl_test_client(void) {
+    return tensorlane::nccl::Net::get().client();
+}
+
 __attribute__((visibility("default"))) ncclNet_v8_t ncclNetPlugin_v8 = {
     "tensorlane", init,        devices,   properties8, listen,        connect8, accept8,
     regMr,        regMrDmaBuf, deregMr,   isend8,      irecv8,        iflush,   test,
