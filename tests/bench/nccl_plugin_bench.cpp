@@ -22,6 +22,7 @@
 //                     stream alone)
 //                     (TENSORLANE_NCCL_COPY_THREADS of both ranks)
 //                     [--tag-threads N] [--connections N] ([tcp] of both sidecars)
+//                     [--tag-spin-us N] (TENSORLANE_TAG_SPIN_US of both sidecars)
 //                     [--cpu 1] (with --stream: each sidecar thread's CPU time over the
 //                     tl_write stream, from /proc/PID/task/TID/schedstat, as a share of the
 //                     stream's wall time: which thread is the bottleneck)
@@ -581,6 +582,8 @@ int main(int argc, char **argv) {
             tag_threads = std::to_string(std::stoul(v));
         } else if (a == "--connections") {
             connections = std::to_string(std::stoul(v));
+        } else if (a == "--tag-spin-us") {
+            ::setenv("TENSORLANE_TAG_SPIN_US", std::to_string(std::stoul(v)).c_str(), 1);
         } else if (a == "--cpu") {
             cpu = v != "0";
         } else if (a == "--stream") {

@@ -167,6 +167,35 @@ TEST(TagPool, WorkersSignAndVerifyAsTheEngineThreadWould) {
     EXPECT_GT(v, 0u);
 }
 
+// Workers that spin before they sleep (TENSORLANE_TAG_SPIN_US): jobs submitted while they spin
+// go without a wake-up, jobs after a pause longer than the spin wake a sleeper, and none is lost
+// either way (each submit below lands in one of the two states, or between them).
+TEST(TagPool, SpinningWorkersMissNoJobWhetherAwakeOrAsleep) {
+    TagPool pool(2, 200);
+    FrameAuth tx(keyOf(9));
+    FrameAuth ref(keyOf(9));
+    uint8_t head[kChunkFrameOverhead] = {};
+    for (int burst = 0; burst < 40; ++burst) {
+        std::vector<std::vector<uint8_t>> datas;
+        std::vector<std::shared_ptr<TagJob>> jobs;
+        for (int i = 0; i < 3; ++i) {
+            datas.push_back(randomBytes(4096 + static_cast<size_t>(burst * 3 + i), 900 + burst));
+            jobs.push_back(jobFor(tx, head, datas.back(), false));
+            pool.submit(jobs.back());
+        }
+        for (size_t i = 0; i < jobs.size(); ++i) {
+            waitDone(*jobs[i]);
+            Tag expect;
+            ref.sign(head, sizeof head, datas[i].data(), datas[i].size(), expect.data());
+            EXPECT_EQ(jobs[i]->tag, expect) << "burst " << burst << " job " << i;
+        }
+        // Pauses below, around and past the spin, so the next burst finds the workers spinning,
+        // about to sleep, or asleep.
+        std::this_thread::sleep_for(std::chrono::microseconds(burst % 4 * 150));
+    }
+    EXPECT_EQ(pool.jobsDone(), 120u);
+}
+
 TEST(TagPool, AVerifiedChunkIsCopiedToItsTargetAndABadOneNever) {
     // A host chunk is checked in its receive buffer and copied into its region by the worker,
     // only when its tag is good: a bad tag leaves every byte of the target as it was, on a

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "net/packed_chunk.hpp"
@@ -15,7 +16,7 @@ unsigned TagPool::autoThreads(unsigned cpus) {
     return cpus < 4 ? 0 : std::min(4u, cpus / 4);
 }
 
-TagPool::TagPool(unsigned threads) {
+TagPool::TagPool(unsigned threads, unsigned spin_us) : spin_us_(spin_us) {
     threads = std::min(threads, kMaxThreads);
     if (threads == 0) {
         return;
@@ -36,7 +37,9 @@ TagPool::~TagPool() {
     {
         std::lock_guard lock(mutex_);
         stop_ = true;
+        stopping_.store(true, std::memory_order_relaxed);
         left.swap(queue_);
+        queued_.store(0, std::memory_order_relaxed);
     }
     work_cv_.notify_all();
     for (std::thread &t : workers_) {
@@ -61,15 +64,22 @@ std::shared_ptr<TagJob> TagPool::takeQueued(const TagJob &job) {
     }
     std::shared_ptr<TagJob> mine = std::move(*it);
     queue_.erase(it);
+    queued_.store(queue_.size(), std::memory_order_relaxed);
     return mine;
 }
 
 void TagPool::submit(std::shared_ptr<TagJob> job) {
+    bool wake = false;
     {
         std::lock_guard lock(mutex_);
         queue_.push_back(std::move(job));
+        queued_.store(queue_.size(), std::memory_order_release);
+        // A worker still spinning takes it without a wake-up (no system call here).
+        wake = sleeping_ > 0;
     }
-    work_cv_.notify_one();
+    if (wake) {
+        work_cv_.notify_one();
+    }
 }
 
 void TagPool::cancelOrWait(TagJob &job) {
@@ -128,14 +138,32 @@ void TagPool::run() {
     FrameMac mac;
     for (;;) {
         std::shared_ptr<TagJob> job;
+        if (spin_us_ > 0) {
+            // Jobs come in streams (a chunk every few tens of microseconds per direction): look
+            // for the next one a while before sleeping, so neither side pays for a wake-up.
+            const auto until =
+                std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us_);
+            while (queued_.load(std::memory_order_acquire) == 0 &&
+                   !stopping_.load(std::memory_order_relaxed) &&
+                   std::chrono::steady_clock::now() < until) {
+#if defined(__x86_64__)
+                __builtin_ia32_pause();
+#endif
+            }
+        }
         {
             std::unique_lock lock(mutex_);
+            // Counted while waiting, under the lock submit() takes: a job queued after the
+            // predicate's last look finds sleeping_ > 0 and wakes one.
+            ++sleeping_;
             work_cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+            --sleeping_;
             if (queue_.empty()) {
                 return;  // stopping
             }
             job = std::move(queue_.front());
             queue_.pop_front();
+            queued_.store(queue_.size(), std::memory_order_relaxed);
         }
         compute(mac, *job);
         {

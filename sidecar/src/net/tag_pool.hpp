@@ -92,8 +92,10 @@ public:
     /// four.
     static unsigned autoThreads(unsigned cpus);
 
-    /// Starts `threads` workers (0: every tag stays on the caller's thread).
-    explicit TagPool(unsigned threads);
+    /// Starts `threads` workers (0: every tag stays on the caller's thread). `spin_us`: how
+    /// long an idle worker looks for the next job before it sleeps (0: it sleeps at once; a
+    /// sleeping worker costs the submitter a futex wake and the job the wake-up's latency).
+    explicit TagPool(unsigned threads, unsigned spin_us = 0);
     /// Stops and joins the workers; jobs still queued are cancelled.
     ~TagPool();
     TagPool(const TagPool &) = delete;
@@ -136,6 +138,10 @@ private:
     std::condition_variable done_cv_;
     std::deque<std::shared_ptr<TagJob>> queue_;
     bool stop_ = false;
+    unsigned sleeping_ = 0;              ///< workers in work_cv_.wait (under mutex_)
+    std::atomic<size_t> queued_{0};      ///< queue_.size(), for spinning workers
+    std::atomic<bool> stopping_{false};  ///< stop_, for spinning workers
+    const unsigned spin_us_ = 0;
     std::atomic<uint64_t> jobs_done_{0};
     ipc::UniqueFd wake_;
     std::vector<std::thread> workers_;

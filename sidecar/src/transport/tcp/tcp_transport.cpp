@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <utility>
@@ -25,6 +26,18 @@ std::atomic<size_t> g_test_read_budget{0};
 size_t readBudget() {
     const size_t test = g_test_read_budget.load();
     return test != 0 ? test : TcpTransport::kDefaultReadBudget;
+}
+
+/// TENSORLANE_TAG_SPIN_US (0-1000, default 0): how long an idle tag worker spins before it
+/// sleeps. An experiment's knob (docs/peers.md), not a setting of the TOML.
+unsigned tagSpinUs() {
+    const char *v = std::getenv("TENSORLANE_TAG_SPIN_US");
+    if (v == nullptr) {
+        return 0;
+    }
+    char *end = nullptr;
+    const unsigned long n = std::strtoul(v, &end, 10);
+    return end != v && *end == '\0' ? static_cast<unsigned>(std::min(n, 1000ul)) : 0;
 }
 
 unsigned tagThreadsFor(const config::Config &cfg) {
@@ -87,7 +100,7 @@ TcpTransport::TcpTransport(const config::Config &cfg, RegionTable &regions)
     : cfg_(cfg),
       regions_(regions),
       busy_(cfg.ipc.poll_mode == config::PollMode::kBusy),
-      tags_(std::make_unique<TagPool>(tagThreadsFor(cfg))),
+      tags_(std::make_unique<TagPool>(tagThreadsFor(cfg), tagSpinUs())),
       send_staging_(cfg.tcp.chunk_bytes, kStagingSlots),
       recv_staging_(cfg.tcp.chunk_bytes, kStagingSlots),
       host_staging_(cfg.tcp.chunk_bytes, kHostChecksPerTagThread * tags_->threads()),
