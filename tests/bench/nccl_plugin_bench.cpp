@@ -23,6 +23,8 @@
 //                     (TENSORLANE_NCCL_COPY_THREADS of both ranks)
 //                     [--tag-threads N] [--connections N] ([tcp] of both sidecars)
 //                     [--tag-spin-us N] (TENSORLANE_TAG_SPIN_US of both sidecars)
+//                     [--in-place 1] (NCCL's host buffers are memory the sidecar reaches, as
+//                     NCCL's cuMem host buffers: the plugin registers them in place, no shadows)
 //                     [--cpu 1] (with --stream: each sidecar thread's CPU time over the
 //                     tl_write stream, from /proc/PID/task/TID/schedstat, as a share of the
 //                     stream's wall time: which thread is the bottleneck)
@@ -97,8 +99,11 @@ struct Pipe {
 /// region.
 class Rank {
 public:
+    /// `in_place`: NCCL's host buffers are memory the sidecar reaches (as NCCL's cuMem host
+    /// buffers are on a GPU machine; here ranges of the plugin's own tl_alloc_host buffers), so
+    /// the plugin registers them in place; else private memory, which it shadows.
     Rank(const std::string &socket, const std::string &peer_node, int me, const Pipe &out,
-         const Pipe &in)
+         const Pipe &in, bool in_place)
         : peer_node_(peer_node) {
         ::setenv("TENSORLANE_SOCKET", socket.c_str(), 1);
         void *lib = ::dlopen(TENSORLANE_NCCL_PLUGIN, RTLD_NOW | RTLD_LOCAL);
@@ -128,10 +133,28 @@ public:
         if (send_ == nullptr || recv_ == nullptr) {
             die("no connection within 30 s");
         }
-        sbuf_.assign(kMax, static_cast<unsigned char>(me + 1));
-        rbuf_.assign(kMax, 0);
-        check(net_->regMr(send_, sbuf_.data(), kMax, NCCL_PTR_HOST, &smr_), "regMr");
-        check(net_->regMr(recv_, rbuf_.data(), kMax, NCCL_PTR_HOST, &rmr_), "regMr");
+        if (in_place) {
+            using ClientFn = tl_client *(*)();
+            auto client = reinterpret_cast<ClientFn>(::dlsym(lib, "tensorlane_nccl_test_client"));
+            void *sp = nullptr, *rp = nullptr;
+            tl_region sr = 0, rr = 0;
+            if (client == nullptr || client() == nullptr ||
+                tl_alloc_host(client(), kMax, &sp, &sr) != TL_OK ||
+                tl_alloc_host(client(), kMax, &rp, &rr) != TL_OK) {
+                die("--in-place: no buffers from the plugin's client");
+            }
+            sbuf_ = static_cast<unsigned char *>(sp);
+            rbuf_ = static_cast<unsigned char *>(rp);
+        } else {
+            own_s_.assign(kMax, 0);
+            own_r_.assign(kMax, 0);
+            sbuf_ = own_s_.data();
+            rbuf_ = own_r_.data();
+        }
+        std::memset(sbuf_, me + 1, kMax);
+        std::memset(rbuf_, 0, kMax);
+        check(net_->regMr(send_, sbuf_, kMax, NCCL_PTR_HOST, &smr_), "regMr");
+        check(net_->regMr(recv_, rbuf_, kMax, NCCL_PTR_HOST, &rmr_), "regMr");
         // The baseline's client.
         if (tl_connect(socket.c_str(), &c_) != TL_OK) {
             die(std::string("tl_connect: ") + tl_last_error());
@@ -153,7 +176,7 @@ public:
 
     /// Posts the receive of the next message (up to `bytes`, kMax by default).
     void *postRecv(size_t bytes = kMax) {
-        void *data = rbuf_.data();
+        void *data = rbuf_;
         int size = static_cast<int>(bytes);  // v8's sizes are ints
         int tag = kTag;
         void *req = nullptr;
@@ -165,8 +188,7 @@ public:
     void sendAndWait(size_t bytes) {
         void *req = nullptr;
         while (req == nullptr) {
-            check(net_->isend(send_, sbuf_.data(), static_cast<int>(bytes), kTag, smr_, &req),
-                  "isend");
+            check(net_->isend(send_, sbuf_, static_cast<int>(bytes), kTag, smr_, &req), "isend");
         }
         waitDone(req);
     }
@@ -185,7 +207,7 @@ public:
         int sent = 0, posted = 0, sends_done = 0, recvs_done = 0;
         while (sends_done < n || recvs_done < n) {
             if (posted < n && recvs.size() < kStreamDepth) {
-                void *data = rbuf_.data() + static_cast<size_t>(posted % kStreamDepth) * step;
+                void *data = rbuf_ + static_cast<size_t>(posted % kStreamDepth) * step;
                 int size = static_cast<int>(step), tag = kTag;
                 void *req = nullptr;
                 check(net_->irecv(recv_, 1, &data, &size, &tag, &rmr_, &req), "irecv");
@@ -196,8 +218,7 @@ public:
             }
             if (sent < n && sends.size() < kStreamDepth) {
                 void *req = nullptr;
-                check(net_->isend(send_,
-                                  sbuf_.data() + static_cast<size_t>(sent % kStreamDepth) * step,
+                check(net_->isend(send_, sbuf_ + static_cast<size_t>(sent % kStreamDepth) * step,
                                   static_cast<int>(step), kTag, smr_, &req),
                       "isend");
                 if (req != nullptr) {
@@ -311,7 +332,8 @@ private:
     std::string peer_node_;
     ncclNet_v8_t *net_ = nullptr;
     void *send_ = nullptr, *recv_ = nullptr, *smr_ = nullptr, *rmr_ = nullptr;
-    std::vector<unsigned char> sbuf_, rbuf_;
+    unsigned char *sbuf_ = nullptr, *rbuf_ = nullptr;
+    std::vector<unsigned char> own_s_, own_r_;  ///< the buffers when not in place
     tl_client *c_ = nullptr;
     tl_region src_ = 0, dst_ = 0;
     tl_remote remote_ = 0;
@@ -562,7 +584,7 @@ int main(int argc, char **argv) {
     int iters = 2000, rounds = 5;
     std::string poll = "adaptive", chunk, integrity, eager = "default", copy_threads = "default";
     std::string tag_threads, connections;
-    bool cpu = false;
+    bool cpu = false, in_place = false;
     uint64_t stream_mib = 0, step = 512 << 10;
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string a = argv[i], v = argv[i + 1];
@@ -582,6 +604,8 @@ int main(int argc, char **argv) {
             tag_threads = std::to_string(std::stoul(v));
         } else if (a == "--connections") {
             connections = std::to_string(std::stoul(v));
+        } else if (a == "--in-place") {
+            in_place = v != "0";
         } else if (a == "--tag-spin-us") {
             ::setenv("TENSORLANE_TAG_SPIN_US", std::to_string(std::stoul(v)).c_str(), 1);
         } else if (a == "--cpu") {
@@ -630,12 +654,12 @@ int main(int argc, char **argv) {
     const pid_t child = tlbench::forkTied();
     if (child == 0) {
         tcp.connectTo();
-        Rank r(b.socket(), "node-a", 1, up, down);
+        Rank r(b.socket(), "node-a", 1, up, down, in_place);
         echo(r, tcp, commands, acks);
         std::_Exit(0);
     }
     tcp.acceptOne();
-    Rank r(a.socket(), "node-b", 0, down, up);
+    Rank r(a.socket(), "node-b", 0, down, up, in_place);
     std::vector<unsigned char> buf(kMax, 3);
     std::vector<std::array<double, 4>> exchanges;
     std::printf(
@@ -741,10 +765,11 @@ int main(int argc, char **argv) {
         std::printf(
             "\n%10s %10s %10s %10s %7s %7s  (stream: both ranks send %llu MiB at once in steps "
             "of %llu bytes, %zu in flight; GB/s per direction, medians of %d rounds; eager %s, "
-            "copy threads %s)\n",
+            "copy threads %s, host buffers %s)\n",
             "step", "plugin", "write", "tcp", "/write", "/tcp",
             static_cast<unsigned long long>(stream_mib), static_cast<unsigned long long>(step),
-            kStreamDepth, rounds, eager.c_str(), copy_threads.c_str());
+            kStreamDepth, rounds, eager.c_str(), copy_threads.c_str(),
+            in_place ? "in place" : "shadowed");
         std::printf("%10llu %10.3f %10.3f %10.3f %7.2f %7.2f\n",
                     static_cast<unsigned long long>(step), p, w, t, w > 0 ? p / w : 0,
                     t > 0 ? p / t : 0);
