@@ -215,6 +215,30 @@ protected:
         m.address = address;
         return m;
     }
+    /// Stages `pieces` ({offset, bytes}) with `fds` (closed here) under a fresh key on `raw`,
+    /// then registers them with `flags` at the client's `address`: the registration's reply.
+    ipc::ReplyMsg stageAndRegister(tltest::RawClient &raw, std::vector<ipc::VmmPiece> pieces,
+                                   std::vector<int> fds, uint64_t address,
+                                   uint32_t flags = ipc::kRegisterVmm) {
+        ipc::VmmPiecesMsg m{};
+        m.h.type = static_cast<uint16_t>(ipc::MsgType::kVmmPieces);
+        m.key = ++next_key_;
+        m.count = static_cast<uint32_t>(pieces.size());
+        uint64_t span = 0;
+        for (size_t i = 0; i < pieces.size(); ++i) {
+            m.pieces[i] = pieces[i];
+            span = pieces[i].offset + pieces[i].bytes;
+        }
+        ipc::ReplyMsg r = raw.call(m, nullptr, fds);
+        EXPECT_EQ(r.status, 0) << r.error;
+        for (int fd : fds) {
+            ::close(fd);
+        }
+        ipc::RegisterMsg reg = vmmRegistration(m.key, span, address);
+        reg.flags = flags;
+        setUuid(&reg);
+        return raw.call(reg);
+    }
     void setUuid(ipc::RegisterMsg *m) {
         CUdevice dev = 0;
         CUuuid uuid{};
@@ -224,6 +248,7 @@ protected:
     }
 
     Cuda cuda;
+    uint64_t next_key_ = 0;
 };
 
 TEST_F(CudaVmm, LocalWritesBetweenPiecesLandWhole) {
@@ -361,21 +386,8 @@ TEST_F(CudaVmm, AHostClaimAboutDeviceMemoryIsRefused) {
     VmmBuffer dev, host;
     ASSERT_TRUE(dev.make(cuda, 1, 2 << 20, true)) << dev.why;
     ASSERT_TRUE(host.make(cuda, 1, 2 << 20, true, true)) << host.why;
-    uint64_t key = 100;
     const auto attempt = [&](const VmmBuffer &b, uint32_t flags) {
-        ipc::VmmPiecesMsg m{};
-        m.h.type = static_cast<uint16_t>(ipc::MsgType::kVmmPieces);
-        m.key = ++key;
-        m.count = 1;
-        m.pieces[0] = {0, b.piece};
-        std::vector<int> fds{b.exportPiece(0)};
-        ipc::ReplyMsg r = raw.call(m, nullptr, fds);
-        EXPECT_EQ(r.status, 0) << r.error;
-        ::close(fds[0]);
-        ipc::RegisterMsg reg = vmmRegistration(key, b.piece, b.va);
-        reg.flags = flags;
-        setUuid(&reg);
-        return raw.call(reg);
+        return stageAndRegister(raw, {{0, b.piece}}, {b.exportPiece(0)}, b.va, flags);
     };
     ipc::ReplyMsg r = attempt(dev, ipc::kRegisterVmm | ipc::kRegisterVmmHost);
     EXPECT_EQ(static_cast<ipc::Code>(r.status), ipc::Code::kInvalid) << r.error;
@@ -384,7 +396,7 @@ TEST_F(CudaVmm, AHostClaimAboutDeviceMemoryIsRefused) {
     EXPECT_EQ(static_cast<ipc::Code>(r.status), ipc::Code::kInvalid) << r.error;
     EXPECT_NE(std::string(r.error).find("is host memory"), std::string::npos) << r.error;
     // The flag without pieces means nothing.
-    ipc::RegisterMsg bare = vmmRegistration(++key, host.piece, host.va);
+    ipc::RegisterMsg bare = vmmRegistration(++next_key_, host.piece, host.va);
     bare.flags = ipc::kRegisterVmmHost;
     r = raw.call(bare);
     EXPECT_EQ(static_cast<ipc::Code>(r.status), ipc::Code::kInvalid) << r.error;
@@ -411,27 +423,9 @@ TEST_F(CudaVmm, AClientLyingAboutItsPiecesIsRefused) {
     ASSERT_TRUE(two.make(cuda, 2, 2 << 20, true)) << two.why;
     ASSERT_TRUE(big.make(cuda, 1, 4 << 20, true)) << big.why;
     const uint64_t g = two.piece;
-    uint64_t key = 1;
-    // Stages `pieces` ({offset, bytes}) with `fds`, registers them: the reply.
     const auto attempt = [&](std::vector<ipc::VmmPiece> pieces, std::vector<int> fds,
                              uint64_t address) {
-        ipc::VmmPiecesMsg m{};
-        m.h.type = static_cast<uint16_t>(ipc::MsgType::kVmmPieces);
-        m.key = ++key;
-        m.count = static_cast<uint32_t>(pieces.size());
-        uint64_t span = 0;
-        for (size_t i = 0; i < pieces.size(); ++i) {
-            m.pieces[i] = pieces[i];
-            span = pieces[i].offset + pieces[i].bytes;
-        }
-        ipc::ReplyMsg r = raw.call(m, nullptr, fds);
-        EXPECT_EQ(r.status, 0) << r.error;
-        for (int fd : fds) {
-            ::close(fd);
-        }
-        ipc::RegisterMsg reg = vmmRegistration(key, span, address);
-        setUuid(&reg);
-        return raw.call(reg);
+        return stageAndRegister(raw, std::move(pieces), std::move(fds), address);
     };
     // A piece claimed twice its size (the span with it), and one claimed half its size.
     ipc::ReplyMsg r =

@@ -114,6 +114,18 @@ struct Plugin {
         }
         return false;
     }
+    /// Whether this process registered its one host buffer in place (`in_place`) or shadowed;
+    /// else says what it did, as `who`.
+    static bool oneHostBuffer(bool in_place, const char *who) {
+        unsigned long long direct = 0, shadowed = 0;
+        if (hostBuffers(&direct, &shadowed) && direct == (in_place ? 1u : 0u) &&
+            shadowed == (in_place ? 0u : 1u)) {
+            return true;
+        }
+        std::fprintf(stderr, "%s's host buffers: %llu in place, %llu shadowed\n", who, direct,
+                     shadowed);
+        return false;
+    }
     /// A host buffer of `bytes` for NCCL_PTR_HOST: this process's memory (the plugin shadows
     /// it), or with `in_place` a tl_alloc_host buffer of the plugin's own client (memory
     /// tl_register shares, as NCCL's cuMem host buffers are: the plugin uses it in place).
@@ -366,14 +378,7 @@ int receiver(const std::string &socket, Pipe &handle_pipe, bool v9, int speed,
     if (net->deregMr(rcomm, mh) != ncclSuccess || net->closeRecv(rcomm) != ncclSuccess) {
         return 40;
     }
-    unsigned long long direct = 0, shadowed = 0;
-    if (!Plugin::hostBuffers(&direct, &shadowed) || direct != (in_place ? 1u : 0u) ||
-        shadowed != (in_place ? 0u : 1u)) {
-        std::fprintf(stderr, "receiver's host buffers: %llu in place, %llu shadowed\n", direct,
-                     shadowed);
-        return 41;
-    }
-    return 0;
+    return Plugin::oneHostBuffer(in_place, "receiver") ? 0 : 41;
 }
 
 /// The sending rank: the other half of receiver(). `eager` >= 0: the sends that must have gone
@@ -455,11 +460,7 @@ int sender(const std::string &socket, Pipe &handle_pipe, bool v9, int eager = -1
         return 40;
     }
     unsigned long long eager_sends = 0, direct = 0, rts = 0;
-    unsigned long long in_place_mrs = 0, shadowed = 0;
-    if (!Plugin::hostBuffers(&in_place_mrs, &shadowed) || in_place_mrs != (in_place ? 1u : 0u) ||
-        shadowed != (in_place ? 0u : 1u)) {
-        std::fprintf(stderr, "sender's host buffers: %llu in place, %llu shadowed\n", in_place_mrs,
-                     shadowed);
+    if (!Plugin::oneHostBuffer(in_place, "sender")) {
         return 42;
     }
     double copied = -1;
@@ -479,6 +480,26 @@ int sender(const std::string &socket, Pipe &handle_pipe, bool v9, int eager = -1
         }
     }
     return 0;
+}
+
+/// What the plugin beside `receiver` must tell NCCL over `transport`: the speed (the simulated
+/// port's rate, "100 Gb/sec (4X EDR)", over verbs; NCCL Socket's 10 Gb/s over tcp, no port to
+/// ask) and the NIC's PCI function (its topology places the NIC by it, for GPUDirect: the verbs
+/// sidecar's device as this process resolves it; none over tcp). False (`*pci` the path) when
+/// that device cannot be resolved.
+bool expectedDevice(const std::string &transport, const Sidecar &receiver, int *speed,
+                    std::string *pci) {
+    *speed = transport == "verbs" ? 100000 : 10000;
+    pci->clear();
+    if (transport == "verbs") {
+        char real[PATH_MAX];
+        *pci = receiver.sysfsRoot() + "/devices/pci0000:00/0000:00:01.0/" + kNicPci;
+        if (::realpath(pci->c_str(), real) == nullptr) {
+            return false;
+        }
+        *pci = real;
+    }
+    return true;
 }
 
 class NcclPlugin : public ::testing::TestWithParam<std::string> {};
@@ -520,19 +541,9 @@ TEST_P(NcclPlugin, EverySizeGroupedAndOutOfOrderArriveWhole) {
             }
             SCOPED_TRACE(std::string(mode.name) + (v9 ? ", v9" : ", v8"));
             Pipe handle;
-            // The speed NCCL is told: the simulated port's rate ("100 Gb/sec (4X EDR)") over
-            // verbs, NCCL Socket's 10 Gb/s over tcp (no port to ask).
-            const int speed = GetParam() == "verbs" ? 100000 : 10000;
-            // The NIC's PCI function NCCL is told (its topology places the NIC by it, for
-            // GPUDirect): the verbs sidecar's device, as this process resolves it; none over tcp.
+            int speed = 0;
             std::string pci;
-            if (GetParam() == "verbs") {
-                char real[PATH_MAX];
-                const std::string fn =
-                    nodes.b->sysfsRoot() + "/devices/pci0000:00/0000:00:01.0/" + kNicPci;
-                ASSERT_NE(::realpath(fn.c_str(), real), nullptr) << fn;
-                pci = real;
-            }
+            ASSERT_TRUE(expectedDevice(GetParam(), *nodes.b, &speed, &pci)) << pci;
             // The v9 runs copy NCCL's host buffers (sizes up to 16 MiB + 3) with two helper
             // threads, the v8 runs on the calling thread alone (the default on this machine's
             // CPUs may be either).
@@ -565,15 +576,9 @@ TEST_P(NcclPlugin, HostBuffersTheSidecarReachesAreUsedInPlace) {
     for (const EagerMode &mode : modes) {
         SCOPED_TRACE(mode.name);
         Pipe handle;
-        const int speed = GetParam() == "verbs" ? 100000 : 10000;
+        int speed = 0;
         std::string pci;
-        if (GetParam() == "verbs") {
-            char real[PATH_MAX];
-            const std::string fn =
-                nodes.b->sysfsRoot() + "/devices/pci0000:00/0000:00:01.0/" + kNicPci;
-            ASSERT_NE(::realpath(fn.c_str(), real), nullptr) << fn;
-            pci = real;
-        }
+        ASSERT_TRUE(expectedDevice(GetParam(), *nodes.b, &speed, &pci)) << pci;
         const pid_t r = forkClient([&] {
             useEagerMode(mode);
             return receiver(nodes.b->socket(), handle, false, speed, pci, true);
