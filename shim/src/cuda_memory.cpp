@@ -19,22 +19,25 @@ std::string hexAddress(uint64_t a) {
 
 namespace {
 
-/// Whether `ptr` lies in a VMM allocation made at a host location with a POSIX-fd handle type
+/// Whether the VMM allocation `h` was made at a host location with a POSIX-fd handle type
 /// (cuMemCreate with CU_MEM_LOCATION_TYPE_HOST_NUMA, as NCCL makes its host buffers): the
 /// sidecar can import that and reach it with its CPU.
+bool sharedHostAllocation(const cuda::Driver &d, CUmemGenericAllocationHandle h) {
+    CUmemAllocationProp prop{};
+    return d.cuMemGetAllocationPropertiesFromHandle(&prop, h) == CUDA_SUCCESS &&
+           cuda::atHostLocation(prop) &&
+           (prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;
+}
+
+/// The same for the allocation behind `ptr` (false where there is none).
 bool vmmHostAllocation(const cuda::Driver &d, const void *ptr) {
     CUmemGenericAllocationHandle h = 0;
     if (d.cuMemRetainAllocationHandle(&h, const_cast<void *>(ptr)) != CUDA_SUCCESS) {
         return false;
     }
-    CUmemAllocationProp prop{};
-    const bool got = d.cuMemGetAllocationPropertiesFromHandle(&prop, h) == CUDA_SUCCESS;
+    const bool host = sharedHostAllocation(d, h);
     d.cuMemRelease(h);
-    const bool host = prop.location.type == CU_MEM_LOCATION_TYPE_HOST ||
-                      prop.location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
-                      prop.location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
-    return got && host &&
-           (prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;
+    return host;
 }
 
 }  // namespace
@@ -106,9 +109,10 @@ CudaPointer probeCudaPointer(const void *ptr, CudaAllocation *out, std::string *
         // address, which cuMemRetainAllocationHandle finds (it fails for everything else).
         CUmemGenericAllocationHandle h = 0;
         if (d.cuMemRetainAllocationHandle(&h, const_cast<void *>(ptr)) == CUDA_SUCCESS) {
+            const bool host = sharedHostAllocation(d, h);
             d.cuMemRelease(h);
             *out = a;
-            return vmmHostAllocation(d, ptr) ? CudaPointer::kVmmHost : CudaPointer::kVmm;
+            return host ? CudaPointer::kVmmHost : CudaPointer::kVmm;
         }
         *why =
             "tl_register: this device memory can be exported neither with CUDA IPC nor as VMM "

@@ -139,7 +139,7 @@ void CudaRegistrar::registerCuda(Session &s, const ipc::RegisterMsg &m, ipc::Uni
                                               " bytes; the registration says " +
                                               std::to_string(m.alloc_bytes));
         }
-        return registerVmm(s, m, std::move(pieces), std::move(dmabuf));
+        return registerVmm(s, m, std::move(pieces), std::move(dmabuf), vmm_host);
     }
     if (dmabuf_only) {
         if ((m.flags & ~kKnownFlags) != 0 || reuse || !with_fd || !dmabuf) {
@@ -209,7 +209,7 @@ void CudaRegistrar::registerCuda(Session &s, const ipc::RegisterMsg &m, ipc::Uni
 }
 
 void CudaRegistrar::registerVmm(Session &s, const ipc::RegisterMsg &m,
-                                std::vector<VmmPieceFd> pieces, ipc::UniqueFd dmabuf) {
+                                std::vector<VmmPieceFd> pieces, ipc::UniqueFd dmabuf, bool host) {
     const auto refuse = [&](Code code, const std::string &why) {
         reply_(s, m.h.seq, code, 0, 0, "tl_register: " + why);
     };
@@ -224,7 +224,6 @@ void CudaRegistrar::registerVmm(Session &s, const ipc::RegisterMsg &m,
         return refuse(q.code(), q.message());
     }
     // Host memory belongs to no GPU: any context of the sidecar's maps it (its first device's).
-    const bool host = (m.flags & ipc::kRegisterVmmHost) != 0;
     CudaUuid uuid;
     std::memcpy(uuid.data(), m.device_uuid, uuid.size());
     const int ordinal = host ? 0 : rt.ordinalOf(uuid);

@@ -51,9 +51,10 @@ public:
     void finishChecks();
 
 private:
-    /// kRegisterVmm: the staged pieces become an import, verified by mapping them.
+    /// kRegisterVmm: the staged pieces become an import, verified by mapping them; `host`
+    /// (kRegisterVmmHost): pinned host memory, mapped for the sidecar's CPU.
     void registerVmm(Session &s, const ipc::RegisterMsg &m, std::vector<VmmPieceFd> pieces,
-                     ipc::UniqueFd dmabuf);
+                     ipc::UniqueFd dmabuf, bool host);
     /// kRegisterDmabufOnly: a region of a dma-buf the sidecar does not map.
     void registerDmabufOnly(Session &s, const ipc::RegisterMsg &m, ipc::UniqueFd dmabuf);
     /// Checks a dma-buf fd's size against a claimed allocation of `alloc_bytes` (kInvalid).

@@ -274,9 +274,7 @@ Status CudaRuntime::mapVmm(const std::vector<VmmPieceFd> &pieces, int ordinal, u
         // registrations stay device memory.
         CUmemAllocationProp prop{};
         rc = d.cuMemGetAllocationPropertiesFromHandle(&prop, h);
-        const bool at_host = prop.location.type == CU_MEM_LOCATION_TYPE_HOST ||
-                             prop.location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
-                             prop.location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
+        const bool at_host = cuda::atHostLocation(prop);
         if (rc != CUDA_SUCCESS || at_host != host) {
             d.cuMemRelease(h);
             undo();

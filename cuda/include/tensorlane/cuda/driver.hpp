@@ -117,6 +117,15 @@ struct Driver {
 /// The process's driver table, loaded on first use (no cuInit); thread-safe.
 const Driver &driver();
 
+/// Whether a VMM allocation with these properties lives in host memory (cuMemCreate at
+/// CU_MEM_LOCATION_TYPE_HOST, _HOST_NUMA or _HOST_NUMA_CURRENT): a CPU may touch it once mapped
+/// for it; device memory it may not (docs/gpu.md, "VMM memory").
+inline bool atHostLocation(const CUmemAllocationProp &prop) {
+    return prop.location.type == CU_MEM_LOCATION_TYPE_HOST ||
+           prop.location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
+           prop.location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
+}
+
 /// Makes `ctx` current for a scope and restores the previous context (the device guard of
 /// STYLE.md): a thread is never left with another current context.
 class ContextGuard {
