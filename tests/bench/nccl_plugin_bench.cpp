@@ -23,6 +23,8 @@
 //                     (TENSORLANE_NCCL_COPY_THREADS of both ranks)
 //                     [--tag-threads N] [--connections N] ([tcp] of both sidecars)
 //                     [--tag-spin-us N] (TENSORLANE_TAG_SPIN_US of both sidecars)
+//                     [--tag-io 0|1] (TENSORLANE_TAG_SOCKET_IO of both sidecars: 0 keeps the
+//                     socket copies of big chunks on the engine thread)
 //                     [--in-place 1] (NCCL's host buffers are memory the sidecar reaches, as
 //                     NCCL's cuMem host buffers: the plugin registers them in place, no shadows)
 //                     [--cpu 1] (with --stream: each sidecar thread's CPU time over the
@@ -606,6 +608,8 @@ int main(int argc, char **argv) {
             connections = std::to_string(std::stoul(v));
         } else if (a == "--in-place") {
             in_place = v != "0";
+        } else if (a == "--tag-io") {
+            ::setenv("TENSORLANE_TAG_SOCKET_IO", v.c_str(), 1);
         } else if (a == "--tag-spin-us") {
             ::setenv("TENSORLANE_TAG_SPIN_US", std::to_string(std::stoul(v)).c_str(), 1);
         } else if (a == "--cpu") {

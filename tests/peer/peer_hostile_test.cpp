@@ -178,6 +178,73 @@ TEST(HostilePeer, BigChunkWithABadTagIsRefusedWhenWorkersCheckIt) {
     EXPECT_TRUE(again.openSession(&why)) << why;
 }
 
+TEST(HostilePeer, ChunksWorkersReadLandWholeAfterAStallAndNotAtAllWhenCutOff) {
+    // Big chunks are read from the socket by the victim's tag workers. One whose sender pauses
+    // halfway, longer than a worker waits (TagPool::kReadRunUs), is handed back to the engine,
+    // read on by a worker when its bytes come (its tag too arriving in two pieces), and lands
+    // whole. One whose connection closes halfway lands nothing and ends the session, and the
+    // node takes sessions again.
+    TempDir dir;
+    const auto key = dir.writeFile("peer.key", kSecret);
+    auto b = victim(key, freePort(), [](config::Config &c) { c.tcp.tag_threads = 2; });
+    ASSERT_TRUE(b->ok()) << b->startStatus().message();
+    constexpr uint32_t kLen = 1u << 20;
+    auto dst = b->addRegion(2 * kLen, "recv");
+    std::memset(dst->base, 0x11, 2 * kLen);
+    RawClientPeer evil(kSecret, "node-evil", "node-b", b->port());
+    std::string why;
+    ASSERT_TRUE(evil.openSession(&why)) << why;
+    ASSERT_TRUE(evil.openData(0, &why) && evil.openData(1, &why)) << why;
+    std::vector<uint8_t> data(kLen);
+    fillRandom(data.data(), kLen, 31);
+    ChunkHeader h;
+    h.region = evil.regions()[0].id;
+    h.total_bytes = kLen;
+    h.imm = 3;
+    uint8_t head[sidecar::kChunkFrameOverhead];
+    sidecar::encodeChunkFrame(head, 1, h, kLen);
+    uint8_t tag[sidecar::kFrameTagBytes];
+    RawConn &c0 = evil.data(0);
+    c0.chunkTag(head, data.data(), kLen, tag);
+    constexpr uint32_t kFirst = 300u << 10;
+    ASSERT_TRUE(c0.sendRaw(head, sizeof head));
+    ASSERT_TRUE(c0.sendRaw(data.data(), kFirst));
+    std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    EXPECT_EQ(b->sink.count(Event::Kind::kArrived), 0u);
+    ASSERT_TRUE(c0.sendRaw(data.data() + kFirst, kLen - kFirst - 100));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ASSERT_TRUE(c0.sendRaw(data.data() + kLen - 100, 100));
+    ASSERT_TRUE(c0.sendRaw(tag, 10));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_EQ(b->sink.count(Event::Kind::kArrived), 0u) << "notified before its tag was whole";
+    ASSERT_TRUE(c0.sendRaw(tag + 10, sizeof tag - 10));
+    ASSERT_TRUE(b->sink.waitFor(
+        [](const std::vector<Event> &ev) {
+            return std::any_of(ev.begin(), ev.end(),
+                               [](const Event &e) { return e.kind == Event::Kind::kArrived; });
+        },
+        3s));
+    EXPECT_EQ(0, std::memcmp(dst->base, data.data(), kLen)) << "the stalled chunk did not land";
+    EXPECT_GE(peerStatus(*b, "node-evil")["chunks_read_by_tag_workers"].get<uint64_t>(), 1u)
+        << "no worker read the chunk";
+    // The second write: half a chunk, then the connection closes.
+    h.write_offset = kLen;
+    h.imm = 4;
+    sidecar::encodeChunkFrame(head, 2, h, kLen);
+    ASSERT_TRUE(c0.sendRaw(head, sizeof head));
+    ASSERT_TRUE(c0.sendRaw(data.data(), 400u << 10));
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    evil.data(0) = RawConn();
+    EXPECT_TRUE(evil.control().closedWithin(3000)) << "the session was not dropped";
+    EXPECT_TRUE(peerLogHas({"node-evil", "data connection closed by the peer"}));
+    EXPECT_EQ(b->sink.count(Event::Kind::kArrived), 1u);
+    EXPECT_TRUE(std::all_of(dst->base + kLen, dst->base + 2 * kLen, [](uint8_t v) {
+        return v == 0x11;
+    })) << "bytes of a chunk cut off halfway reached the region";
+    RawClientPeer again(kSecret, "node-evil", "node-b", b->port());
+    EXPECT_TRUE(again.openSession(&why)) << why;
+}
+
 TEST(HostilePeer, EarlyAckIsAProtocolErrorAndTheWriteFails) {
     // The target acknowledges a 64 MiB write after its first chunk. The writer used to report
     // TL_OK for data never sent (and its socket then read freed memory if the source went).
@@ -559,6 +626,8 @@ struct TamperResult {
     bool arrived = false;
     bool intact = false;
     bool flipped = false;
+    /// Chunks node-b's tag workers read from their sockets (chunks_read_by_tag_workers).
+    uint64_t read_by_workers = 0;
 };
 
 TamperResult writeThroughTamperingProxy(bool integrity, std::optional<uint32_t> tag_threads = 0) {
@@ -596,6 +665,7 @@ TamperResult writeThroughTamperingProxy(bool integrity, std::optional<uint32_t> 
     }
     r.completion = a.sink.completion(op, 10s);
     r.arrived = b.sink.count(Event::Kind::kArrived) > 0;
+    r.read_by_workers = peerStatus(b, "node-a").value("chunks_read_by_tag_workers", uint64_t{0});
     // The write's chunks that verified may still be landing (on node-b's tag workers) when the
     // writer hears the session go: node-b is stopped (its threads joined) before its memory is
     // read.
@@ -615,13 +685,16 @@ TEST(Integrity, AByteChangedOnTheWireIsCaughtAndNeverNotified) {
 }
 
 TEST(Integrity, AByteChangedOnTheWireIsCaughtWithTheTagsOnWorkerThreads) {
-    // The same with both ends' chunk tags signed and checked by two workers each.
+    // The same with both ends' chunk tags signed and checked by two workers each. Past the
+    // first 64 KiB of each chunk the receiving workers also read the socket, so the changed
+    // byte (100,000 bytes into the connection) reaches a worker, not the engine thread.
     TamperResult r = writeThroughTamperingProxy(true, 2);
     ASSERT_TRUE(r.flipped) << "the proxy did not see the byte it was to change";
     ASSERT_TRUE(r.completion.has_value());
     EXPECT_EQ(r.completion->code, Code::kPeer) << r.completion->reason;
     EXPECT_FALSE(r.arrived) << "the owner was told about data that was changed on the way";
     EXPECT_TRUE(peerLogHas({"node-a", "authentication tag"}));
+    EXPECT_GE(r.read_by_workers, 1u) << "no chunk was read by a worker";
 }
 
 TEST(Integrity, WithoutTagsTheSameChangeGoesUnnoticed) {

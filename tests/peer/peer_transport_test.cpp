@@ -504,6 +504,14 @@ TEST_F(PeerTcp, TagsOnWorkerThreadsDeliverEveryByteIntactAndInOrder) {
     // Chunks of 64 KiB and more went to the pool on both ends (signed at a, checked at b).
     EXPECT_GE(sa["tags_offloaded"].get<uint64_t>(), 20u);
     EXPECT_GE(sb["tags_offloaded"].get<uint64_t>(), 20u);
+    // Chunks with more than 64 KiB past the first read went to b's workers whenever one of
+    // its socket places was free (two workers: one place, three connections; the others are
+    // read by the engine thread), and a's workers wrote chunks the same way. Neither does the
+    // other side's part: a receives nothing, b sends only ACKs.
+    EXPECT_GE(sb["chunks_read_by_tag_workers"].get<uint64_t>(), 1u);
+    EXPECT_EQ(sa["chunks_read_by_tag_workers"].get<uint64_t>(), 0u);
+    EXPECT_GE(sa["bytes_sent_by_tag_workers"].get<uint64_t>(), 1u << 20);
+    EXPECT_EQ(sb["bytes_sent_by_tag_workers"].get<uint64_t>(), 0u);
 }
 
 TEST_F(PeerTcp, RevokingARegionWhileItsChunksAreCheckedKeepsTheSession) {

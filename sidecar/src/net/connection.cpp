@@ -120,8 +120,7 @@ Connection::Connection(Poller &poller, ipc::UniqueFd fd, std::string remote, Con
     want_write_ = is_connecting;
     // Level-triggered: a connection with more input than one progress() budget is reported
     // again on the next epoll_wait, so nothing is lost when we stop early.
-    uint32_t events = EPOLLIN | EPOLLRDHUP | (want_write_ ? EPOLLOUT : 0u);
-    poller_->add(fd_.get(), events, token_);
+    poller_->add(fd_.get(), events(), token_);
 }
 
 void Connection::rebind(Poller &poller) {
@@ -132,7 +131,7 @@ void Connection::rebind(Poller &poller) {
     poller_ = &poller;
     token_ = poller_->attach(this);
     if (fd_) {
-        poller_->add(fd_.get(), EPOLLIN | EPOLLRDHUP | (want_write_ ? EPOLLOUT : 0u), token_);
+        poller_->add(fd_.get(), events(), token_);
     }
 }
 
@@ -146,7 +145,21 @@ Connection::~Connection() {
     dropOutput();  // no tag job may go on reading what the queue points at
 }
 
+void Connection::stopSocketJobs() {
+    if (tags_ == nullptr) {
+        return;
+    }
+    if (send_job_) {
+        tags_->cancelOrWait(*send_job_);
+    }
+    if (rx.reading && rx.job) {
+        tags_->cancelOrWait(*rx.job);  // (its owner, the InLink, takes the result back)
+    }
+}
+
 void Connection::close() {
+    // No worker may go on reading or writing the socket's number once it is closed.
+    stopSocketJobs();
     if (fd_) {
         poller_->remove(fd_.get());
         poller_->detach(token_);
@@ -159,7 +172,19 @@ void Connection::setWantWrite(bool want) {
         return;
     }
     want_write_ = want;
-    poller_->modify(fd_.get(), EPOLLIN | EPOLLRDHUP | (want ? EPOLLOUT : 0u), token_);
+    poller_->modify(fd_.get(), events(), token_);
+}
+
+void Connection::setWantRead(bool want) {
+    if (want == want_read_ || !fd_) {
+        return;
+    }
+    want_read_ = want;
+    poller_->modify(fd_.get(), events(), token_);
+}
+
+uint32_t Connection::events() const {
+    return (want_read_ ? EPOLLIN | EPOLLRDHUP : 0u) | (want_write_ ? EPOLLOUT : 0u);
 }
 
 void Connection::queueFrame(FrameType type, uint64_t arg, std::span<const uint8_t> payload) {
@@ -209,6 +234,12 @@ void Connection::queueChunk(const uint8_t *head, const uint8_t *data, uint32_t l
                 job->gather_to = gather_to;
                 item.data_waits = true;
             }
+            // The queue's head: the worker that signs it sends it too.
+            if (out_.empty() && !send_job_ && len >= TagPool::kWriteFrom && fd_ &&
+                tags_->reserveSocket()) {
+                job->write_fd = fd_.get();
+                send_job_ = job;
+            }
             item.job = job;
             tags_->submit(std::move(job));
         } else {
@@ -224,6 +255,11 @@ void Connection::queueChunk(const uint8_t *head, const uint8_t *data, uint32_t l
 }
 
 void Connection::dropOutput() {
+    if (send_job_) {
+        tags_->cancelOrWait(*send_job_);
+        send_job_.reset();
+        tags_->releaseSocket();
+    }
     for (OutItem &item : out_) {
         if (item.job && tags_ != nullptr) {
             tags_->cancelOrWait(*item.job);
@@ -235,17 +271,118 @@ void Connection::dropOutput() {
     sent_.clear();
 }
 
+bool Connection::poolable(const OutItem &item) const {
+    return tags_ != nullptr && tags_->socketIo() && item.tag_len != 0 && item.big.empty() &&
+           item.sent + TagPool::kWriteFrom <= item.head_len + item.data_len;
+}
+
+Connection::PoolSend Connection::poolSend() {
+    if (out_.empty() || send_job_ || !poolable(out_.front())) {
+        return PoolSend::kNo;
+    }
+    OutItem &front = out_.front();
+    if (front.job && !front.job->done.load(std::memory_order_acquire)) {
+        return PoolSend::kWait;  // its tag comes soon, and then a worker sends it
+    }
+    if (!tags_->reserveSocket()) {
+        return PoolSend::kNo;
+    }
+    if (front.job) {
+        front.tag = front.job->tag;
+        front.job.reset();
+    }
+    auto job = std::make_shared<TagJob>();
+    job->head = {};
+    std::copy(front.head.begin(), front.head.begin() + front.head_len, job->head.begin());
+    job->head_len = front.head_len;
+    job->data = front.data;
+    job->len = front.data_len;
+    job->tag = front.tag;
+    job->tag_ready = true;
+    job->write_fd = fd_.get();
+    job->sent = front.sent;
+    send_job_ = job;
+    tags_->submit(std::move(job));
+    return PoolSend::kSent;
+}
+
+bool Connection::awaitSend() {
+    if (!send_job_ || !tags_->waitIfRunning(*send_job_)) {
+        return false;
+    }
+    size_t written = 0;
+    if (int rc = settleSend(&written); rc != 0) {
+        send_error_ = rc;
+    }
+    // Still waiting: the pool's wake-up at the job's end brings flush() back.
+    waiting_tag_ = true;
+    return true;
+}
+
+int Connection::settleSend(size_t *written) {
+    std::shared_ptr<TagJob> job = std::exchange(send_job_, nullptr);
+    tags_->releaseSocket();
+    OutItem &front = out_.front();
+    if (front.job == job) {
+        if (!job->tag_ready) {
+            return 0;  // taken back before it ran (teardown): nothing was signed or sent
+        }
+        front.tag = job->tag;
+        front.job.reset();
+    }
+    if (job->cancelled) {
+        return 0;
+    }
+    const size_t advance = job->sent - front.sent;
+    front.sent = job->sent;
+    bytes_out += advance;
+    out_bytes_ -= advance;
+    *written += advance;
+    if (job->write_error != 0) {
+        return job->write_error;
+    }
+    if (front.sent == front.size()) {
+        if (front.tag_id != 0) {
+            sent_.push_back(front.tag_id);
+        }
+        out_.pop_front();
+    }
+    return 0;
+}
+
 int Connection::flush(int64_t now_ms, size_t budget) {
     if (!fd_) {
         return EBADF;
     }
+    if (send_error_ != 0) {
+        return send_error_;
+    }
     size_t written_total = 0;
     waiting_tag_ = false;
-    while (!out_.empty() && written_total < budget) {
+    bool stalled = false;
+    if (send_job_) {
+        if (!send_job_->done.load(std::memory_order_acquire)) {
+            waiting_tag_ = true;  // a worker writes the head; the pool wakes us when it is done
+            setWantWrite(false);
+            return 0;
+        }
+        stalled = send_job_->write_stalled;
+        if (int rc = settleSend(&written_total); rc != 0) {
+            return rc;
+        }
+    }
+    while (!stalled && !out_.empty() && written_total < budget) {
+        if (poolSend() != PoolSend::kNo) {
+            waiting_tag_ = true;  // the pool wakes us when the tag is there or the send ended
+            break;
+        }
         iovec iov[kMaxIovPerWrite];
         size_t n = 0;
         bool at_tag = false;  // stopped before a tag the pool has not finished
         for (auto it = out_.begin(); it != out_.end() && n + 3 <= kMaxIovPerWrite; ++it) {
+            if (it != out_.begin() && poolable(*it)) {
+                break;  // a worker sends it once it is the head
+            }
             const uint8_t *head = it->big.empty() ? it->head.data() : it->big.data();
             const size_t head_len = it->big.empty() ? it->head_len : it->big.size();
             size_t skip = it->sent;

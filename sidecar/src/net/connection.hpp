@@ -86,6 +86,11 @@ struct ChunkRx {
     /// A packed chunk (net/packed_chunk.hpp): its table's entries (`land` is then the region's
     /// first byte, and the pieces go where the table says). 0: one range.
     uint32_t pieces = 0;
+    /// The rest of the chunk (data and tag) is read from the socket by a TagPool worker
+    /// (`job`, TagJob::read_fd), which checks it and lands it: nothing of it is buffered here.
+    bool pooled = false;
+    /// A worker is reading it now: the connection is not read here (nor polled for input).
+    bool reading = false;
 };
 
 /// A connected, non-blocking TCP socket registered with a Poller. Move-only by pointer: the
@@ -144,11 +149,15 @@ public:
     int flush(int64_t now_ms, size_t budget = SIZE_MAX);
     bool hasOutput() const { return !out_.empty(); }
     uint64_t queuedBytes() const { return out_bytes_; }
+    /// Waits for the worker writing the queue's head if one is at it now, and counts what it
+    /// wrote. True when there was one (a job not started yet stays queued). An error it met is
+    /// returned by the next flush().
+    bool awaitSend();
     /// Forgets queued output (the connection is being torn down); tags still being computed
     /// over it are waited for, so its memory may go once this returns.
     void dropOutput();
-    /// The queue's head waits for a tag from the pool (the pool's wake-up brings us back;
-    /// EPOLLOUT is not asked for meanwhile).
+    /// The queue's head waits for a tag from the pool, or a worker sends it (the pool's
+    /// wake-up brings us back; EPOLLOUT is not asked for meanwhile).
     bool waitingForTag() const { return waiting_tag_; }
 
     // ----- input
@@ -184,6 +193,8 @@ public:
 
     /// Wants EPOLLOUT (set while output is queued or a connect is in progress).
     void setWantWrite(bool want);
+    /// Wants EPOLLIN (off while a TagPool worker reads the socket: ChunkRx::reading).
+    void setWantRead(bool want);
 
 private:
     struct OutItem {
@@ -206,12 +217,29 @@ private:
     std::string remote_;
     uint64_t token_ = 0;
     bool want_write_ = false;
+    bool want_read_ = true;
+    /// The epoll events wanted now.
+    uint32_t events() const;
     std::vector<uint8_t> in_;
     size_t rpos_ = 0;
     size_t wpos_ = 0;
     std::deque<OutItem> out_;
     uint64_t out_bytes_ = 0;
     std::vector<uint64_t> sent_;
+    /// The queue's head, being written to the socket by a tag worker (TagJob::write_fd): nothing
+    /// else is sent meanwhile. It holds one of the pool's socket places.
+    std::shared_ptr<TagJob> send_job_;
+    int send_error_ = 0;  ///< the errno a worker's send ended with, for the next flush()
+    /// Hands the rest of the queue's head to a worker when it is a big chunk whose tag is there
+    /// (kSent), or says to wait for its tag (kWait) and then do so; kNo: it is sent here.
+    enum class PoolSend { kNo, kSent, kWait };
+    /// A chunk frame with enough left to send that a worker sends it (TagPool::kWriteFrom).
+    bool poolable(const OutItem &item) const;
+    PoolSend poolSend();
+    /// Takes the worker's send back: what it wrote counts. 0 or the errno that ended it.
+    int settleSend(size_t *written);
+    /// Waits for (or takes back) the jobs of workers that use the socket.
+    void stopSocketJobs();
     size_t frame_bytes_ = 0;  ///< what the frame nextFrame() returned spans
     FrameAuth tx_auth_;
     FrameAuth rx_auth_;

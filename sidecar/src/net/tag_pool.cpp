@@ -1,10 +1,14 @@
 #include "net/tag_pool.hpp"
 
+#include <poll.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 
@@ -16,7 +20,8 @@ unsigned TagPool::autoThreads(unsigned cpus) {
     return cpus < 4 ? 0 : std::min(4u, cpus / 4);
 }
 
-TagPool::TagPool(unsigned threads, unsigned spin_us) : spin_us_(spin_us) {
+TagPool::TagPool(unsigned threads, unsigned spin_us, bool socket_io)
+    : spin_us_(spin_us), socket_io_(socket_io) {
     threads = std::min(threads, kMaxThreads);
     if (threads == 0) {
         return;
@@ -83,12 +88,46 @@ void TagPool::submit(std::shared_ptr<TagJob> job) {
 }
 
 void TagPool::cancelOrWait(TagJob &job) {
-    std::unique_lock lock(mutex_);
-    if (takeQueued(job)) {
+    {
+        std::unique_lock lock(mutex_);
+        if (!takeQueued(job)) {
+            done_cv_.wait(lock, [&] { return job.done.load(std::memory_order_acquire); });
+            return;
+        }
         cancel(job);
-        return;
+    }
+    // Its owner may be waiting for it to end (a reading job whose socket is not polled meanwhile).
+    signalDone();
+}
+
+bool TagPool::waitIfRunning(TagJob &job) {
+    std::unique_lock lock(mutex_);
+    if (std::any_of(queue_.begin(), queue_.end(),
+                    [&](const std::shared_ptr<TagJob> &j) { return j.get() == &job; })) {
+        return false;
     }
     done_cv_.wait(lock, [&] { return job.done.load(std::memory_order_acquire); });
+    return true;
+}
+
+bool TagPool::reserveSocket() {
+    const unsigned limit = workers_.size() > 1 ? static_cast<unsigned>(workers_.size()) - 1 : 1;
+    unsigned n = sockets_.load(std::memory_order_relaxed);
+    do {
+        if (!socketIo() || n >= limit) {
+            return false;
+        }
+    } while (!sockets_.compare_exchange_weak(n, n + 1, std::memory_order_relaxed));
+    return true;
+}
+
+void TagPool::releaseSocket() {
+    sockets_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void TagPool::signalDone() {
+    const uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(wake_.get(), &one, sizeof one);
 }
 
 void TagPool::finishNow(TagJob &job) {
@@ -104,11 +143,140 @@ void TagPool::finishNow(TagJob &job) {
     compute(mac, job);
     job.done.store(true, std::memory_order_release);
     // Its owner hears of it as of any other: a result nobody is woken for would wait forever.
-    const uint64_t one = 1;
-    [[maybe_unused]] ssize_t n = ::write(wake_.get(), &one, sizeof one);
+    signalDone();
+}
+
+namespace {
+
+/// Waits until `fd` has `events` or `until` passes, at most TagPool::kReadWaitUs at a time:
+/// 1 when ready, 0 when not, -errno on failure.
+int waitFor(int fd, short events, std::chrono::steady_clock::time_point until) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= until) {
+        return 0;
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(until - now);
+    const long wait_ns = std::min<long>(left.count(), long{TagPool::kReadWaitUs} * 1000);
+    const timespec ts{0, wait_ns};
+    pollfd p{fd, events, 0};
+    const int ready = ::ppoll(&p, 1, &ts, nullptr);
+    if (ready < 0) {
+        return errno == EINTR ? 1 : -errno;
+    }
+    return ready;
+}
+
+}  // namespace
+
+void TagPool::readRest(TagJob &job) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kReadRunUs);
+    job.read_bytes = 0;
+    job.read_error = 0;
+    while (!job.readComplete()) {
+        // The data's rest, then the tag's, and never a byte of the next frame.
+        iovec iov[2];
+        int n = 0;
+        if (job.have < job.len) {
+            iov[n++] = {job.read_to + job.have, job.len - job.have};
+        }
+        iov[n++] = {job.tag.data() + job.tag_have, kFrameTagBytes - job.tag_have};
+        const ssize_t r = ::readv(job.read_fd, iov, n);
+        if (r > 0) {
+            size_t got = static_cast<size_t>(r);
+            job.read_bytes += got;
+            const size_t data = std::min(got, job.len - job.have);
+            job.have += data;
+            job.tag_have += got - data;
+            continue;
+        }
+        if (r == 0) {
+            job.read_error = ECONNRESET;
+            return;
+        }
+        if (errno == EINTR) {
+            continue;
+        }
+        if (errno != EAGAIN && errno != EWOULDBLOCK) {
+            job.read_error = errno;
+            return;
+        }
+        // Drained: the sender is still at it, or stopped. Wait a little for more, then hand the
+        // rest back to the engine, whose epoll waits for it without holding a worker.
+        const int ready = waitFor(job.read_fd, POLLIN, until);
+        if (ready < 0) {
+            job.read_error = -ready;
+            return;
+        }
+        if (ready == 0) {
+            return;
+        }
+    }
+}
+
+void TagPool::writeRest(TagJob &job) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kReadRunUs);
+    job.written = 0;
+    job.write_error = 0;
+    job.write_stalled = false;
+    const size_t total = job.frameBytes();
+    while (job.sent < total) {
+        iovec iov[3];
+        int n = 0;
+        size_t skip = job.sent;
+        const std::pair<const uint8_t *, size_t> parts[3] = {
+            {job.head.data(), job.head_len}, {job.data, job.len}, {job.tag.data(), kFrameTagBytes}};
+        for (const auto &[p, len] : parts) {
+            if (skip >= len) {
+                skip -= len;
+                continue;
+            }
+            iov[n++] = {const_cast<uint8_t *>(p + skip), len - skip};
+            skip = 0;
+        }
+        msghdr msg{};
+        msg.msg_iov = iov;
+        msg.msg_iovlen = static_cast<size_t>(n);
+        // MSG_NOSIGNAL: a peer that reset the connection gives EPIPE, not a SIGPIPE.
+        const ssize_t w = ::sendmsg(job.write_fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w > 0) {
+            job.sent += static_cast<size_t>(w);
+            job.written += static_cast<size_t>(w);
+            bytes_sent_.fetch_add(static_cast<uint64_t>(w), std::memory_order_relaxed);
+            continue;
+        }
+        if (w < 0 && errno == EINTR) {
+            continue;
+        }
+        if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+            job.write_error = errno;
+            return;
+        }
+        const int ready = waitFor(job.write_fd, POLLOUT, until);
+        if (ready < 0) {
+            job.write_error = -ready;
+            return;
+        }
+        if (ready == 0) {
+            job.write_stalled = true;
+            return;
+        }
+    }
+    sends_done_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void TagPool::compute(FrameMac &mac, TagJob &job) {
+    if (job.write_fd >= 0 && job.tag_ready) {
+        writeRest(job);
+        return;
+    }
+    if (job.read_fd >= 0) {
+        readRest(job);
+        if (job.read_error != 0 || !job.readComplete()) {
+            job.good = false;  // not checked yet: the key stays for the next run
+            return;
+        }
+        reads_done_.fetch_add(1, std::memory_order_relaxed);
+    }
     gatherInto(job.gather_to, job.gather);
     mac.init(job.otk, job.head_len + job.len);
     mac.update(job.head.data(), job.head_len);
@@ -125,8 +293,12 @@ void TagPool::compute(FrameMac &mac, TagJob &job) {
         }
     } else {
         mac.final(job.tag.data());
+        job.tag_ready = true;
     }
     sodium_memzero(job.otk.data(), job.otk.size());
+    if (job.write_fd >= 0) {
+        writeRest(job);
+    }
 }
 
 void TagPool::clearWake() {
@@ -173,8 +345,7 @@ void TagPool::run() {
         }
         done_cv_.notify_all();
         jobs_done_.fetch_add(1, std::memory_order_relaxed);
-        const uint64_t one = 1;
-        [[maybe_unused]] ssize_t n = ::write(wake_.get(), &one, sizeof one);
+        signalDone();
     }
 }
 

@@ -57,6 +57,37 @@ struct TagJob {
     uint8_t *gather_to = nullptr;
     /// sign: written by the worker; verify: the tag that came with the frame.
     std::array<uint8_t, kFrameTagBytes> tag{};
+    /// verify, read by the worker (TagPool::kReadFrom): the socket the rest of the chunk's data
+    /// and then its tag come from, read into `read_to` (the buffer `data` points at) and `tag`
+    /// without blocking the worker for long (at most kReadWaitUs at a time, kReadRunUs in
+    /// all). -1: every byte is there.
+    int read_fd = -1;
+    uint8_t *read_to = nullptr;
+    /// With `read_fd`: the bytes of the data and of the tag that are there (in: where reading
+    /// goes on; out: how far it got). The tag is checked (and the chunk copied) only once both
+    /// are whole; a run that ends short leaves `good` false and is submitted again.
+    size_t have = 0;
+    size_t tag_have = 0;
+    /// Out, with `read_fd`: bytes this run read, and the errno that ended reading (ECONNRESET:
+    /// the peer closed the stream).
+    size_t read_bytes = 0;
+    int read_error = 0;
+    /// With `read_fd`: whether data and tag are whole.
+    bool readComplete() const { return have == len && tag_have == kFrameTagBytes; }
+    /// sign, sent by the worker (TagPool::kWriteFrom): the socket the whole frame (`head`,
+    /// `data`, `tag`) goes to once its tag is there, without blocking the worker for long (as
+    /// reads). -1: the connection sends it.
+    int write_fd = -1;
+    /// With `write_fd`: the tag is in `tag` already (only the sending is left).
+    bool tag_ready = false;
+    /// With `write_fd`: bytes of the frame written so far (in: where writing goes on), and out:
+    /// bytes this run wrote, the errno that ended writing, whether the run ended on a full
+    /// socket (the connection waits for EPOLLOUT before it goes on).
+    size_t sent = 0;
+    size_t written = 0;
+    int write_error = 0;
+    bool write_stalled = false;
+    size_t frameBytes() const { return head_len + len + kFrameTagBytes; }
     /// verify's answer, once done (a cancelled job is not good).
     bool good = false;
     /// Taken back before a worker ran it (cancelOrWait()): `tag`/`good` mean nothing.
@@ -86,6 +117,18 @@ public:
     static constexpr size_t kBulkOffloadFrom = 8 * 1024;
     /// The most workers one pool runs.
     static constexpr unsigned kMaxThreads = 16;
+    /// A host chunk with at least this much data still to come is read from its socket by a
+    /// worker (TagJob::read_fd), which then checks its tag and copies it into its region: the
+    /// engine thread does none of the chunk's socket copies.
+    static constexpr size_t kReadFrom = 64 * 1024;
+    /// How long a worker reading a socket waits for its next bytes, and reads in all, before it
+    /// hands the rest back (the engine submits it again when epoll sees the socket readable):
+    /// a peer that stops mid-chunk holds a worker for at most this long.
+    static constexpr unsigned kReadWaitUs = 500;
+    static constexpr unsigned kReadRunUs = 4000;
+    /// A chunk frame with at least this much data left to send is written to its socket by a
+    /// worker (TagJob::write_fd), the one that signs it when it is the queue's head by then.
+    static constexpr size_t kWriteFrom = 64 * 1024;
 
     /// The workers `[tcp] tag_threads = "auto"` gives on a host with `cpus` CPUs: none below
     /// four (the engine threads and the applications want them), then one per four, at most
@@ -95,13 +138,17 @@ public:
     /// Starts `threads` workers (0: every tag stays on the caller's thread). `spin_us`: how
     /// long an idle worker looks for the next job before it sleeps (0: it sleeps at once; a
     /// sleeping worker costs the submitter a futex wake and the job the wake-up's latency).
-    explicit TagPool(unsigned threads, unsigned spin_us = 0);
+    /// `socket_io`: whether workers read and write sockets for big chunks (kReadFrom,
+    /// kWriteFrom); false keeps every socket copy on the connections' thread.
+    explicit TagPool(unsigned threads, unsigned spin_us = 0, bool socket_io = true);
     /// Stops and joins the workers; jobs still queued are cancelled.
     ~TagPool();
     TagPool(const TagPool &) = delete;
     TagPool &operator=(const TagPool &) = delete;
 
     unsigned threads() const { return static_cast<unsigned>(workers_.size()); }
+    /// Whether workers take socket reads and writes of big chunks (a pool with workers).
+    bool socketIo() const { return socket_io_ && !workers_.empty(); }
     /// Whether a frame of `frame_bytes` goes to the workers (`bulk`: a scattered write's).
     bool offloads(size_t frame_bytes, bool bulk = false) const {
         return !workers_.empty() && frame_bytes >= (bulk ? kBulkOffloadFrom : kOffloadFrom);
@@ -110,8 +157,17 @@ public:
     /// Queues `job`. When a worker has done it, `done` is set and wakeFd() becomes readable.
     void submit(std::shared_ptr<TagJob> job);
     /// Makes sure no worker uses `job` any more: takes it back if it is still queued (it is
-    /// then done and `cancelled`), else waits until its worker has finished it. For teardown.
+    /// then done and `cancelled`, and wakeFd() becomes readable), else waits until its worker
+    /// has finished it. For teardown.
     void cancelOrWait(TagJob &job);
+
+    /// Waits for `job` if a worker runs it now. False when it is still queued (left there).
+    bool waitIfRunning(TagJob &job);
+
+    /// Takes one of the places for jobs that read or write a socket (all workers but one, so
+    /// tags keep moving); false when all are taken. Give it back with releaseSocket().
+    bool reserveSocket();
+    void releaseSocket();
     /// Makes sure `job` is done, with its real result: computes it on the calling thread if it
     /// is still queued, else waits for its worker. For memory about to change under it. Either
     /// way wakeFd() becomes readable, as when a worker ends a job.
@@ -124,10 +180,23 @@ public:
 
     /// Jobs finished by the workers (status, tests).
     uint64_t jobsDone() const { return jobs_done_.load(std::memory_order_relaxed); }
+    /// Chunks whose data and tag workers read from their sockets to the end (status, tests).
+    uint64_t readsDone() const { return reads_done_.load(std::memory_order_relaxed); }
+    /// Chunk frames workers wrote to their sockets to the end (status, tests). A frame whose
+    /// socket filled up with less than kWriteFrom left is finished by its connection.
+    uint64_t sendsDone() const { return sends_done_.load(std::memory_order_relaxed); }
+    /// Bytes workers wrote to sockets.
+    uint64_t bytesSent() const { return bytes_sent_.load(std::memory_order_relaxed); }
 
 private:
     void run();
-    static void compute(FrameMac &mac, TagJob &job);
+    void compute(FrameMac &mac, TagJob &job);
+    /// Reads what a reading job still lacks from its socket (TagJob::read_fd).
+    static void readRest(TagJob &job);
+    /// Writes what a writing job has not sent yet to its socket (TagJob::write_fd).
+    void writeRest(TagJob &job);
+    /// Wakes the owners of ended jobs.
+    void signalDone();
     /// Takes `job` out of the queue (under mutex_); null when no worker is to run it any more.
     std::shared_ptr<TagJob> takeQueued(const TagJob &job);
     /// A job that will never run.
@@ -142,7 +211,12 @@ private:
     std::atomic<size_t> queued_{0};      ///< queue_.size(), for spinning workers
     std::atomic<bool> stopping_{false};  ///< stop_, for spinning workers
     const unsigned spin_us_ = 0;
+    const bool socket_io_ = true;
     std::atomic<uint64_t> jobs_done_{0};
+    std::atomic<unsigned> sockets_{0};
+    std::atomic<uint64_t> reads_done_{0};
+    std::atomic<uint64_t> sends_done_{0};
+    std::atomic<uint64_t> bytes_sent_{0};
     ipc::UniqueFd wake_;
     std::vector<std::thread> workers_;
 };

@@ -421,6 +421,16 @@ bool OutLink::onAck(uint64_t seq, Code code, std::vector<Completion> *out, std::
         return false;
     }
     InFlight &f = inflight_.front();
+    if (f.cut == f.op.bytes && f.unsent != 0) {
+        // A worker may have written its last chunk and not yet said so: the target can read,
+        // check and acknowledge it first. Its word is waited for (a run ends within
+        // TagPool::kReadRunUs); a send the target cannot have seen yet is taken back.
+        for (Connection *c : data_) {
+            if (c->awaitSend()) {
+                noteSent(*c);
+            }
+        }
+    }
     if (f.cut != f.op.bytes || f.unsent != 0) {
         *error = "ACK for write " + std::to_string(seq) + " before all of it was sent (" +
                  std::to_string(f.cut) + " of " + std::to_string(f.op.bytes) + " bytes cut, " +
@@ -491,6 +501,7 @@ InLink::InLink(RegionTable &regions, std::string peer_name, uint32_t max_chunk, 
       scratch_(kScratchBytes) {}
 
 InLink::~InLink() {
+    stopReads();  // (done already when the session closed: the connections are gone then)
     // No worker may go on reading a region or a slot once we are gone.
     for (Verifying &v : verifying_) {
         tags_->cancelOrWait(*v.job);
@@ -718,6 +729,69 @@ int InLink::beginChunk(Connection &c, std::string *error) {
     return 0;
 }
 
+bool InLink::poolRead(Connection &c) {
+    // Host chunks read into a receive buffer, whose tag a worker checks anyway: the worker
+    // reads the rest too, so the engine thread copies none of it (docs/peers.md).
+    // What the connection's buffer already holds of it is moved first (at most one fill, 64 KiB).
+    if (tags_ == nullptr || !tags_->socketIo() || !c.rx.job || c.rx.land == nullptr ||
+        c.rx.remaining < c.buffered() + TagPool::kReadFrom) {
+        return false;
+    }
+    if (!tags_->reserveSocket()) {
+        return false;
+    }
+    if (!host_.startCheck()) {
+        tags_->releaseSocket();
+        return false;
+    }
+    if (const size_t n = c.buffered(); n > 0) {
+        std::memcpy(c.rx.dest, c.bufferedData(), n);
+        c.consume(n);
+        c.rx.dest += n;
+        c.rx.remaining -= n;
+    }
+    TagJob &job = *c.rx.job;
+    job.read_fd = c.fd();
+    job.read_to = c.rx.start;
+    job.have = c.rx.length - c.rx.remaining;
+    job.tag_have = 0;
+    c.rx.pooled = true;
+    pooled_.push_back(&c);
+    return true;
+}
+
+void InLink::submitRead(Connection &c) {
+    TagJob &job = *c.rx.job;
+    auto *w = static_cast<RxWrite *>(c.rx.write);
+    // Revoked since: it is still read and checked, and lands nowhere (checked on this thread,
+    // so not between here and the submit; quiesceRegion() waits for a run under way).
+    if (w->code == Code::kOk && w->region->revoked.load(std::memory_order_acquire)) {
+        w->code = Code::kNotFound;
+    }
+    job.copy_to = w->code == Code::kOk ? c.rx.land : nullptr;
+    job.pieces = c.rx.pieces;
+    job.region_bytes = w->code == Code::kOk ? w->region->bytes : 0;
+    job.good = false;
+    job.cancelled = false;
+    job.done.store(false, std::memory_order_relaxed);
+    c.rx.reading = true;
+    c.setWantRead(false);  // the worker owns the socket's input until the run ends
+    tags_->submit(c.rx.job);
+}
+
+void InLink::stopReads() {
+    for (Connection *c : std::exchange(pooled_, {})) {
+        if (c->rx.reading) {
+            tags_->cancelOrWait(*c->rx.job);
+            c->rx.reading = false;
+        }
+        c->rx.pooled = false;
+        c->rx.job->read_fd = -1;
+        tags_->releaseSocket();
+        host_.endCheck();
+    }
+}
+
 void InLink::checkHere(Connection &c) {
     ChunkRx &rx = c.rx;
     if (!rx.job) {
@@ -787,7 +861,48 @@ void InLink::countChunk(RxWrite &w, uint64_t len, const RxSlot *slot) {
     w.received += len;
 }
 
-int InLink::collectTags(std::string *error) {
+int InLink::collectTags(int64_t now_ms, std::string *error, std::vector<Connection *> *resume) {
+    for (auto it = pooled_.begin(); it != pooled_.end();) {
+        Connection &c = **it;
+        TagJob &job = *c.rx.job;
+        if (!c.rx.reading || !job.done.load(std::memory_order_acquire)) {
+            ++it;
+            continue;
+        }
+        c.rx.reading = false;
+        c.bytes_in += std::exchange(job.read_bytes, 0);
+        c.last_rx_ms = now_ms;
+        if (job.read_error != 0) {
+            *error = job.read_error == ECONNRESET ? "data connection closed by the peer"
+                                                  : "data connection: " + errnoText(job.read_error);
+            return job.read_error;  // the session goes; stopReads() gives the places back
+        }
+        c.rx.remaining = c.rx.length - job.have;
+        c.rx.dest = c.rx.start + job.have;
+        c.setWantRead(true);
+        resume->push_back(&c);
+        if (job.cancelled || !job.readComplete()) {
+            ++it;  // the socket ran dry: more is read (by a worker again) once epoll says so
+            continue;
+        }
+        if (!job.good) {
+            *error = "a chunk fails its authentication tag (injected or corrupted on the way)";
+            return EPROTO;
+        }
+        it = pooled_.erase(it);
+        tags_->releaseSocket();
+        host_.endCheck();
+        auto *w = static_cast<RxWrite *>(c.rx.write);
+        if (!job.landed && w->code == Code::kOk) {
+            w->code = Code::kNotFound;  // a packed chunk's bad table: nothing landed
+        }
+        if (auto rb = rx_bufs_.find(&c); rb != rx_bufs_.end()) {
+            host_.give(std::move(rb->second));  // the worker copied it into the region
+            rx_bufs_.erase(rb);
+        }
+        countChunk(*w, c.rx.length - packedTableBytes(c.rx.pieces), nullptr);
+        c.rx = ChunkRx{};
+    }
     for (auto it = verifying_.begin(); it != verifying_.end();) {
         if (!it->job->done.load(std::memory_order_acquire)) {
             ++it;
@@ -812,6 +927,13 @@ int InLink::collectTags(std::string *error) {
 }
 
 void InLink::quiesceRegion(RegionId r, const std::vector<Connection *> &conns) {
+    for (Connection *c : pooled_) {
+        // A worker reading a chunk for it copies it into the region if its run completes it:
+        // that run ends (or is taken back) now; the next one lands nothing (submitRead()).
+        if (c->rx.reading && static_cast<RxWrite *>(c->rx.write)->region_id == r) {
+            tags_->cancelOrWait(*c->rx.job);
+        }
+    }
     for (Connection *c : conns) {
         // A chunk read into a staging buffer is not in the region: it goes on, and sees the
         // revocation when it would be copied (landStaged()).
@@ -920,6 +1042,13 @@ void InLink::staged(uint64_t cookie, int slot, const Status &st) {
 }
 
 int InLink::onReadable(Connection &c, size_t budget, int64_t now_ms, std::string *error) {
+    if (c.rx.reading) {
+        return 0;  // a worker reads it; collectTags() hands it back
+    }
+    if (c.rx.pooled) {
+        submitRead(c);  // the socket is readable again: the rest (perhaps only the tag's) is next
+        return 0;
+    }
     size_t used = 0;
     while (used < budget) {
         if (!c.rx.active) {
@@ -957,6 +1086,10 @@ int InLink::onReadable(Connection &c, size_t budget, int64_t now_ms, std::string
                 checkHere(c);  // the rest goes to scratch, which the pool cannot see
                 rx.dest = nullptr;
                 w->code = Code::kNotFound;
+            }
+            if (poolRead(c)) {
+                submitRead(c);
+                return 0;
             }
             uint8_t *dest = rx.dest != nullptr ? rx.dest : scratch_.data();
             const size_t want = rx.dest != nullptr

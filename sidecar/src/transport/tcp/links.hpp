@@ -198,11 +198,16 @@ public:
     /// True when deliver() has something to do.
     bool deliverable() const;
 
-    /// Counts the chunks whose tags the pool has checked since the last call. 0, or EPROTO with
-    /// `*error` when one failed (the session must go).
-    int collectTags(std::string *error);
-    /// Chunks whose tags the pool is checking.
-    size_t verifying() const { return verifying_.size(); }
+    /// Counts the chunks whose tags the pool has checked since the last call, and takes back
+    /// the connections whose chunks workers were reading (`*resume`: read them again). 0, or
+    /// with `*error` set EPROTO when a tag failed, ECONNRESET or another errno when a worker's
+    /// read failed (the session must go).
+    int collectTags(int64_t now_ms, std::string *error, std::vector<Connection *> *resume);
+    /// Chunks whose tags the pool is checking, and chunks its workers read.
+    size_t verifying() const { return verifying_.size() + pooled_.size(); }
+    /// Takes every chunk a worker reads back from the pool (waiting for running reads): call
+    /// before the connections close, as the workers read their sockets.
+    void stopReads();
     /// Region `r` was revoked (before its owner hears of it): chunks landing in it check their
     /// tags here from now on, and checks of chunks already in it are finished now.
     void quiesceRegion(RegionId r, const std::vector<Connection *> &conns);
@@ -253,6 +258,10 @@ private:
     /// Most chunks whose tags are checked at once; beyond, tags are checked on this thread.
     static constexpr size_t kMaxVerifying = 64;
 
+    /// Whether the rest of the chunk `c` reads goes to a pool worker (taking its places).
+    bool poolRead(Connection &c);
+    /// Hands the rest of the chunk to a worker (again), which reads, checks and lands it.
+    void submitRead(Connection &c);
     /// Starts receiving the chunk whose frame header is buffered in `c`.
     int beginChunk(Connection &c, std::string *error);
     /// The chunk's data all came: check its tag (authenticated connections) and count it.
@@ -275,6 +284,9 @@ private:
     HostStaging &host_;
     TagPool *tags_;
     std::deque<Verifying> verifying_;
+    /// Connections whose chunk the pool reads (ChunkRx::pooled): each holds a reader place of
+    /// the pool and a check of `host_` until its chunk lands.
+    std::vector<Connection *> pooled_;
     std::unordered_map<const Connection *, RxSlot> rx_slots_;
     /// The staging buffer of each connection reading a host chunk.
     std::unordered_map<const Connection *, HostStaging::Buffer> rx_bufs_;

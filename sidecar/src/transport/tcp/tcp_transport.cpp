@@ -40,6 +40,13 @@ unsigned tagSpinUs() {
     return end != v && *end == '\0' ? static_cast<unsigned>(std::min(n, 1000ul)) : 0;
 }
 
+/// TENSORLANE_TAG_SOCKET_IO=0 keeps every socket copy on the engine thread, the tag workers
+/// only computing tags: an experiment's knob (docs/peers.md), not a setting of the TOML.
+bool tagSocketIo() {
+    const char *v = std::getenv("TENSORLANE_TAG_SOCKET_IO");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
 unsigned tagThreadsFor(const config::Config &cfg) {
     if (cfg.security.tcp_integrity == config::TcpIntegrity::kNone) {
         return 0;
@@ -100,7 +107,7 @@ TcpTransport::TcpTransport(const config::Config &cfg, RegionTable &regions)
     : cfg_(cfg),
       regions_(regions),
       busy_(cfg.ipc.poll_mode == config::PollMode::kBusy),
-      tags_(std::make_unique<TagPool>(tagThreadsFor(cfg), tagSpinUs())),
+      tags_(std::make_unique<TagPool>(tagThreadsFor(cfg), tagSpinUs(), tagSocketIo())),
       send_staging_(cfg.tcp.chunk_bytes, kStagingSlots),
       recv_staging_(cfg.tcp.chunk_bytes, kStagingSlots),
       host_staging_(cfg.tcp.chunk_bytes, kHostChecksPerTagThread * tags_->threads()),
@@ -223,6 +230,10 @@ void TcpTransport::closeSession(PeerId id, SessionSide side, Code code, const st
         }
         p.out.reset();
     } else if (side == SessionSide::kIn && p.in) {
+        // Workers reading chunks stop first: they read these sockets.
+        if (p.in->link) {
+            p.in->link->stopReads();
+        }
         // Writes half received are dropped: the writer fails them when it sees the session die.
         for (auto &c : p.in->data) {
             if (c) {
@@ -413,8 +424,20 @@ void TcpTransport::collectTags(int64_t now) {
     for (auto &[id, p] : peers_) {
         if (p.in && p.in->link && p.in->link->verifying() > 0) {
             std::string error;
-            if (p.in->link->collectTags(&error) != 0) {
+            std::vector<Connection *> resume;
+            const int rc = p.in->link->collectTags(now, &error, &resume);
+            if (rc == EPROTO) {
                 in_failed.emplace_back(id, "protocol error on a data connection: " + error);
+            } else if (rc != 0) {
+                in_failed.emplace_back(id, error);
+            }
+            for (const Connection *c : resume) {
+                // Its worker gave the socket back: read on (epoll may not report bytes that
+                // came while it was not polled for input).
+                const std::pair<PeerId, uint32_t> key{id, c->index};
+                if (std::find(resume_.begin(), resume_.end(), key) == resume_.end()) {
+                    resume_.push_back(key);
+                }
             }
         }
         if (p.out && p.out->link) {
@@ -674,6 +697,9 @@ TransportPeerReport TcpTransport::peerReport(PeerId id, ReportDetail want) const
     // Shared by every peer of this transport.
     (*j)["tag_threads"] = tags_->threads();
     (*j)["tags_offloaded"] = tags_->jobsDone();
+    (*j)["chunks_read_by_tag_workers"] = tags_->readsDone();
+    (*j)["chunks_sent_by_tag_workers"] = tags_->sendsDone();
+    (*j)["bytes_sent_by_tag_workers"] = tags_->bytesSent();
     return r;
 }
 
