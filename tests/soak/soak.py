@@ -379,6 +379,10 @@ class Sidecar:
              f'[security]\npeer_key_file = "{key}"\n'
              "[tcp]\nkeepalive_ms = 200\npeer_timeout_ms = 1500\nconnect_timeout_ms = 1000\n"
              "reconnect_min_ms = 50\nreconnect_max_ms = 400\n"
+             # the first two tcp nodes check tags and move big chunks through their sockets on
+             # two tag workers ("auto" gives none on a small host): faults hit that path too
+             + ("tag_threads = 2\n" if self.transport == "tcp" and self.index < 2 else "")
+             +
              # verbs nodes: "auto" = transports ["verbs", "tcp"]: verbs with the other verbs
              # node (the simulated HCA), tcp with the tcp nodes (which offer no verbs).
              f'[fabric]\ntransport = "{"auto" if self.transport == "verbs" else "tcp"}"\n')
