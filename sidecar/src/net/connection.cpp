@@ -467,7 +467,7 @@ void Connection::consume(size_t n) {
     }
 }
 
-int Connection::fill(int64_t now_ms) {
+int Connection::fill(int64_t now_ms, size_t at_most) {
     if (!fd_) {
         return EBADF;
     }
@@ -481,7 +481,7 @@ int Connection::fill(int64_t now_ms) {
         return ENOBUFS;
     }
     for (;;) {
-        ssize_t r = ::recv(fd_.get(), in_.data() + wpos_, in_.size() - wpos_, 0);
+        ssize_t r = ::recv(fd_.get(), in_.data() + wpos_, std::min(in_.size() - wpos_, at_most), 0);
         if (r > 0) {
             wpos_ += static_cast<size_t>(r);
             bytes_in += static_cast<uint64_t>(r);
@@ -496,6 +496,19 @@ int Connection::fill(int64_t now_ms) {
         }
         return errno == EWOULDBLOCK ? EAGAIN : errno;
     }
+}
+
+int Connection::fillExactly(size_t want, int64_t now_ms) {
+    if (buffered() >= want) {
+        return 0;
+    }
+    if (in_.size() - rpos_ < want) {
+        std::copy(in_.begin() + static_cast<ptrdiff_t>(rpos_),
+                  in_.begin() + static_cast<ptrdiff_t>(wpos_), in_.begin());
+        wpos_ -= rpos_;
+        rpos_ = 0;
+    }
+    return fill(now_ms, want - buffered());
 }
 
 int Connection::fillAtLeast(size_t want, int64_t now_ms) {

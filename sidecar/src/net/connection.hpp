@@ -164,7 +164,7 @@ public:
     enum class Parse { kFrame, kNeedMore, kBad };
     /// Reads what the socket has into the buffer. 0 when bytes came, EAGAIN when none,
     /// ECONNRESET at end of stream, else errno.
-    int fill(int64_t now_ms);
+    int fill(int64_t now_ms, size_t at_most = SIZE_MAX);
     /// The next whole frame in the buffer. The payload view stays valid until consumeFrame().
     Parse nextFrame(uint32_t max_payload, FrameHeader *header, std::span<const uint8_t> *payload,
                     std::string *error);
@@ -176,6 +176,9 @@ public:
     void consume(size_t n);
     /// Makes room and reads until at least `want` bytes are buffered or the socket is empty.
     int fillAtLeast(size_t want, int64_t now_ms);
+    /// The same, reading no byte beyond the first `want` buffered: what follows a chunk's
+    /// header stays in the socket for a tag worker to read (InLink).
+    int fillExactly(size_t want, int64_t now_ms);
     /// Moves up to `len` bytes to `dest`: the buffered ones first, then straight from the socket
     /// (readv), bytes beyond `len` landing in the buffer so the next header costs no extra call.
     /// `*got` may be less than len. Returns 0, EAGAIN (nothing at all), ECONNRESET, or errno.

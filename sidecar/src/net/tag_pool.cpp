@@ -111,7 +111,7 @@ bool TagPool::waitIfRunning(TagJob &job) {
 }
 
 bool TagPool::reserveSocket() {
-    const unsigned limit = workers_.size() > 1 ? static_cast<unsigned>(workers_.size()) - 1 : 1;
+    const auto limit = static_cast<unsigned>(workers_.size());
     unsigned n = sockets_.load(std::memory_order_relaxed);
     do {
         if (!socketIo() || n >= limit) {

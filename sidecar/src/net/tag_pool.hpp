@@ -164,8 +164,9 @@ public:
     /// Waits for `job` if a worker runs it now. False when it is still queued (left there).
     bool waitIfRunning(TagJob &job);
 
-    /// Takes one of the places for jobs that read or write a socket (all workers but one, so
-    /// tags keep moving); false when all are taken. Give it back with releaseSocket().
+    /// Takes one of the places for jobs that read or write a socket (one per worker: a job
+    /// queued behind them waits at most kReadRunUs); false when all are taken. Give it back
+    /// with releaseSocket().
     bool reserveSocket();
     void releaseSocket();
     /// Makes sure `job` is done, with its real result: computes it on the calling thread if it
