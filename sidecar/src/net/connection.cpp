@@ -498,7 +498,7 @@ int Connection::fill(int64_t now_ms, size_t at_most) {
     }
 }
 
-int Connection::fillExactly(size_t want, int64_t now_ms) {
+int Connection::fillAtLeast(size_t want, int64_t now_ms, bool exactly) {
     if (buffered() >= want) {
         return 0;
     }
@@ -508,20 +508,7 @@ int Connection::fillExactly(size_t want, int64_t now_ms) {
         wpos_ -= rpos_;
         rpos_ = 0;
     }
-    return fill(now_ms, want - buffered());
-}
-
-int Connection::fillAtLeast(size_t want, int64_t now_ms) {
-    if (buffered() >= want) {
-        return 0;
-    }
-    if (in_.size() - rpos_ < want) {
-        std::copy(in_.begin() + static_cast<ptrdiff_t>(rpos_),
-                  in_.begin() + static_cast<ptrdiff_t>(wpos_), in_.begin());
-        wpos_ -= rpos_;
-        rpos_ = 0;
-    }
-    return fill(now_ms);
+    return fill(now_ms, exactly ? want - buffered() : SIZE_MAX);
 }
 
 Connection::Parse Connection::nextFrame(uint32_t max_payload, FrameHeader *header,

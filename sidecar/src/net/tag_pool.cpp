@@ -166,6 +166,25 @@ int waitFor(int fd, short events, std::chrono::steady_clock::time_point until) {
     return ready;
 }
 
+/// After a read or write of `fd` that moved nothing (errno set): whether to try again, having
+/// waited (briefly) for `events` where the socket would block. False: stop, with `*error` set
+/// where it failed (0: it stayed blocked).
+bool tryAgain(int fd, short events, std::chrono::steady_clock::time_point until, int *error) {
+    if (errno == EINTR) {
+        return true;
+    }
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        *error = errno;
+        return false;
+    }
+    const int ready = waitFor(fd, events, until);
+    if (ready < 0) {
+        *error = -ready;
+        return false;
+    }
+    return ready > 0;
+}
+
 }  // namespace
 
 void TagPool::readRest(TagJob &job) {
@@ -193,21 +212,9 @@ void TagPool::readRest(TagJob &job) {
             job.read_error = ECONNRESET;
             return;
         }
-        if (errno == EINTR) {
-            continue;
-        }
-        if (errno != EAGAIN && errno != EWOULDBLOCK) {
-            job.read_error = errno;
-            return;
-        }
         // Drained: the sender is still at it, or stopped. Wait a little for more, then hand the
         // rest back to the engine, whose epoll waits for it without holding a worker.
-        const int ready = waitFor(job.read_fd, POLLIN, until);
-        if (ready < 0) {
-            job.read_error = -ready;
-            return;
-        }
-        if (ready == 0) {
+        if (!tryAgain(job.read_fd, POLLIN, until, &job.read_error)) {
             return;
         }
     }
@@ -244,20 +251,11 @@ void TagPool::writeRest(TagJob &job) {
             bytes_sent_.fetch_add(static_cast<uint64_t>(w), std::memory_order_relaxed);
             continue;
         }
-        if (w < 0 && errno == EINTR) {
-            continue;
+        if (w == 0) {
+            errno = EAGAIN;
         }
-        if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
-            job.write_error = errno;
-            return;
-        }
-        const int ready = waitFor(job.write_fd, POLLOUT, until);
-        if (ready < 0) {
-            job.write_error = -ready;
-            return;
-        }
-        if (ready == 0) {
-            job.write_stalled = true;
+        if (!tryAgain(job.write_fd, POLLOUT, until, &job.write_error)) {
+            job.write_stalled = job.write_error == 0;
             return;
         }
     }

@@ -1057,8 +1057,7 @@ int InLink::onReadable(Connection &c, size_t budget, int64_t now_ms, std::string
                 // fill reads up to 64 KiB of its data on this thread, and a chunk of 128 KiB,
                 // a 512 KiB write's over two connections, would not have enough left for one).
                 const bool header_only = tags_ != nullptr && tags_->socketIo() && c.authenticated();
-                int rc = header_only ? c.fillExactly(kChunkFrameOverhead, now_ms)
-                                     : c.fillAtLeast(kChunkFrameOverhead, now_ms);
+                int rc = c.fillAtLeast(kChunkFrameOverhead, now_ms, header_only);
                 if (rc == EAGAIN) {
                     return 0;
                 }
