@@ -191,6 +191,44 @@ ipc::Code exportCudaAllocation(const CudaAllocation &a, CudaExport *out, std::st
     return ipc::Code::kOk;
 }
 
+namespace {
+
+/// The VMM mapping (one physical allocation) around `at`: cuMemGetAddressRange's answer where
+/// it holds `at`, else the pointer's range attributes'. For host-located VMM memory the driver
+/// (580, CUDA 13) answers cuMemGetAddressRange with a range that does not hold the address, so
+/// each answer is checked before it is used. False with `*why`.
+bool vmmMappingAround(const cuda::Driver &d, uint64_t at, CUdeviceptr *base, size_t *bytes,
+                      std::string *why) {
+    const auto holds = [at](uint64_t b, uint64_t n) { return b <= at && at - b < n; };
+    CUdeviceptr b = 0;
+    size_t n = 0;
+    const CUresult rc = d.cuMemGetAddressRange(&b, &n, at);
+    if (rc == CUDA_SUCCESS && holds(b, n)) {
+        *base = b;
+        *bytes = n;
+        return true;
+    }
+    unsigned long long start = 0;
+    size_t size = 0;
+    const CUresult r1 = d.cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, at);
+    const CUresult r2 = d.cuPointerGetAttribute(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, at);
+    if (r1 == CUDA_SUCCESS && r2 == CUDA_SUCCESS && holds(start, size)) {
+        *base = static_cast<CUdeviceptr>(start);
+        *bytes = size;
+        return true;
+    }
+    *why = "cuMemGetAddressRange(" + hexAddress(at) + "): " +
+           (rc == CUDA_SUCCESS ? "[" + hexAddress(b) + ", +" + std::to_string(n) + ")"
+                               : d.errorText(rc)) +
+           "; its range attributes: " +
+           (r1 == CUDA_SUCCESS && r2 == CUDA_SUCCESS
+                ? "[" + hexAddress(start) + ", +" + std::to_string(size) + ")"
+                : d.errorText(r1 != CUDA_SUCCESS ? r1 : r2));
+    return false;
+}
+
+}  // namespace
+
 ipc::Code exportVmmRange(const CudaAllocation &a, uint64_t ptr, uint64_t bytes, VmmExport *out,
                          std::string *why) {
     const cuda::Driver &d = cuda::driver();
@@ -205,10 +243,9 @@ ipc::Code exportVmmRange(const CudaAllocation &a, uint64_t ptr, uint64_t bytes, 
     for (;;) {
         CUdeviceptr pbase = 0;
         size_t pbytes = 0;
-        if (CUresult rc = d.cuMemGetAddressRange(&pbase, &pbytes, at); rc != CUDA_SUCCESS) {
+        if (std::string whynot; !vmmMappingAround(d, at, &pbase, &pbytes, &whynot)) {
             *why = "tl_register: [" + hexAddress(ptr) + ", +" + std::to_string(bytes) +
-                   ") is not all mapped VMM memory: cuMemGetAddressRange(" + hexAddress(at) +
-                   "): " + d.errorText(rc);
+                   ") is not all mapped VMM memory: " + whynot;
             return ipc::Code::kCuda;
         }
         if (out->pieces.empty()) {
