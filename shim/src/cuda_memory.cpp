@@ -193,37 +193,59 @@ ipc::Code exportCudaAllocation(const CudaAllocation &a, CudaExport *out, std::st
 
 namespace {
 
-/// The VMM mapping (one physical allocation) around `at`: cuMemGetAddressRange's answer where
-/// it holds `at`, else the pointer's range attributes'. For host-located VMM memory the driver
-/// (580, CUDA 13) answers cuMemGetAddressRange with a range that does not hold the address, so
-/// each answer is checked before it is used. False with `*why`.
+/// The VMM mapping (one physical allocation) around `at`. cuMemGetAddressRange answers with
+/// it for device memory; for host-located memory the driver (580, CUDA 13, seen on the GPU
+/// machine with tests/gpu/probe/vmm_probe.c) answers with the allocation's size but a base of
+/// 0, and the pointer's range attributes span the whole mapped range (every allocation mapped
+/// side by side in the reservation). So where the first answer does not hold `at`, the mapping
+/// is found by walking that range from its start, one allocation (its size) at a time. Every
+/// answer is checked before it is used. False with `*why`.
 bool vmmMappingAround(const cuda::Driver &d, uint64_t at, CUdeviceptr *base, size_t *bytes,
                       std::string *why) {
-    const auto holds = [at](uint64_t b, uint64_t n) { return b <= at && at - b < n; };
+    const auto holds = [](uint64_t b, uint64_t n, uint64_t a) { return b <= a && a - b < n; };
     CUdeviceptr b = 0;
     size_t n = 0;
     const CUresult rc = d.cuMemGetAddressRange(&b, &n, at);
-    if (rc == CUDA_SUCCESS && holds(b, n)) {
+    if (rc == CUDA_SUCCESS && holds(b, n, at)) {
         *base = b;
         *bytes = n;
         return true;
+    }
+    if (rc != CUDA_SUCCESS) {
+        *why = "cuMemGetAddressRange(" + hexAddress(at) + "): " + d.errorText(rc);
+        return false;
     }
     unsigned long long start = 0;
     size_t size = 0;
     const CUresult r1 = d.cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, at);
     const CUresult r2 = d.cuPointerGetAttribute(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, at);
-    if (r1 == CUDA_SUCCESS && r2 == CUDA_SUCCESS && holds(start, size)) {
-        *base = static_cast<CUdeviceptr>(start);
-        *bytes = size;
-        return true;
+    if (r1 != CUDA_SUCCESS || r2 != CUDA_SUCCESS || !holds(start, size, at)) {
+        *why = "cuMemGetAddressRange(" + hexAddress(at) + ") gives [" + hexAddress(b) + ", +" +
+               std::to_string(n) + "), and its range attributes " +
+               (r1 == CUDA_SUCCESS && r2 == CUDA_SUCCESS
+                    ? "[" + hexAddress(start) + ", +" + std::to_string(size) + ")"
+                    : d.errorText(r1 != CUDA_SUCCESS ? r1 : r2));
+        return false;
     }
-    *why = "cuMemGetAddressRange(" + hexAddress(at) + "): " +
-           (rc == CUDA_SUCCESS ? "[" + hexAddress(b) + ", +" + std::to_string(n) + ")"
-                               : d.errorText(rc)) +
-           "; its range attributes: " +
-           (r1 == CUDA_SUCCESS && r2 == CUDA_SUCCESS
-                ? "[" + hexAddress(start) + ", +" + std::to_string(size) + ")"
-                : d.errorText(r1 != CUDA_SUCCESS ? r1 : r2));
+    uint64_t p = start;
+    for (size_t step = 0; step <= ipc::kMaxVmmPieces * 4 && holds(start, size, p); ++step) {
+        CUdeviceptr pb = 0;
+        size_t pn = 0;
+        if (CUresult prc = d.cuMemGetAddressRange(&pb, &pn, p); prc != CUDA_SUCCESS || pn == 0) {
+            *why = "the VMM range [" + hexAddress(start) + ", +" + std::to_string(size) +
+                   ") has no allocation at " + hexAddress(p) +
+                   " (cuMemGetAddressRange: " + d.errorText(prc) + ")";
+            return false;
+        }
+        if (holds(p, pn, at)) {
+            *base = p;
+            *bytes = pn;
+            return true;
+        }
+        p += pn;
+    }
+    *why = "no allocation of the VMM range [" + hexAddress(start) + ", +" + std::to_string(size) +
+           ") holds " + hexAddress(at);
     return false;
 }
 

@@ -626,8 +626,12 @@ ncclResult_t Net::regMr(void *comm, void *data, size_t size, int type, void **mh
             ++host_direct_mrs_;
         } else {
             if (host_direct_) {
-                log(NCCL_LOG_TRACE, "host buffer %p (%zu bytes) gets a shadow: %s", data, size,
-                    tl_last_error());
+                // The first one's reason at INFO (why NCCL's buffers are not used in place),
+                // the rest at TRACE.
+                log(host_shadow_mrs_ == 0 ? NCCL_LOG_INFO : NCCL_LOG_TRACE,
+                    "host buffer %p (%zu bytes) is not shared with the sidecar, so it gets a "
+                    "shadow: %s",
+                    data, size, tl_last_error());
             }
             void *p = nullptr;
             s = tl_alloc_host(client_, mr->size, &p, &mr->region);
