@@ -180,7 +180,7 @@ TEST(HostilePeer, BigChunkWithABadTagIsRefusedWhenWorkersCheckIt) {
 
 TEST(HostilePeer, ChunksWorkersReadLandWholeAfterAStallAndNotAtAllWhenCutOff) {
     // Big chunks are read from the socket by the victim's tag workers. One whose sender pauses
-    // halfway, longer than a worker waits (TagPool::kReadRunUs), is handed back to the engine,
+    // halfway, longer than a worker waits (TagPool::kSocketRunUs), is handed back to the engine,
     // read on by a worker when its bytes come (its tag too arriving in two pieces), and lands
     // whole. One whose connection closes halfway lands nothing and ends the session, and the
     // node takes sessions again.

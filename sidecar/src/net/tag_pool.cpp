@@ -61,9 +61,13 @@ void TagPool::cancel(TagJob &job) {
     job.done.store(true, std::memory_order_release);
 }
 
+std::deque<std::shared_ptr<TagJob>>::iterator TagPool::findQueued(const TagJob &job) {
+    return std::find_if(queue_.begin(), queue_.end(),
+                        [&](const std::shared_ptr<TagJob> &j) { return j.get() == &job; });
+}
+
 std::shared_ptr<TagJob> TagPool::takeQueued(const TagJob &job) {
-    auto it = std::find_if(queue_.begin(), queue_.end(),
-                           [&](const std::shared_ptr<TagJob> &j) { return j.get() == &job; });
+    auto it = findQueued(job);
     if (it == queue_.end()) {
         return nullptr;
     }
@@ -102,8 +106,7 @@ void TagPool::cancelOrWait(TagJob &job) {
 
 bool TagPool::waitIfRunning(TagJob &job) {
     std::unique_lock lock(mutex_);
-    if (std::any_of(queue_.begin(), queue_.end(),
-                    [&](const std::shared_ptr<TagJob> &j) { return j.get() == &job; })) {
+    if (findQueued(job) != queue_.end()) {
         return false;
     }
     done_cv_.wait(lock, [&] { return job.done.load(std::memory_order_acquire); });
@@ -148,7 +151,7 @@ void TagPool::finishNow(TagJob &job) {
 
 namespace {
 
-/// Waits until `fd` has `events` or `until` passes, at most TagPool::kReadWaitUs at a time:
+/// Waits until `fd` has `events` or `until` passes, at most TagPool::kSocketWaitUs at a time:
 /// 1 when ready, 0 when not, -errno on failure.
 int waitFor(int fd, short events, std::chrono::steady_clock::time_point until) {
     const auto now = std::chrono::steady_clock::now();
@@ -156,7 +159,7 @@ int waitFor(int fd, short events, std::chrono::steady_clock::time_point until) {
         return 0;
     }
     const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(until - now);
-    const long wait_ns = std::min<long>(left.count(), long{TagPool::kReadWaitUs} * 1000);
+    const long wait_ns = std::min<long>(left.count(), long{TagPool::kSocketWaitUs} * 1000);
     const timespec ts{0, wait_ns};
     pollfd p{fd, events, 0};
     const int ready = ::ppoll(&p, 1, &ts, nullptr);
@@ -188,7 +191,7 @@ bool tryAgain(int fd, short events, std::chrono::steady_clock::time_point until,
 }  // namespace
 
 void TagPool::readRest(TagJob &job) {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kReadRunUs);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSocketRunUs);
     job.read_bytes = 0;
     job.read_error = 0;
     while (!job.readComplete()) {
@@ -221,8 +224,7 @@ void TagPool::readRest(TagJob &job) {
 }
 
 void TagPool::writeRest(TagJob &job) {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kReadRunUs);
-    job.written = 0;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSocketRunUs);
     job.write_error = 0;
     job.write_stalled = false;
     const size_t total = job.frameBytes();
@@ -247,7 +249,6 @@ void TagPool::writeRest(TagJob &job) {
         const ssize_t w = ::sendmsg(job.write_fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w > 0) {
             job.sent += static_cast<size_t>(w);
-            job.written += static_cast<size_t>(w);
             bytes_sent_.fetch_add(static_cast<uint64_t>(w), std::memory_order_relaxed);
             continue;
         }

@@ -59,7 +59,7 @@ struct TagJob {
     std::array<uint8_t, kFrameTagBytes> tag{};
     /// verify, read by the worker (TagPool::kReadFrom): the socket the rest of the chunk's data
     /// and then its tag come from, read into `read_to` (the buffer `data` points at) and `tag`
-    /// without blocking the worker for long (at most kReadWaitUs at a time, kReadRunUs in
+    /// without blocking the worker for long (at most kSocketWaitUs at a time, kSocketRunUs in
     /// all). -1: every byte is there.
     int read_fd = -1;
     uint8_t *read_to = nullptr;
@@ -81,10 +81,9 @@ struct TagJob {
     /// With `write_fd`: the tag is in `tag` already (only the sending is left).
     bool tag_ready = false;
     /// With `write_fd`: bytes of the frame written so far (in: where writing goes on), and out:
-    /// bytes this run wrote, the errno that ended writing, whether the run ended on a full
-    /// socket (the connection waits for EPOLLOUT before it goes on).
+    /// the errno that ended writing, whether the run ended on a full socket (the connection
+    /// waits for EPOLLOUT before it goes on).
     size_t sent = 0;
-    size_t written = 0;
     int write_error = 0;
     bool write_stalled = false;
     size_t frameBytes() const { return head_len + len + kFrameTagBytes; }
@@ -121,11 +120,11 @@ public:
     /// worker (TagJob::read_fd), which then checks its tag and copies it into its region: the
     /// engine thread does none of the chunk's socket copies.
     static constexpr size_t kReadFrom = 64 * 1024;
-    /// How long a worker reading a socket waits for its next bytes, and reads in all, before it
-    /// hands the rest back (the engine submits it again when epoll sees the socket readable):
-    /// a peer that stops mid-chunk holds a worker for at most this long.
-    static constexpr unsigned kReadWaitUs = 500;
-    static constexpr unsigned kReadRunUs = 4000;
+    /// How long a worker reading or writing a socket waits for it at a time, and works on it in
+    /// all, before it hands the rest back (the engine submits it again when epoll sees the
+    /// socket ready): a peer that stops mid-chunk holds a worker for at most this long.
+    static constexpr unsigned kSocketWaitUs = 500;
+    static constexpr unsigned kSocketRunUs = 4000;
     /// A chunk frame with at least this much data left to send is written to its socket by a
     /// worker (TagJob::write_fd), the one that signs it when it is the queue's head by then.
     static constexpr size_t kWriteFrom = 64 * 1024;
@@ -165,7 +164,7 @@ public:
     bool waitIfRunning(TagJob &job);
 
     /// Takes one of the places for jobs that read or write a socket (one per worker: a job
-    /// queued behind them waits at most kReadRunUs); false when all are taken. Give it back
+    /// queued behind them waits at most kSocketRunUs); false when all are taken. Give it back
     /// with releaseSocket().
     bool reserveSocket();
     void releaseSocket();
@@ -198,6 +197,8 @@ private:
     void writeRest(TagJob &job);
     /// Wakes the owners of ended jobs.
     void signalDone();
+    /// Where `job` is in the queue (under mutex_), or queue_.end().
+    std::deque<std::shared_ptr<TagJob>>::iterator findQueued(const TagJob &job);
     /// Takes `job` out of the queue (under mutex_); null when no worker is to run it any more.
     std::shared_ptr<TagJob> takeQueued(const TagJob &job);
     /// A job that will never run.

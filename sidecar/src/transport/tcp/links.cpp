@@ -424,7 +424,7 @@ bool OutLink::onAck(uint64_t seq, Code code, std::vector<Completion> *out, std::
     if (f.cut == f.op.bytes && f.unsent != 0) {
         // A worker may have written its last chunk and not yet said so: the target can read,
         // check and acknowledge it first. Its word is waited for (a run ends within
-        // TagPool::kReadRunUs); a send the target cannot have seen yet is taken back.
+        // TagPool::kSocketRunUs); a send the target cannot have seen yet is taken back.
         for (Connection *c : data_) {
             if (c->awaitSend()) {
                 noteSent(*c);
