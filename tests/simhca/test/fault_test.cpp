@@ -176,12 +176,13 @@ TEST_F(Netns, DelayAndDuplicationAreHarmless) {
 }
 
 TEST_F(Netns, LinkDownThenUpIsRetried) {
-    // timeout 14 (67 ms) x retry_cnt 7 outlasts a 250 ms outage.
+    // timeout 15 (134 ms) x (1 + retry_cnt 7), about 1.07 s, outlasts a 250 ms outage with
+    // room for a loaded CI machine (timeout 14, 0.54 s, ran out there once on 2026-12-07).
     const Result r =
         exchange(15000, 8192,
                  waitSending() + "ip -n " + ns_a_ + " link set " + ns_a_ +
                      " down; sleep 0.25; ip -n " + ns_a_ + " link set " + ns_a_ + " up;",
-                 14);
+                 15);
     ASSERT_EQ(r.status, 0) << r.out;
     EXPECT_NE(r.out.find("received 15000 of 15000 messages, 0 errors"), std::string::npos) << r.out;
     // Whichever side had requests in flight when the link went down timed out and went back.
