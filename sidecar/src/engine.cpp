@@ -441,6 +441,9 @@ void EngineImpl::run() {
         work += pipeline_->pollDeadlines();
         work += pipeline_->pumpQueues();
         work += pipeline_->publishAll();
+        for (Transport *t : transports_.all()) {
+            t->afterPublish();
+        }
         stats_.timeEnded();  // the end stamp of the writes that ended this turn, once published
         if (sessions_.anyClosed()) {
             control_->reapClosed();

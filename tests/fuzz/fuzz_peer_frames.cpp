@@ -224,6 +224,7 @@ struct World {
                     t->readable(fd);  // no poll here: look at every fd
                 }
                 t->progress(sink);
+                t->afterPublish();
             }
             pm->readable();
             pm->progress(sink);

@@ -30,7 +30,8 @@ constexpr int kWaitMs = 30000;
 struct TwoNodes {
     tltest::TempDir dir;
     std::unique_ptr<tltest::Sidecar> a, b;
-    explicit TwoNodes(const std::string &transport = "tcp") {
+    /// `tcp_extra`: more of both sidecars' [tcp] table.
+    explicit TwoNodes(const std::string &transport = "tcp", const std::string &tcp_extra = "") {
         const std::string key = dir.file("peer.key");
         tltest::writeFile(key, tltest::keyText('7'), 0600);
         const uint16_t pa = tltest::freePort(), pb = tltest::freePort();
@@ -39,7 +40,7 @@ struct TwoNodes {
             o.name = name;
             o.listen = "127.0.0.1:" + std::to_string(port);
             o.key_file = key;
-            o.tcp = "keepalive_ms = 200\npeer_timeout_ms = 3000\n";
+            o.tcp = "keepalive_ms = 200\npeer_timeout_ms = 3000\n" + tcp_extra;
             o.peers.push_back({peer, "127.0.0.1:" + std::to_string(peer_port)});
             o.transport = transport;
             if (transport == "verbs") {
@@ -431,7 +432,8 @@ TEST_F(CudaTransfer, SmallGpuWritesIntoATargetDeregisteredMidStreamEachEndOnce) 
 }
 
 TEST_F(CudaTransfer, TcpGpuToGpuStagedAtBothEnds) {
-    TwoNodes nodes;
+    // Two tag workers each: the big chunks' socket copies and tags are theirs (docs/peers.md).
+    TwoNodes nodes("tcp", "tag_threads = 2\n");
     ASSERT_TRUE(nodes.ready()) << nodes.logs();
     tl_client *w = nullptr, *r = nullptr;
     ASSERT_EQ(tl_connect(nodes.a->socket().c_str(), &w), TL_OK);
@@ -445,6 +447,12 @@ TEST_F(CudaTransfer, TcpGpuToGpuStagedAtBothEnds) {
             break;
         }
     }
+    // The 24 MiB write's chunks were read from the socket into their staging slots by node-b's
+    // workers and sent from node-a's slots by node-a's (and landed whole, checked above).
+    const auto sb = tltest::peerStatus(r, "node-a");
+    const auto sa = tltest::peerStatus(w, "node-b");
+    EXPECT_GE(sb.value("chunks_read_by_tag_workers", uint64_t{0}), 1u) << sb.dump();
+    EXPECT_GE(sa.value("chunks_sent_by_tag_workers", uint64_t{0}), 1u) << sa.dump();
     tl_disconnect(w);
     tl_disconnect(r);
 }

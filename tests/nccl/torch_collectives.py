@@ -206,6 +206,9 @@ def main() -> int:
                    help="TENSORLANE_NCCL_TRACE=1: the plugin logs every request's steps")
     p.add_argument("--env", action="append", default=[],
                    help="K=V into both ranks' environment (e.g. NCCL_NET_GDR_LEVEL=SYS)")
+    p.add_argument("--sidecar", action="append", default=[], metavar="TABLE.KEY=V",
+                   help="a key of the sidecars' TOML (ipc, tcp or security table; V an integer "
+                        "or a string), e.g. ipc.spin_us=200 or tcp.tag_threads=4")
     p.add_argument("--no-gdr", action="store_true",
                    help="TENSORLANE_NCCL_GDR=0: the plugin offers host memory only, so NCCL "
                         "stages GPU data through its host buffers")
@@ -244,8 +247,14 @@ def main() -> int:
     if args.net == "tensorlane":
         from tensorlane.testing import LocalCluster
 
-        cluster = LocalCluster(("node-a", "node-b"), poll_mode=args.poll_mode,
-                               security={"tcp_integrity": args.tcp_integrity}).start()
+        tables: dict = {"ipc": {}, "tcp": {}, "security": {"tcp_integrity": args.tcp_integrity}}
+        for kv in args.sidecar:
+            key, _, value = kv.partition("=")
+            table, _, name = key.partition(".")
+            if table not in tables or not name or not value:
+                p.error(f"--sidecar {kv}: TABLE.KEY=V with TABLE one of {sorted(tables)}")
+            tables[table][name] = int(value) if value.lstrip("-").isdigit() else value
+        cluster = LocalCluster(("node-a", "node-b"), poll_mode=args.poll_mode, **tables).start()
         sockets = [cluster.socket("node-a"), cluster.socket("node-b")]
     import torch.multiprocessing as mp
 

@@ -413,6 +413,9 @@ void Node::run() {
             }
             pm_->progress(sink);
             for (sidecar::Transport *t : transports_.all()) {
+                t->afterPublish();  // (the sink "publishes" as it goes)
+            }
+            for (sidecar::Transport *t : transports_.all()) {
                 armed = t->arm() && armed;
             }
         }
@@ -457,6 +460,7 @@ void Node::run() {
     pm_->stop();
     for (sidecar::Transport *t : transports_.all()) {
         t->progress(sink);
+        t->afterPublish();
     }
     pm_->progress(sink);
     pm_.reset();

@@ -174,6 +174,7 @@ struct Engine {
                 t->readable(fd);
             }
             n += t->progress(sink);
+            t->afterPublish();
         }
         pm->readable();
         return n + pm->progress(sink);

@@ -498,7 +498,7 @@ int Connection::fill(int64_t now_ms, size_t at_most) {
     }
 }
 
-int Connection::fillAtLeast(size_t want, int64_t now_ms, bool exactly) {
+int Connection::fillAtLeast(size_t want, int64_t now_ms, size_t at_most) {
     if (buffered() >= want) {
         return 0;
     }
@@ -508,7 +508,7 @@ int Connection::fillAtLeast(size_t want, int64_t now_ms, bool exactly) {
         wpos_ -= rpos_;
         rpos_ = 0;
     }
-    return fill(now_ms, exactly ? want - buffered() : SIZE_MAX);
+    return fill(now_ms, at_most == SIZE_MAX ? SIZE_MAX : std::max(want, at_most) - buffered());
 }
 
 Connection::Parse Connection::nextFrame(uint32_t max_payload, FrameHeader *header,

@@ -175,9 +175,9 @@ public:
     const uint8_t *bufferedData() const { return in_.data() + rpos_; }
     void consume(size_t n);
     /// Makes room and reads until at least `want` bytes are buffered or the socket is empty.
-    /// `exactly`: no byte beyond the first `want` buffered is read (what follows a chunk's
-    /// header stays in the socket for a tag worker to read: InLink).
-    int fillAtLeast(size_t want, int64_t now_ms, bool exactly = false);
+    /// `at_most`: no byte beyond the first `at_most` buffered is read (what follows a chunk's
+    /// header and a little more stays in the socket for a tag worker to read: InLink).
+    int fillAtLeast(size_t want, int64_t now_ms, size_t at_most = SIZE_MAX);
     /// Moves up to `len` bytes to `dest`: the buffered ones first, then straight from the socket
     /// (readv), bytes beyond `len` landing in the buffer so the next header costs no extra call.
     /// `*got` may be less than len. Returns 0, EAGAIN (nothing at all), ECONNRESET, or errno.

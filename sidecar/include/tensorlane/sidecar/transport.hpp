@@ -256,6 +256,11 @@ public:
     virtual Status post(const WriteOp &op) = 0;
     /// Drives I/O and reports events; returns how many events it reported.
     virtual size_t progress(EventSink &sink) = 0;
+    /// Called once a turn, after the engine has published the turn's completions and
+    /// notifications to its clients: output that may wait until they have heard goes now (the
+    /// tcp transport's ACKs: a loopback send costs microseconds, which a receiver's notification
+    /// would otherwise wait for). Never blocks; the engine calls it before it may sleep.
+    virtual void afterPublish() {}
     /// Fds that become readable when progress() has work; the engine sleeps on them.
     virtual std::vector<int> pollFds() const { return {}; }
     /// The engine saw `fd`, one of pollFds(), readable; progress() follows in the same turn. A

@@ -730,17 +730,21 @@ int InLink::beginChunk(Connection &c, std::string *error) {
 }
 
 bool InLink::poolRead(Connection &c) {
-    // Host chunks read into a receive buffer, whose tag a worker checks anyway: the worker
-    // reads the rest too, so the engine thread copies none of it (docs/peers.md).
+    // Chunks read into a receive buffer (host) or a staging slot (GPU), whose tag a worker
+    // checks anyway: the worker reads the rest too, so the engine thread copies none of it
+    // (docs/peers.md). A host chunk is landed by the worker; a GPU one is copied into device
+    // memory from its slot once the worker is done (collectTags()).
     // What the connection's buffer already holds of it is moved first (at most one fill, 64 KiB).
-    if (tags_ == nullptr || !tags_->socketIo() || !c.rx.job || c.rx.land == nullptr ||
+    const bool host = c.rx.land != nullptr;
+    if (tags_ == nullptr || !tags_->socketIo() || !c.rx.job ||
+        (!host && rx_slots_.find(&c) == rx_slots_.end()) ||
         c.rx.remaining < c.buffered() + TagPool::kReadFrom) {
         return false;
     }
     if (!tags_->reserveSocket()) {
         return false;
     }
-    if (!host_.startCheck()) {
+    if (host && !host_.startCheck()) {
         tags_->releaseSocket();
         return false;
     }
@@ -788,7 +792,9 @@ void InLink::stopReads() {
         c->rx.pooled = false;
         c->rx.job->read_fd = -1;
         tags_->releaseSocket();
-        host_.endCheck();
+        if (c->rx.land != nullptr) {
+            host_.endCheck();
+        }
     }
 }
 
@@ -827,6 +833,11 @@ void InLink::landStaged(Connection &c, RxWrite &w) {
 
 void InLink::countChunk(RxWrite &w, uint64_t len, const RxSlot *slot) {
     if (slot != nullptr) {
+        // Revoked since its bytes came (the owner has heard so, on this thread): nothing of it
+        // reaches device memory.
+        if (w.code == Code::kOk && w.region->revoked.load(std::memory_order_acquire)) {
+            w.code = Code::kNotFound;
+        }
         if (w.code == Code::kOk && slot->pieces != 0) {
             // A packed chunk: its table (authenticated in the slot with the rest) says where
             // each piece goes; a bad one lands nothing.
@@ -891,8 +902,17 @@ int InLink::collectTags(int64_t now_ms, std::string *error, std::vector<Connecti
         }
         it = pooled_.erase(it);
         tags_->releaseSocket();
-        host_.endCheck();
         auto *w = static_cast<RxWrite *>(c.rx.write);
+        const uint64_t len = c.rx.length - packedTableBytes(c.rx.pieces);
+        if (auto rs = rx_slots_.find(&c); rs != rx_slots_.end()) {
+            // A GPU chunk, authenticated in its slot: now copied into device memory.
+            const RxSlot slot = rs->second;
+            rx_slots_.erase(rs);
+            c.rx = ChunkRx{};
+            countChunk(*w, len, &slot);
+            continue;
+        }
+        host_.endCheck();
         if (!job.landed && w->code == Code::kOk) {
             w->code = Code::kNotFound;  // a packed chunk's bad table: nothing landed
         }
@@ -900,7 +920,7 @@ int InLink::collectTags(int64_t now_ms, std::string *error, std::vector<Connecti
             host_.give(std::move(rb->second));  // the worker copied it into the region
             rx_bufs_.erase(rb);
         }
-        countChunk(*w, c.rx.length - packedTableBytes(c.rx.pieces), nullptr);
+        countChunk(*w, len, nullptr);
         c.rx = ChunkRx{};
     }
     for (auto it = verifying_.begin(); it != verifying_.end();) {
@@ -1053,11 +1073,16 @@ int InLink::onReadable(Connection &c, size_t budget, int64_t now_ms, std::string
     while (used < budget) {
         if (!c.rx.active) {
             if (c.buffered() < kChunkFrameOverhead) {
-                // Where a tag worker may read the chunk, the header alone is read here (else a
-                // fill reads up to 64 KiB of its data on this thread, and a chunk of 128 KiB,
-                // a 512 KiB write's over two connections, would not have enough left for one).
-                const bool header_only = tags_ != nullptr && tags_->socketIo() && c.authenticated();
-                int rc = c.fillAtLeast(kChunkFrameOverhead, now_ms, header_only);
+                // Where a tag worker may read the chunk, the header and at most kReadAhead
+                // more are read here (else a fill reads up to 64 KiB of its data on this
+                // thread, and a chunk of 128 KiB, a 512 KiB write's over two connections,
+                // would not have enough left for one); a small message comes whole, tag and
+                // all, in one read.
+                const bool worker_may_read =
+                    tags_ != nullptr && tags_->socketIo() && c.authenticated();
+                int rc = c.fillAtLeast(kChunkFrameOverhead, now_ms,
+                                       worker_may_read ? kChunkFrameOverhead + kReadAhead
+                                                       : SIZE_MAX);
                 if (rc == EAGAIN) {
                     return 0;
                 }

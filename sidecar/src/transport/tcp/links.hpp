@@ -257,6 +257,10 @@ private:
     };
     /// Most chunks whose tags are checked at once; beyond, tags are checked on this thread.
     static constexpr size_t kMaxVerifying = 64;
+    /// Where tag workers may read chunks, bytes read past a chunk's header on this thread: a
+    /// small message (NCCL's 4 KiB steps) comes with its tag in one read, and a big chunk
+    /// leaves nearly all of itself in the socket for a worker.
+    static constexpr size_t kReadAhead = 16 * 1024;
 
     /// Whether the rest of the chunk `c` reads goes to a pool worker (taking its places).
     bool poolRead(Connection &c);

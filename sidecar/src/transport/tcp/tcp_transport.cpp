@@ -529,7 +529,7 @@ size_t TcpTransport::dispatchStaging(int64_t now) {
     return n;
 }
 
-size_t TcpTransport::deliver(EventSink &sink, int64_t now) {
+size_t TcpTransport::deliver(EventSink &sink) {
     size_t n = 0;
     for (auto &[id, p] : peers_) {
         if (!p.in || !p.in->link || !p.in->link->deliverable()) {
@@ -554,18 +554,37 @@ size_t TcpTransport::deliver(EventSink &sink, int64_t now) {
         });
         p.writes_received += link.writesReceived() - writes_before;
         p.bytes_received += link.bytesReceived() - bytes_before;
-        std::string why = "cannot send acknowledgements: data connection 0 is not open";
-        if (!failed && acks != nullptr && acks->hasOutput()) {
-            if (int rc = acks->flush(now); rc != 0) {
-                failed = true;
-                why = "cannot send acknowledgements: " + errnoText(rc);
-            }
-        }
         if (failed) {
-            fail(peer_id, SessionSide::kIn, why);
+            fail(peer_id, SessionSide::kIn,
+                 "cannot send acknowledgements: data connection 0 is not open");
+        } else if (acks != nullptr && acks->hasOutput()) {
+            acks_due_.push_back(peer_id);  // sent once the notifications are out
         }
     }
     return n;
+}
+
+void TcpTransport::afterPublish() {
+    if (acks_due_.empty()) {
+        return;
+    }
+    const int64_t now = monotonicMs();
+    for (PeerId id : std::exchange(acks_due_, {})) {
+        auto it = peers_.find(id);
+        if (it == peers_.end() || !it->second.in || it->second.in->data.empty()) {
+            continue;  // the session went in the meantime
+        }
+        Connection *acks = it->second.in->data[0].get();
+        if (acks == nullptr || !acks->isOpen() || !acks->hasOutput()) {
+            continue;
+        }
+        if (int rc = acks->flush(now); rc != 0) {
+            fail(id, SessionSide::kIn, "cannot send acknowledgements: " + errnoText(rc));
+        }
+    }
+    dead_.clear();  // (a failed session's connections)
+    dead_links_.clear();
+    dead_in_links_.clear();
 }
 
 void TcpTransport::checkStalls(int64_t now) {
@@ -635,7 +654,7 @@ size_t TcpTransport::progress(EventSink &sink) {
     // Copies queued during this turn (chunks cut or landed) go to the stagers together.
     send_staging_.flush();
     recv_staging_.flush();
-    size_t events = deliver(sink, now);
+    size_t events = deliver(sink);
     if (now - last_stall_check_ms_ >= 100) {
         last_stall_check_ms_ = now;
         checkStalls(now);

@@ -59,6 +59,8 @@ public:
     /// kPeer at once while the session is not up; kAgain when its window is full.
     Status post(const WriteOp &op) override;
     size_t progress(EventSink &sink) override;
+    /// Sends the ACKs deliver() queued (the notifications they answer are published by then).
+    void afterPublish() override;
     std::vector<int> pollFds() const override { return {poller_.fd()}; }
     void readable(int fd) override {
         if (fd == poller_.fd()) {
@@ -66,8 +68,8 @@ public:
         }
     }
     bool arm() override {
-        return !io_ready_ && completions_.empty() && resume_.empty() && !send_staging_.ready() &&
-               !recv_staging_.ready();
+        return !io_ready_ && completions_.empty() && resume_.empty() && acks_due_.empty() &&
+               !send_staging_.ready() && !recv_staging_.ready();
     }
 
     // Sessions
@@ -120,7 +122,7 @@ private:
     /// The target ended write `seq`; false with `*error` on a protocol error.
     bool onAck(PeerId id, uint64_t seq, std::span<const uint8_t> payload, std::string *error);
     /// Sends queued ACKs of every receiving side and delivers arrivals.
-    size_t deliver(EventSink &sink, int64_t now);
+    size_t deliver(EventSink &sink);
     /// Data connections whose output stopped moving for peer_timeout_ms: the peer stopped
     /// reading.
     void checkStalls(int64_t now);
@@ -163,6 +165,8 @@ private:
     /// Inbound data connections (peer, index) that stopped at their read budget: what they
     /// have buffered is read next turn (epoll reports the socket, not our buffer).
     std::vector<std::pair<PeerId, uint32_t>> resume_;
+    /// Peers whose ACKs deliver() queued on their data connection 0, sent by afterPublish().
+    std::vector<PeerId> acks_due_;
     const size_t read_budget_;
 };
 
