@@ -1080,9 +1080,9 @@ int InLink::onReadable(Connection &c, size_t budget, int64_t now_ms, std::string
                 // all, in one read.
                 const bool worker_may_read =
                     tags_ != nullptr && tags_->socketIo() && c.authenticated();
-                int rc = c.fillAtLeast(kChunkFrameOverhead, now_ms,
-                                       worker_may_read ? kChunkFrameOverhead + kReadAhead
-                                                       : SIZE_MAX);
+                int rc =
+                    c.fillAtLeast(kChunkFrameOverhead, now_ms,
+                                  worker_may_read ? kChunkFrameOverhead + kReadAhead : SIZE_MAX);
                 if (rc == EAGAIN) {
                     return 0;
                 }
