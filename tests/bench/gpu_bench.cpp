@@ -7,6 +7,7 @@
 //   LocalGpuWrite/SIZE      tl_write from a GPU region of this process into a GPU region of a
 //                           worker process on the same GPU, through one sidecar (local
 //                           transport), two in flight: bytes/s
+//   CudaMemcpyD2D8/SIZE, LocalGpuWrite8/SIZE   the same two with eight in flight (1-64 MiB)
 //   CudaMemcpyLatency/4096  cuMemcpyDtoDAsync + cuStreamSynchronize of 4 KiB: p50/p99 (ns)
 //   LocalGpuLatency/4096    tl_write + tl_wait of 4 KiB GPU to GPU (busy-polling sidecar): p50
 //   StreamRoundTrip         kernel -> tl_write_on_stream -> the worker's
@@ -35,6 +36,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -357,24 +359,33 @@ std::unique_ptr<TcpRig> g_tcp, g_verbs;
 
 // ---------------------------------------------------------------- local
 
-void CudaMemcpyD2D(benchmark::State &state) {
+/// cuMemcpyDtoDAsync between two buffers, `Window` copies queued at a time (each iteration
+/// queues one and waits for the one `Window - 1` before it).
+template <int Window>
+void CudaMemcpyD2DWindow(benchmark::State &state) {
     const auto bytes = static_cast<uint64_t>(state.range(0));
     static DevBuf a, b;
     static CUstream s = nullptr;
-    static CUevent ev[2] = {};
-    if (a.p == 0 && (!a.make(kMaxBytes) || !b.make(kMaxBytes) ||
-                     g_cuda.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS ||
-                     g_cuda.cuEventCreate(&ev[0], CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS ||
-                     g_cuda.cuEventCreate(&ev[1], CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)) {
-        state.SkipWithError("cuMemAlloc/cuStreamCreate failed");
-        return;
+    static CUevent ev[Window] = {};
+    if (a.p == 0) {
+        if (!a.make(kMaxBytes) || !b.make(kMaxBytes) ||
+            g_cuda.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
+            state.SkipWithError("cuMemAlloc/cuStreamCreate failed");
+            return;
+        }
+        for (CUevent &e : ev) {
+            if (g_cuda.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+                state.SkipWithError("cuEventCreate failed");
+                return;
+            }
+        }
     }
     uint64_t k = 0;
     for (auto _ : state) {
         g_cuda.cuMemcpyDtoDAsync(b.p, a.p, bytes, s);
-        g_cuda.cuEventRecord(ev[k & 1], s);
-        if (k > 0) {
-            g_cuda.cuEventSynchronize(ev[(k - 1) & 1]);
+        g_cuda.cuEventRecord(ev[k % Window], s);
+        if (k + 1 >= Window) {
+            g_cuda.cuEventSynchronize(ev[(k + 1 - Window) % Window]);
         }
         ++k;
     }
@@ -382,28 +393,43 @@ void CudaMemcpyD2D(benchmark::State &state) {
     state.SetBytesProcessed(static_cast<int64_t>(bytes * state.iterations()));
 }
 
-void LocalGpuWrite(benchmark::State &state) {
+void CudaMemcpyD2D(benchmark::State &state) {
+    CudaMemcpyD2DWindow<2>(state);
+}
+void CudaMemcpyD2D8(benchmark::State &state) {
+    CudaMemcpyD2DWindow<8>(state);
+}
+
+/// tl_write from a GPU region into another process's, `Window` writes in flight.
+template <int Window>
+void LocalGpuWriteWindow(benchmark::State &state) {
     const auto bytes = static_cast<uint64_t>(state.range(0));
     LocalRig *rig = localRig(state, "adaptive");
     if (rig == nullptr) {
         return;
     }
-    tl_ticket prev = 0;
-    bool have_prev = false;
+    std::array<tl_ticket, Window> ts{};
+    uint64_t k = 0;
     for (auto _ : state) {
-        tl_ticket t = 0;
-        if (tl_write(rig->c, rig->rs, 0, rig->dst, 0, bytes, 1, &t) != TL_OK ||
-            (have_prev && tl_wait(rig->c, prev, kWaitMs) != TL_OK)) {
+        // Write k, then wait for write k - (Window - 1): Window in flight during the wait.
+        if (tl_write(rig->c, rig->rs, 0, rig->dst, 0, bytes, 1, &ts[k % Window]) != TL_OK ||
+            (k + 1 >= Window && tl_wait(rig->c, ts[(k + 1) % Window], kWaitMs) != TL_OK)) {
             state.SkipWithError(tl_last_error());
             return;
         }
-        prev = t;
-        have_prev = true;
+        ++k;
     }
-    if (have_prev) {
-        tl_wait(rig->c, prev, kWaitMs);
+    for (uint64_t j = k + 1 >= Window ? k + 1 - Window : 0; j < k; ++j) {
+        tl_wait(rig->c, ts[j % Window], kWaitMs);  // the last Window - 1 writes
     }
     state.SetBytesProcessed(static_cast<int64_t>(bytes * state.iterations()));
+}
+
+void LocalGpuWrite(benchmark::State &state) {
+    LocalGpuWriteWindow<2>(state);
+}
+void LocalGpuWrite8(benchmark::State &state) {
+    LocalGpuWriteWindow<8>(state);
 }
 
 void CudaMemcpyLatency(benchmark::State &state) {
@@ -833,6 +859,8 @@ void sizes(benchmark::internal::Benchmark *b, int64_t from, int64_t to) {
 
 BENCHMARK(CudaMemcpyD2D)->Apply([](auto *b) { sizes(b, 4096, 1 << 30); }) -> UseRealTime();
 BENCHMARK(LocalGpuWrite)->Apply([](auto *b) { sizes(b, 4096, 1 << 30); }) -> UseRealTime();
+BENCHMARK(CudaMemcpyD2D8)->Apply([](auto *b) { sizes(b, 1 << 20, 64 << 20); }) -> UseRealTime();
+BENCHMARK(LocalGpuWrite8)->Apply([](auto *b) { sizes(b, 1 << 20, 64 << 20); }) -> UseRealTime();
 BENCHMARK(CudaMemcpyLatency)->Arg(4096)->UseRealTime();
 BENCHMARK(LocalGpuLatency)->Arg(4096)->UseRealTime();
 BENCHMARK(KernelTurnsOneProcess)->UseRealTime();
@@ -887,6 +915,13 @@ public:
             std::printf("%-34s %11.2f GB/s %9.2f GB/s %8.1f%%  %s\n",
                         ("local GPU->GPU " + human(s)).c_str(), tl / 1e9, base / 1e9,
                         100 * tl / base, s >= (64 << 20) ? ">= 90%" : "");
+        }
+        for (int64_t s = 1 << 20; s <= (64 << 20); s *= 4) {
+            const std::string n = std::to_string(s);
+            const double tl = get("LocalGpuWrite8/" + n), base = get("CudaMemcpyD2D8/" + n);
+            std::printf("%-34s %11.2f GB/s %9.2f GB/s %8.1f%%  (8 in flight each)\n",
+                        ("local GPU->GPU " + human(s) + ", 8 deep").c_str(), tl / 1e9, base / 1e9,
+                        100 * tl / base);
         }
         const double lat = get("LocalGpuLatency/4096:p50"),
                      mlat = get("CudaMemcpyLatency/4096:p50");
