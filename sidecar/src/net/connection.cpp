@@ -481,7 +481,9 @@ int Connection::fill(int64_t now_ms, size_t at_most) {
         return ENOBUFS;
     }
     for (;;) {
-        ssize_t r = ::recv(fd_.get(), in_.data() + wpos_, std::min(in_.size() - wpos_, at_most), 0);
+        const size_t ask = std::min(in_.size() - wpos_, at_most);
+        ssize_t r = ::recv(fd_.get(), in_.data() + wpos_, ask, 0);
+        drained_ = r < static_cast<ssize_t>(ask);
         if (r > 0) {
             wpos_ += static_cast<size_t>(r);
             bytes_in += static_cast<uint64_t>(r);
@@ -572,6 +574,7 @@ int Connection::readInto(uint8_t *dest, size_t len, size_t *got, int64_t now_ms)
     iovec iov[2] = {{dest + done, len - done}, {in_.data(), in_.size()}};
     for (;;) {
         ssize_t r = ::readv(fd_.get(), iov, 2);
+        drained_ = r < static_cast<ssize_t>(len - done + in_.size());
         if (r > 0) {
             const size_t n = static_cast<size_t>(r);
             bytes_in += n;

@@ -178,6 +178,9 @@ public:
     /// `at_most`: no byte beyond the first `at_most` buffered is read (what follows a chunk's
     /// header and a little more stays in the socket for a tag worker to read: InLink).
     int fillAtLeast(size_t want, int64_t now_ms, size_t at_most = SIZE_MAX);
+    /// Whether the last read here (fill, fillAtLeast, readInto) got less than it asked for: the
+    /// socket was empty then, and (level-triggered) epoll reports it again when bytes come.
+    bool drainedLastRead() const { return drained_; }
     /// Moves up to `len` bytes to `dest`: the buffered ones first, then straight from the socket
     /// (readv), bytes beyond `len` landing in the buffer so the next header costs no extra call.
     /// `*got` may be less than len. Returns 0, EAGAIN (nothing at all), ECONNRESET, or errno.
@@ -220,6 +223,7 @@ private:
     uint64_t token_ = 0;
     bool want_write_ = false;
     bool want_read_ = true;
+    bool drained_ = false;
     /// The epoll events wanted now.
     uint32_t events() const;
     std::vector<uint8_t> in_;

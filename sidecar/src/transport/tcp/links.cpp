@@ -1070,9 +1070,16 @@ int InLink::onReadable(Connection &c, size_t budget, int64_t now_ms, std::string
         return 0;
     }
     size_t used = 0;
+    const uint64_t in_before = c.bytes_in;
     while (used < budget) {
         if (!c.rx.active) {
             if (c.buffered() < kChunkFrameOverhead) {
+                if (c.bytes_in != in_before && c.drainedLastRead()) {
+                    // Our last read in this call emptied the socket: another would only say
+                    // EAGAIN (a system call on every message's path); epoll, level-triggered,
+                    // reports the next bytes.
+                    return 0;
+                }
                 // Where a tag worker may read the chunk, the header and at most kReadAhead
                 // more are read here (else a fill reads up to 64 KiB of its data on this
                 // thread, and a chunk of 128 KiB, a 512 KiB write's over two connections,
