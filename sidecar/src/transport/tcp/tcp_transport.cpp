@@ -582,7 +582,11 @@ void TcpTransport::afterPublish() {
             fail(id, SessionSide::kIn, "cannot send acknowledgements: " + errnoText(rc));
         }
     }
-    dead_.clear();  // (a failed session's connections)
+    reapDead();  // (a failed session's connections)
+}
+
+void TcpTransport::reapDead() {
+    dead_.clear();
     dead_links_.clear();
     dead_in_links_.clear();
 }
@@ -664,9 +668,7 @@ size_t TcpTransport::progress(EventSink &sink) {
         sink.completed(c.op_id, c.code, c.reason);
     }
     events += done.size();
-    dead_.clear();
-    dead_links_.clear();
-    dead_in_links_.clear();
+    reapDead();
     return events;
 }
 

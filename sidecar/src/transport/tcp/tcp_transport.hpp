@@ -121,8 +121,10 @@ private:
     void readAcks(PeerId id, Connection &c, int64_t now);
     /// The target ended write `seq`; false with `*error` on a protocol error.
     bool onAck(PeerId id, uint64_t seq, std::span<const uint8_t> payload, std::string *error);
-    /// Sends queued ACKs of every receiving side and delivers arrivals.
+    /// Delivers arrivals and queues their ACKs (afterPublish() sends them).
     size_t deliver(EventSink &sink);
+    /// Destroys what closed during this call (dead_, dead_links_, dead_in_links_).
+    void reapDead();
     /// Data connections whose output stopped moving for peer_timeout_ms: the peer stopped
     /// reading.
     void checkStalls(int64_t now);
