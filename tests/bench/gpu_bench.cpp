@@ -8,6 +8,13 @@
 //                           worker process on the same GPU, through one sidecar (local
 //                           transport), two in flight: bytes/s
 //   CudaMemcpyD2D8/SIZE, LocalGpuWrite8/SIZE   the same two with eight in flight (1-64 MiB)
+//   CudaMemcpyD2D8Flag/SIZE the baseline with the sidecar's completion mark instead of an
+//                           event: cuStreamWriteValue32 of a number into page-locked host
+//                           memory behind each copy (with its memory barrier), waited for by
+//                           reading the word
+//   LocalGpuWrite8Event/SIZE, LocalGpuWrite8NoFence/SIZE   LocalGpuWrite8 with the sidecar's
+//                           copies marked by events, or by the store without its barrier
+//                           (TENSORLANE_GPU_COPY_MARK; not a safe mark: an experiment's)
 //   CudaMemcpyLatency/4096  cuMemcpyDtoDAsync + cuStreamSynchronize of 4 KiB: p50/p99 (ns)
 //   LocalGpuLatency/4096    tl_write + tl_wait of 4 KiB GPU to GPU (busy-polling sidecar): p50
 //   StreamRoundTrip         kernel -> tl_write_on_stream -> the worker's
@@ -37,6 +44,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -225,13 +233,19 @@ struct LocalRig {
     tl_remote dst = 0;
     std::string error;
 
-    bool start(const std::string &poll_mode) {
-        mode = poll_mode;
+    /// `key` is "POLL_MODE" or "POLL_MODE/MARK", MARK the sidecar's TENSORLANE_GPU_COPY_MARK.
+    bool start(const std::string &key) {
+        mode = key;
+        const auto slash = key.find('/');
         tltest::SidecarOptions o;
-        o.poll_mode = poll_mode;
+        o.poll_mode = key.substr(0, slash);
         o.ring_depth = 1024;
         o.listen = "127.0.0.1:" + std::to_string(tltest::freePort());
+        if (slash != std::string::npos) {
+            ::setenv("TENSORLANE_GPU_COPY_MARK", key.substr(slash + 1).c_str(), 1);
+        }
         sc = std::make_unique<tltest::Sidecar>(o);
+        ::unsetenv("TENSORLANE_GPU_COPY_MARK");
         if (!sc->ready()) {
             error = "sidecar did not start: " + sc->log().substr(0, 2000);
             return false;
@@ -400,11 +414,53 @@ void CudaMemcpyD2D8(benchmark::State &state) {
     CudaMemcpyD2DWindow<8>(state);
 }
 
+/// CudaMemcpyD2D8 marked the sidecar's way: cuStreamWriteValue32 of copy k's number (k + 1),
+/// with its default memory barrier, into a page-locked word the host reads.
+void CudaMemcpyD2D8Flag(benchmark::State &state) {
+    constexpr uint64_t kWindow = 8;
+    const auto bytes = static_cast<uint64_t>(state.range(0));
+    static DevBuf a, b;
+    static CUstream s = nullptr;
+    static uint32_t *word = nullptr;  // page-locked, mapped: its address is the device's too
+    static uint32_t issued = 0;
+    if (a.p == 0) {
+        void *host = nullptr;
+        if (!a.make(kMaxBytes) || !b.make(kMaxBytes) ||
+            g_cuda.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS ||
+            g_cuda.cuMemAllocHost(&host, 64) != CUDA_SUCCESS) {
+            state.SkipWithError("cuMemAlloc/cuStreamCreate/cuMemAllocHost failed");
+            return;
+        }
+        word = static_cast<uint32_t *>(host);
+        *word = 0;
+    }
+    const auto seen = [] {
+        return std::atomic_ref<uint32_t>(*word).load(std::memory_order_acquire);
+    };
+    uint64_t k = 0;
+    for (auto _ : state) {
+        g_cuda.cuMemcpyDtoDAsync(b.p, a.p, bytes, s);
+        if (g_cuda.cuStreamWriteValue32(s, reinterpret_cast<CUdeviceptr>(word), ++issued,
+                                        CU_STREAM_WRITE_VALUE_DEFAULT) != CUDA_SUCCESS) {
+            state.SkipWithError("cuStreamWriteValue32 failed");
+            return;
+        }
+        if (k + 1 >= kWindow) {
+            const uint32_t want = issued + 1 - kWindow;
+            while (static_cast<int32_t>(seen() - want) < 0) {
+            }
+        }
+        ++k;
+    }
+    g_cuda.cuStreamSynchronize(s);
+    state.SetBytesProcessed(static_cast<int64_t>(bytes * state.iterations()));
+}
+
 /// tl_write from a GPU region into another process's, `Window` writes in flight.
 template <int Window>
-void LocalGpuWriteWindow(benchmark::State &state) {
+void LocalGpuWriteWindow(benchmark::State &state, const std::string &rig_key = "adaptive") {
     const auto bytes = static_cast<uint64_t>(state.range(0));
-    LocalRig *rig = localRig(state, "adaptive");
+    LocalRig *rig = localRig(state, rig_key);
     if (rig == nullptr) {
         return;
     }
@@ -430,6 +486,12 @@ void LocalGpuWrite(benchmark::State &state) {
 }
 void LocalGpuWrite8(benchmark::State &state) {
     LocalGpuWriteWindow<8>(state);
+}
+void LocalGpuWrite8Event(benchmark::State &state) {
+    LocalGpuWriteWindow<8>(state, "adaptive/event");
+}
+void LocalGpuWrite8NoFence(benchmark::State &state) {
+    LocalGpuWriteWindow<8>(state, "adaptive/flag-nofence");
 }
 
 void CudaMemcpyLatency(benchmark::State &state) {
@@ -861,6 +923,11 @@ BENCHMARK(CudaMemcpyD2D)->Apply([](auto *b) { sizes(b, 4096, 1 << 30); }) -> Use
 BENCHMARK(LocalGpuWrite)->Apply([](auto *b) { sizes(b, 4096, 1 << 30); }) -> UseRealTime();
 BENCHMARK(CudaMemcpyD2D8)->Apply([](auto *b) { sizes(b, 1 << 20, 64 << 20); }) -> UseRealTime();
 BENCHMARK(LocalGpuWrite8)->Apply([](auto *b) { sizes(b, 1 << 20, 64 << 20); }) -> UseRealTime();
+BENCHMARK(CudaMemcpyD2D8Flag)->Apply([](auto *b) { sizes(b, 1 << 20, 64 << 20); }) -> UseRealTime();
+BENCHMARK(LocalGpuWrite8Event)
+    ->Apply([](auto *b) { sizes(b, 1 << 20, 64 << 20); }) -> UseRealTime();
+BENCHMARK(LocalGpuWrite8NoFence)
+    ->Apply([](auto *b) { sizes(b, 1 << 20, 64 << 20); }) -> UseRealTime();
 BENCHMARK(CudaMemcpyLatency)->Arg(4096)->UseRealTime();
 BENCHMARK(LocalGpuLatency)->Arg(4096)->UseRealTime();
 BENCHMARK(KernelTurnsOneProcess)->UseRealTime();
@@ -922,6 +989,17 @@ public:
             std::printf("%-34s %11.2f GB/s %9.2f GB/s %8.1f%%  (8 in flight each)\n",
                         ("local GPU->GPU " + human(s) + ", 8 deep").c_str(), tl / 1e9, base / 1e9,
                         100 * tl / base);
+        }
+        for (int64_t s = 1 << 20; s <= (64 << 20); s *= 4) {
+            const std::string n = std::to_string(s);
+            const double base = get("CudaMemcpyD2D8/" + n);
+            std::printf(
+                "%-34s %8.1f%% %8.1f%% %8.1f%%  (vs CudaMemcpyD2D8: the sidecar marked "
+                "by events / by the store without its barrier; the baseline marked by "
+                "the store)\n",
+                ("  marks, " + human(s)).c_str(), 100 * get("LocalGpuWrite8Event/" + n) / base,
+                100 * get("LocalGpuWrite8NoFence/" + n) / base,
+                100 * get("CudaMemcpyD2D8Flag/" + n) / base);
         }
         const double lat = get("LocalGpuLatency/4096:p50"),
                      mlat = get("CudaMemcpyLatency/4096:p50");

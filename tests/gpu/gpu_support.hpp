@@ -118,6 +118,7 @@ inline bool waitFor(const std::function<bool()> &cond,
     X(cuStreamDestroy)               \
     X(cuStreamSynchronize)           \
     X(cuStreamQuery)                 \
+    X(cuStreamWriteValue32)          \
     X(cuStreamBeginCapture)          \
     X(cuStreamEndCapture)            \
     X(cuGraphInstantiate)            \

@@ -12,6 +12,18 @@
 
 namespace tensorlane::sidecar {
 
+CudaCopier::Mark CudaCopier::markFromEnv(Mark dflt) {
+    const char *v = std::getenv("TENSORLANE_GPU_COPY_MARK");
+    if (v == nullptr) {
+        return dflt;
+    }
+    const std::string s = v;
+    return s == "event"          ? Mark::kEvent
+           : s == "flag"         ? Mark::kFlag
+           : s == "flag-nofence" ? Mark::kFlagNoFence
+                                 : dflt;
+}
+
 #ifdef TENSORLANE_HAVE_CUDA
 
 namespace {
@@ -122,7 +134,8 @@ Status CudaCopier::start(int ordinal, uint32_t lane, uint64_t dst, uint64_t src,
         dev.streams.assign(kLanes, nullptr);
     }
     bind(dev.ctx);
-    if (mark_ == Mark::kFlag && dev.flags == nullptr && !dev.no_flags) {
+    const bool flags = mark_ != Mark::kEvent;
+    if (flags && dev.flags == nullptr && !dev.no_flags) {
         dev.no_flags = !makeFlags(dev).isOk();  // events then: slower to poll, as correct
     }
     lane %= kLanes;
@@ -148,13 +161,14 @@ Status CudaCopier::start(int ordinal, uint32_t lane, uint64_t dst, uint64_t src,
     Copy &c = copies_[idx];
     CUresult rc = d.cuMemcpyAsync(static_cast<CUdeviceptr>(dst), static_cast<CUdeviceptr>(src),
                                   bytes, static_cast<CUstream>(stream));
-    if (rc == CUDA_SUCCESS && mark_ == Mark::kFlag && !dev.no_flags) {
+    if (rc == CUDA_SUCCESS && flags && !dev.no_flags) {
         // The default flags: the stream fences the copy's writes (system scope) before this
         // store, so whoever sees the number sees the bytes in place.
         const uint32_t seq = dev.issued[lane] + 1;
         rc = d.cuStreamWriteValue32(static_cast<CUstream>(stream),
                                     dev.flags_device + sizeof(uint32_t) * kFlagStride * lane, seq,
-                                    CU_STREAM_WRITE_VALUE_DEFAULT);
+                                    mark_ == Mark::kFlag ? CU_STREAM_WRITE_VALUE_DEFAULT
+                                                         : CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER);
         if (rc == CUDA_SUCCESS) {
             dev.issued[lane] = seq;
             c.flag = true;

@@ -13,6 +13,10 @@
 //   has not finished), cuStreamQuery says whether the stream failed, so a broken context ends
 //   the copies with its error instead of leaving them pending for ever. A device whose flag
 //   words cannot be made, or whose stream refuses the store, falls back to events.
+// - kFlagNoFence: kFlag without the store's memory barrier (CU_STREAM_WRITE_VALUE_NO_MEMORY_-
+//   BARRIER). The number may then be seen before the copy's bytes are visible to everyone, so
+//   it is not a mark to trust: only an experiment's, to measure what the barrier costs the GPU
+//   (markFromEnv, docs/benchmarks.md "GPU").
 //
 // Addresses are unified (UVA): device pointers of IPC imports, or host memory this process has
 // page-locked (CudaRuntime::pinHost); the driver picks the copy's direction from them. Copies
@@ -31,7 +35,10 @@ public:
     /// Streams per device this copier may use (lane % kLanes).
     static constexpr uint32_t kLanes = 8;
     /// How a copy says it has finished (above).
-    enum class Mark { kEvent, kFlag };
+    enum class Mark { kEvent, kFlag, kFlagNoFence };
+    /// TENSORLANE_GPU_COPY_MARK=event|flag|flag-nofence in the sidecar's environment, else
+    /// `dflt`: an experiment's knob (docs/benchmarks.md, "GPU"), not a setting of the TOML.
+    static Mark markFromEnv(Mark dflt);
     /// kFlag: polls of an unfinished copy between two cuStreamQuery calls.
     static constexpr uint32_t kQueryEvery = 256;
 
