@@ -12,9 +12,9 @@
 //                           event: cuStreamWriteValue32 of a number into page-locked host
 //                           memory behind each copy (with its memory barrier), waited for by
 //                           reading the word
-//   LocalGpuWrite8Event/SIZE, LocalGpuWrite8NoFence/SIZE   LocalGpuWrite8 with the sidecar's
-//                           copies marked by events, or by the store without its barrier
-//                           (TENSORLANE_GPU_COPY_MARK; not a safe mark: an experiment's)
+//   LocalGpuWrite8Event/SIZE, LocalGpuWrite8Flag/SIZE   LocalGpuWrite8 with every copy of the
+//                           sidecar marked by an event, or by the flag store (the sidecar's
+//                           TENSORLANE_GPU_COPY_MARK; its default marks by size)
 //   CudaMemcpyLatency/4096  cuMemcpyDtoDAsync + cuStreamSynchronize of 4 KiB: p50/p99 (ns)
 //   LocalGpuLatency/4096    tl_write + tl_wait of 4 KiB GPU to GPU (busy-polling sidecar): p50
 //   StreamRoundTrip         kernel -> tl_write_on_stream -> the worker's
@@ -490,8 +490,8 @@ void LocalGpuWrite8(benchmark::State &state) {
 void LocalGpuWrite8Event(benchmark::State &state) {
     LocalGpuWriteWindow<8>(state, "adaptive/event");
 }
-void LocalGpuWrite8NoFence(benchmark::State &state) {
-    LocalGpuWriteWindow<8>(state, "adaptive/flag-nofence");
+void LocalGpuWrite8Flag(benchmark::State &state) {
+    LocalGpuWriteWindow<8>(state, "adaptive/flag");
 }
 
 void CudaMemcpyLatency(benchmark::State &state) {
@@ -926,8 +926,7 @@ BENCHMARK(LocalGpuWrite8)->Apply([](auto *b) { sizes(b, 1 << 20, 64 << 20); }) -
 BENCHMARK(CudaMemcpyD2D8Flag)->Apply([](auto *b) { sizes(b, 1 << 20, 64 << 20); }) -> UseRealTime();
 BENCHMARK(LocalGpuWrite8Event)
     ->Apply([](auto *b) { sizes(b, 1 << 20, 64 << 20); }) -> UseRealTime();
-BENCHMARK(LocalGpuWrite8NoFence)
-    ->Apply([](auto *b) { sizes(b, 1 << 20, 64 << 20); }) -> UseRealTime();
+BENCHMARK(LocalGpuWrite8Flag)->Apply([](auto *b) { sizes(b, 1 << 20, 64 << 20); }) -> UseRealTime();
 BENCHMARK(CudaMemcpyLatency)->Arg(4096)->UseRealTime();
 BENCHMARK(LocalGpuLatency)->Arg(4096)->UseRealTime();
 BENCHMARK(KernelTurnsOneProcess)->UseRealTime();
@@ -995,10 +994,10 @@ public:
             const double base = get("CudaMemcpyD2D8/" + n);
             std::printf(
                 "%-34s %8.1f%% %8.1f%% %8.1f%%  (vs CudaMemcpyD2D8: the sidecar marked "
-                "by events / by the store without its barrier; the baseline marked by "
+                "by events / by flags; the baseline marked by "
                 "the store)\n",
                 ("  marks, " + human(s)).c_str(), 100 * get("LocalGpuWrite8Event/" + n) / base,
-                100 * get("LocalGpuWrite8NoFence/" + n) / base,
+                100 * get("LocalGpuWrite8Flag/" + n) / base,
                 100 * get("CudaMemcpyD2D8Flag/" + n) / base);
         }
         const double lat = get("LocalGpuLatency/4096:p50"),

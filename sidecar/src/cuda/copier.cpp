@@ -18,10 +18,10 @@ CudaCopier::Mark CudaCopier::markFromEnv(Mark dflt) {
         return dflt;
     }
     const std::string s = v;
-    return s == "event"          ? Mark::kEvent
-           : s == "flag"         ? Mark::kFlag
-           : s == "flag-nofence" ? Mark::kFlagNoFence
-                                 : dflt;
+    return s == "event"  ? Mark::kEvent
+           : s == "flag" ? Mark::kFlag
+           : s == "auto" ? Mark::kAuto
+                         : dflt;
 }
 
 #ifdef TENSORLANE_HAVE_CUDA
@@ -161,14 +161,14 @@ Status CudaCopier::start(int ordinal, uint32_t lane, uint64_t dst, uint64_t src,
     Copy &c = copies_[idx];
     CUresult rc = d.cuMemcpyAsync(static_cast<CUdeviceptr>(dst), static_cast<CUdeviceptr>(src),
                                   bytes, static_cast<CUstream>(stream));
-    if (rc == CUDA_SUCCESS && flags && !dev.no_flags) {
+    const bool flag = flags && !dev.no_flags && (mark_ != Mark::kAuto || bytes < kEventFromBytes);
+    if (rc == CUDA_SUCCESS && flag) {
         // The default flags: the stream fences the copy's writes (system scope) before this
         // store, so whoever sees the number sees the bytes in place.
         const uint32_t seq = dev.issued[lane] + 1;
         rc = d.cuStreamWriteValue32(static_cast<CUstream>(stream),
                                     dev.flags_device + sizeof(uint32_t) * kFlagStride * lane, seq,
-                                    mark_ == Mark::kFlag ? CU_STREAM_WRITE_VALUE_DEFAULT
-                                                         : CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER);
+                                    CU_STREAM_WRITE_VALUE_DEFAULT);
         if (rc == CUDA_SUCCESS) {
             dev.issued[lane] = seq;
             c.flag = true;

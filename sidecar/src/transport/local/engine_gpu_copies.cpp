@@ -30,7 +30,7 @@ bool EngineGpuCopies::full(SessionId sid) const {
 
 void EngineGpuCopies::start(LocalJob job, SessionId sid) {
     if (!copier_) {
-        copier_ = std::make_unique<CudaCopier>(CudaCopier::markFromEnv(CudaCopier::Mark::kFlag));
+        copier_ = std::make_unique<CudaCopier>(CudaCopier::markFromEnv(CudaCopier::Mark::kAuto));
     }
     issueGpuCopy(job, *copier_, static_cast<uint32_t>(sid), nullptr);
     sessions_[sid].push_back(std::move(job));
