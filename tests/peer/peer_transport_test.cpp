@@ -922,5 +922,74 @@ TEST_F(PeerTcpPacked, PackedChunksLandWithoutTags) {
     mixedScatter([](config::Config &c) { c.security.tcp_integrity = config::TcpIntegrity::kNone; });
 }
 
+/// What only the verbs transport does (on the simulated HCA).
+class PeerVerbs : public PeerFixture, public ::testing::Test {
+protected:
+    std::string transport() const override { return "verbs"; }
+    void SetUp() override {
+        ASSERT_TRUE(simulatedHcaLoaded())
+            << "the verbs cases need the simulated HCA: run with LD_LIBRARY_PATH at its "
+               "directory (ctest sets it)";
+    }
+};
+
+// A receiving session torn down (a GID change, a failed channel, a peer's new session) takes its
+// QPs to ERR at once. Until it did, they stayed RTS until destroyed at the end of the engine's
+// next turn, after the one drain of their CQ: a write acknowledged in between told its writer OK
+// and its owner nothing (the soak's "OK write never notified", a verbs pair, once). Here both
+// engines stand still from the close on, so the writer has not heard of it (the close of the
+// verbs channel waits in its socket) when it posts: the write can only meet the closed QPs, and
+// must land no byte, end with an error and notify nobody.
+TEST_F(PeerVerbs, AWriteReachingAClosedReceivingSessionIsRefusedAndLandsNothing) {
+    startNodes(2);
+    Node &a = node(0);
+    Node &b = node(1);
+    Linked l;
+    link(8192, "recv", 7, &l);
+    auto [s1, op1] = a.post("node-b", l.src, 0, l.remote.id, 0, 64, 1);
+    ASSERT_TRUE(s1.isOk()) << s1.message();
+    auto c1 = a.sink.completion(op1, 5s);
+    ASSERT_TRUE(c1.has_value());
+    ASSERT_EQ(c1->code, Code::kOk) << c1->reason;
+    const auto hasArrival = [](const std::vector<Event> &ev, uint32_t imm) {
+        return std::any_of(ev.begin(), ev.end(), [imm](const Event &e) {
+            return e.kind == Event::Kind::kArrived && e.imm == imm;
+        });
+    };
+    ASSERT_TRUE(
+        b.sink.waitFor([&](const std::vector<Event> &ev) { return hasArrival(ev, 1); }, 5s));
+
+    a.pause(true);
+    b.pause(true);
+    const bool closed = b.call([&b] {
+        auto id = b.pm().peerByName("node-a");
+        for (sidecar::Transport *t : b.transports().remote()) {
+            if (id && std::string_view(t->name()) == "verbs") {
+                t->closeSession(*id, sidecar::SessionSide::kIn, Code::kPeer, "closed by the test");
+                return true;
+            }
+        }
+        return false;
+    });
+    ASSERT_TRUE(closed) << "node-b has no verbs transport";
+    const std::vector<unsigned char> before(l.dst->base, l.dst->base + 8192);
+
+    auto [s2, op2] = a.post("node-b", l.src, 4096, l.remote.id, 4096, 512, 2);
+    ASSERT_TRUE(s2.isOk()) << s2.message();
+    // On the wire at once (the simulated HCA has threads of its own); an acknowledging QP would
+    // have placed the bytes within a millisecond.
+    std::this_thread::sleep_for(300ms);
+    EXPECT_EQ(0, std::memcmp(l.dst->base, before.data(), before.size()))
+        << "a write landed through a closed receiving session";
+    a.pause(false);
+    b.pause(false);
+    auto c2 = a.sink.completion(op2, 10s);
+    ASSERT_TRUE(c2.has_value()) << "the write never ended";
+    EXPECT_NE(c2->code, Code::kOk) << c2->reason;
+    std::this_thread::sleep_for(300ms);
+    EXPECT_FALSE(hasArrival(b.sink.events(), 2))
+        << "node-b was told of a write its session had refused";
+}
+
 }  // namespace
 }  // namespace tensorlane::peertest

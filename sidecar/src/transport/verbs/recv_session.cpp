@@ -60,6 +60,7 @@ Status RecvSession::create(const VerbsBlob &sender) {
                 std::string("ibv_reg_mr (descriptor ring): ") + std::strerror(errno)};
     }
     ring_mr_.reset(mr);
+    outstanding_.assign(n, 0);
     for (uint32_t i = 0; i < n; ++i) {
         verbs_detail::QpPtr qp;
         if (Status s = createRcQp(pd_.get(), cq_.get(), cq_.get(), params_, &qp); !s.isOk()) {
@@ -102,7 +103,21 @@ void RecvSession::postRecvs(size_t qp, uint32_t n) {
         wrs[i].next = i + 1 < n ? &wrs[i + 1] : nullptr;
     }
     ibv_recv_wr *bad = nullptr;
-    (void)ibv_post_recv(qps_[qp].get(), wrs.data(), &bad);
+    // The WRs before the one that failed were posted (ibv_post_recv(3)).
+    const uint32_t posted = ibv_post_recv(qps_[qp].get(), wrs.data(), &bad) == 0 || bad == nullptr
+                                ? n
+                                : static_cast<uint32_t>(bad - wrs.data());
+    outstanding_[qp] += posted;
+}
+
+void RecvSession::stop() {
+    for (const verbs_detail::QpPtr &qp : qps_) {
+        qpToError(qp.get());
+    }
+}
+
+bool RecvSession::drained() const {
+    return std::all_of(outstanding_.begin(), outstanding_.end(), [](uint32_t n) { return n == 0; });
 }
 
 VerbsBlob RecvSession::blob() const {
@@ -276,8 +291,11 @@ bool RecvSession::onCompletion(const ibv_wc &wc, std::string *error, bool closin
         ++flushes_;
         return true;
     }
+    if (wc.wr_id < outstanding_.size() && outstanding_[wc.wr_id] != 0) {
+        --outstanding_[wc.wr_id];
+    }
     if (wc.status != IBV_WC_SUCCESS && closing) {
-        return true;  // the receive queue flushed as the QP went to ERR
+        return true;  // the receive queue flushed as the QP went to ERR (stop())
     }
     if (wc.status != IBV_WC_SUCCESS) {
         const WcMeaning m = meaningOf(wc.status);

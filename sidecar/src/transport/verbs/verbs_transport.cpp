@@ -164,7 +164,7 @@ Status VerbsTransport::openSession(PeerId peer, SessionSide side, const SessionI
         return s;
     }
     if (p.in) {
-        dead_in_.push_back(std::move(p.in));
+        retire(std::move(p.in));  // what its QPs acknowledged is still delivered
     }
     closeChannel(p.in_ch);
     p.in = std::move(in);
@@ -194,9 +194,14 @@ void VerbsTransport::closeSession(PeerId peer, SessionSide side, Code code,
         p.out_connected = false;
     } else if (side == SessionSide::kIn && p.in) {
         // Writes whose every stripe has come were acknowledged to their writer by our HCA:
-        // their owners are still told (the next progress() drains it once).
-        closing_in_.push_back(std::move(p.in));
+        // their owners are still told (progress() drains it).
+        retire(std::move(p.in));
     }
+}
+
+void VerbsTransport::retire(std::unique_ptr<RecvSession> in) {
+    in->stop();
+    closing_in_.push_back(Closing{std::move(in), monotonicMs() + kDrainMs});
 }
 
 bool VerbsTransport::onMessage(PeerId peer, SessionSide side, uint64_t arg,
@@ -527,8 +532,8 @@ size_t VerbsTransport::progress(EventSink &sink) {
             for (auto &s : dead_in_) {
                 taken = taken || s->mrs().complete(r);
             }
-            for (auto &s : closing_in_) {
-                taken = taken || s->mrs().complete(r);
+            for (auto &c : closing_in_) {
+                taken = taken || c.in->mrs().complete(r);
             }
             if (!taken && r.mr != nullptr) {
                 (void)ibv_dereg_mr(r.mr);
@@ -569,23 +574,34 @@ size_t VerbsTransport::progress(EventSink &sink) {
                 p.in->expireRevocations(monotonicMs());
             }
             std::string error;
-            const uint64_t before = events;
             if (!p.in->poll(sink, &error)) {
                 failed.emplace_back(id, SessionSide::kIn);
                 reasons.push_back(error);
             }
-            (void)before;
         }
     }
     for (size_t i = 0; i < failed.size(); ++i) {
         fail(failed[i].first, failed[i].second, reasons[i]);
     }
-    for (auto &in : closing_in_) {
-        std::string ignored;
-        (void)in->poll(sink, &ignored, true);
-        dead_in_.push_back(std::move(in));
+    if (!closing_in_.empty()) {
+        const int64_t now = monotonicMs();
+        for (auto it = closing_in_.begin(); it != closing_in_.end();) {
+            std::string error;
+            const bool ok = it->in->poll(sink, &error, true);
+            if (ok && !it->in->drained() && now < it->until) {
+                ++it;
+                continue;
+            }
+            if (!ok || !it->in->drained()) {
+                verbsLog().warn(
+                    "a closed receiving session went without all its completions: {}",
+                    ok ? "they did not come in " + std::to_string(kDrainMs) + " ms" : error);
+            }
+            dead_in_.push_back(std::move(it->in));
+            it = closing_in_.erase(it);
+        }
+        ++events;
     }
-    closing_in_.clear();
     // Swapped, not moved out: both vectors keep their capacity, so a completion costs no
     // allocation. (A sink may post, and a post may fail into completions_.)
     done_scratch_.clear();
@@ -616,7 +632,7 @@ std::vector<int> VerbsTransport::pollFds() const {
 
 bool VerbsTransport::arm() {
     if (!completions_.empty() || device_->eventsPending() || registrar_.pending() || chan_output_ ||
-        chan_readable_ || chan_buffered_) {
+        chan_readable_ || chan_buffered_ || !closing_in_.empty()) {
         return false;
     }
     if (busy_) {

@@ -169,6 +169,14 @@ public:
     /// being torn down; every write whose stripes all came is still delivered (its writer was
     /// told it completed), flush errors are expected.
     bool poll(EventSink &sink, std::string *error, bool closing = false);
+    /// The session is being torn down: its QPs go to ERR now, so the HCA acknowledges no write
+    /// from here on (the sender's tries time out and its writes fail) and every receive WQE
+    /// comes back on the CQ, flushed. Until the QPs are destroyed, a write acknowledged after
+    /// the last drain would have told its writer OK and its owner nothing.
+    void stop();
+    /// After stop(): every receive WQE posted has completed, so no completion of a write its
+    /// writer heard OK for is still to come.
+    bool drained() const;
     /// Registers `r` for remote writes by this peer and sends its key when registered.
     void expose(const std::shared_ptr<Region> &r);
     /// Tells the sender to stop using `id`'s key; its MR goes once the sender says it has, or
@@ -235,6 +243,7 @@ private:
     uint64_t flushes_ = 0;
     std::vector<ibv_wc> stash_;              ///< completions arm() found after arming
     std::vector<uint32_t> reposts_;          ///< receive WQEs consumed per QP in this poll()
+    std::vector<uint32_t> outstanding_;      ///< receive WQEs posted and not completed, per QP
     std::vector<ibv_recv_wr> recv_scratch_;  ///< postRecvs()'s work requests, reused
 };
 
@@ -338,8 +347,16 @@ private:
     std::vector<Completion> completions_;
     std::vector<std::unique_ptr<SendSession>> dead_out_;
     std::vector<std::unique_ptr<RecvSession>> dead_in_;
-    /// Receiving sides torn down since the last progress(): drained once, then destroyed.
-    std::vector<std::unique_ptr<RecvSession>> closing_in_;
+    /// Receiving sides torn down (stopped: RecvSession::stop()), drained by progress() until
+    /// every receive WQE has come back or kDrainMs passed, then destroyed.
+    struct Closing {
+        std::unique_ptr<RecvSession> in;
+        int64_t until = 0;  ///< monotonic ms
+    };
+    static constexpr int64_t kDrainMs = 500;
+    std::vector<Closing> closing_in_;
+    /// Stops `in` and queues it on closing_in_.
+    void retire(std::unique_ptr<RecvSession> in);
     uint64_t async_events_ = 0;
     int64_t reselect_at_ = 0;  ///< monotonic ms when reselect() is due; 0: not due
     std::string last_event_;
