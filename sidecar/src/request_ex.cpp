@@ -169,6 +169,7 @@ void RequestPipeline::handleEx(Session &s, const ipc::Request &r, uint32_t slot)
         begin.payload.clear();
         WriteOp op = carrier;
         op.message = encodeExMessage(begin);
+        op.more = true;  // its entries follow in this call (WriteOp::more)
         postPart(id, x, std::move(op), kExRecordPart, uid);
     }
     // A transport that takes scatter lists gets one op per (source, target) pair of host
@@ -215,11 +216,13 @@ void RequestPipeline::handleEx(Session &s, const ipc::Request &r, uint32_t slot)
             x.merged[it->second].push_back(i);
             continue;
         }
+        p.more = true;  // more entries, or the payload record, follow in this call
         postPart(id, x, std::move(p), i, uid);
     }
     for (size_t k = 0; k < merged_ops.size(); ++k) {
         WriteOp &op = merged_ops[k];
         op.extents = std::make_shared<const std::vector<Extent>>(std::move(merged_extents[k]));
+        op.more = true;
         postPart(id, x, std::move(op), x.entries + static_cast<uint32_t>(k), uid);
     }
     if (!x.grouped) {

@@ -259,7 +259,9 @@ size_t RequestPipeline::pumpQueues() {
     }
     size_t posted = 0;
     for (auto &[peer, q] : queues_) {
-        while (!q.ops.empty() && postNow(q.ops.front())) {
+        // Posted one by one from here, with nothing behind them in this turn's request
+        // handling: no op waits for a follower (WriteOp::more).
+        while (!q.ops.empty() && (q.ops.front().more = false, postNow(q.ops.front()))) {
             q.ops.pop_front();
             --queued_;
             ++posted;

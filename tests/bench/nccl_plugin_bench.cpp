@@ -27,6 +27,9 @@
 //                     socket copies of big chunks on the engine thread)
 //                     [--in-place 1] (NCCL's host buffers are memory the sidecar reaches, as
 //                     NCCL's cuMem host buffers: the plugin registers them in place, no shadows)
+//                     [--modes 1,2,5,4,3,6,7,8] (only these of the round-trip and exchange
+//                     measures, e.g. 4,5 to profile write_imm against msg; the others print 0:
+//                     1 plugin, 2 msg+ack, 5 msg, 4 write_imm, 3 tcp, 6-8 the exchange's)
 //                     [--cpu 1] (with --stream: each sidecar thread's CPU time over the
 //                     tl_write stream, from /proc/PID/task/TID/schedstat, as a share of the
 //                     stream's wall time: which thread is the bottleneck)
@@ -588,10 +591,13 @@ int main(int argc, char **argv) {
     std::string tag_threads, connections;
     bool cpu = false, in_place = false;
     uint64_t stream_mib = 0, step = 512 << 10;
+    std::vector<uint64_t> modes = {1, 2, 5, 4, 3, 6, 7, 8};
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string a = argv[i], v = argv[i + 1];
         if (a == "--sizes") {
             sizes = v == "none" ? std::vector<uint64_t>{} : parseSizes(v);
+        } else if (a == "--modes") {
+            modes = parseSizes(v);
         } else if (a == "--iters") {
             iters = std::stoi(v);
         } else if (a == "--rounds") {
@@ -674,7 +680,11 @@ int main(int argc, char **argv) {
     for (uint64_t bytes : sizes) {
         std::vector<double> got[9];
         for (int round = 0; round < rounds; ++round) {
-            for (int mode : {1, 2, 5, 4, 3, 6, 7, 8}) {
+            for (uint64_t m64 : modes) {
+                const int mode = static_cast<int>(m64);
+                if (mode < 1 || mode > 8) {
+                    continue;
+                }
                 Command c{mode, bytes, iters};
                 commands.put(&c, sizeof(c));
                 char ack = 0;

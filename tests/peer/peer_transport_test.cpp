@@ -388,6 +388,93 @@ TEST_F(PeerTcp, LargeWriteIsChunkedAcrossConnections) {
     EXPECT_EQ(peerStatus(b, "node-a")["data_connections"], 4);
 }
 
+// Small chunks ride the connection of the chunk before them (OutLink::roomyConnection): a
+// tl_write_msg's data and its payload record, or a run of small writes, leave in one sendmsg and
+// reach the target in one read, instead of one socket each (a 4 KiB message cost 8 us more a
+// direction than a write with an immediate on the GPU machine when its two chunks went to two
+// connections). Big writes still spread over all of them (LargeWriteIsChunkedAcrossConnections).
+TEST_F(PeerTcp, SmallWritesShareOneConnectionAndBigOnesSpread) {
+    startNodes(2, [](config::Config &c) { c.tcp.connections_per_peer = 2; });
+    Node &a = node(0);
+    constexpr size_t kBytes = 4u << 20;
+    Linked l;
+    ASSERT_NO_FATAL_FAILURE(link(kBytes, "mixed", 5, &l));
+    auto &[src, dst, remote] = l;
+    const auto sent = [&a] {
+        std::vector<uint64_t> v;
+        const nlohmann::json st = peerStatus(a, "node-b");
+        for (const auto &n : st["data_bytes_sent"]) {
+            v.push_back(n.get<uint64_t>());
+        }
+        return v;
+    };
+    for (uint32_t i = 0; i < 8; ++i) {
+        auto [ps, op] = a.post("node-b", src, i * 4096, remote.id, i * 4096, 4096, 100 + i);
+        ASSERT_TRUE(ps.isOk()) << ps.message();
+        auto done = a.sink.completion(op, 5s);
+        ASSERT_TRUE(done.has_value());
+        ASSERT_EQ(done->code, Code::kOk) << done->reason;
+    }
+    const std::vector<uint64_t> small = sent();
+    ASSERT_EQ(small.size(), 2u);
+    // (A connection carries a few frames of its own: under 4 KiB, no write's chunk.)
+    EXPECT_LT(std::min(small[0], small[1]), 4096u)
+        << "eight 4 KiB writes went over both connections: " << small[0] << " and " << small[1];
+    EXPECT_GE(small[0] + small[1], 8u * 4096);
+
+    auto [ps, op] = a.post("node-b", src, 0, remote.id, 0, kBytes, 7);
+    ASSERT_TRUE(ps.isOk()) << ps.message();
+    auto done = a.sink.completion(op, 10s);
+    ASSERT_TRUE(done.has_value());
+    ASSERT_EQ(done->code, Code::kOk) << done->reason;
+    EXPECT_EQ(0, std::memcmp(dst->base, src->base, kBytes));
+    const std::vector<uint64_t> all = sent();
+    for (size_t i = 0; i < 2; ++i) {
+        EXPECT_GE(all[i] - small[i], 1u << 20) << "connection " << i << " took no share of 4 MiB";
+    }
+}
+
+// WriteOp::more lets the tcp transport hold a write for the op that follows it in the same
+// engine turn (a tl_write_msg's data waits for its payload record: one sendmsg for both). One
+// whose follower never comes still goes, in the transport's next progress(), and the engine
+// does not sleep meanwhile (arm()).
+TEST_F(PeerTcp, AWriteHeldForAFollowerThatNeverComesStillGoes) {
+    startNodes(2);
+    Node &a = node(0);
+    Node &b = node(1);
+    Linked l;
+    ASSERT_NO_FATAL_FAILURE(link(4096, "held", 9, &l));
+    uint64_t op_id = 0;
+    const Status st = a.call([&] {
+        auto id = a.pm().peerByName("node-b");
+        WriteOp op;
+        std::string why;
+        if (!id || !a.pm().resolveRemote(*id, l.remote.id, &op.remote_region, &why)) {
+            return Status{Code::kNotFound, why};
+        }
+        op.op_id = op_id = nextOpId();
+        op.peer = *id;
+        op.src = l.src;
+        op.dst_region = l.remote.id;
+        op.bytes = 4096;
+        op.imm = 77;
+        op.more = true;
+        return a.transports().post(op);
+    });
+    ASSERT_TRUE(st.isOk()) << st.message();
+    auto done = a.sink.completion(op_id, 5s);
+    ASSERT_TRUE(done.has_value()) << "a held write was never sent";
+    EXPECT_EQ(done->code, Code::kOk) << done->reason;
+    EXPECT_TRUE(b.sink.waitFor(
+        [](const std::vector<Event> &ev) {
+            return std::any_of(ev.begin(), ev.end(), [](const Event &e) {
+                return e.kind == Event::Kind::kArrived && e.imm == 77;
+            });
+        },
+        5s));
+    EXPECT_EQ(0, std::memcmp(l.dst->base, l.src->base, 4096));
+}
+
 TEST_P(Peers, ExposeAfterConnectReachesThePeer) {
     startNodes(2);
     Node &a = node(0);

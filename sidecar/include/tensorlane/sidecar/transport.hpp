@@ -121,6 +121,10 @@ struct WriteOp {
     /// checked there as for a write of 0 bytes at dst_offset). Opaque to transports: the
     /// engine's (a payload, a group's start or end).
     std::vector<uint8_t> message;
+    /// Another op to the same peer follows this one in the same engine turn (the parts of one
+    /// tl_write_msg or group): a transport may hold this one back and send them together, as
+    /// long as it sends it within the turn (its progress()) whatever comes next. A hint only.
+    bool more = false;
 };
 
 /// What every transport's post() checks of `silent` and `message` (kOk, or kInvalid with the

@@ -44,7 +44,7 @@ OutLink::~OutLink() {
     }
 }
 
-Status OutLink::post(const WriteOp &op, int64_t now_ms) {
+Status OutLink::post(const WriteOp &op, int64_t now_ms, bool send_now) {
     if (inflight_.size() >= window_) {
         return {Code::kAgain, "too many writes in flight to this peer"};
     }
@@ -61,8 +61,12 @@ Status OutLink::post(const WriteOp &op, int64_t now_ms) {
     inflight_.push_back(InFlight{next_seq_++, op, 0, 0});
     // Send at once from the caller's thread: a small write then costs one sendmsg and no
     // wake-up. A socket error here is also reported by epoll (EPOLLERR), where the session is
-    // failed.
-    (void)pump(now_ms);
+    // failed. An op with more to follow waits for them (WriteOp::more): one sendmsg for all.
+    if (send_now) {
+        (void)pump(now_ms);
+    } else {
+        wants_pump_ = true;
+    }
     return Status::ok();
 }
 
@@ -74,11 +78,19 @@ OutLink::InFlight *OutLink::find(uint64_t seq) {
     return i < inflight_.size() ? &inflight_[i] : nullptr;
 }
 
-Connection *OutLink::roomyConnection(uint64_t watermark) {
+Connection *OutLink::roomyConnection(uint64_t watermark, bool small) {
+    if (small && last_conn_ < data_.size()) {
+        Connection *c = data_[last_conn_];
+        if (c->isOpen() && c->queuedBytes() < std::min(watermark, kSmallChunk)) {
+            return c;
+        }
+    }
     for (size_t k = 0; k < data_.size(); ++k) {
-        Connection *c = data_[(next_conn_ + k) % data_.size()];
+        const size_t i = (next_conn_ + k) % data_.size();
+        Connection *c = data_[i];
         if (c->isOpen() && c->queuedBytes() < watermark) {
-            next_conn_ = (next_conn_ + k + 1) % data_.size();
+            next_conn_ = (i + 1) % data_.size();
+            last_conn_ = i;
             return c;
         }
     }
@@ -280,7 +292,13 @@ int OutLink::pump(int64_t now_ms) {
             if (ready == staged_.end() && !host_next) {
                 break;
             }
-            Connection *conn = roomyConnection(watermark);
+            bool small = false;
+            if (ready == staged_.end()) {
+                const InFlight &w = inflight_[cut_from_];
+                small =
+                    !w.op.message.empty() || (!w.op.extents && w.op.bytes - w.cut < kSmallChunk);
+            }
+            Connection *conn = roomyConnection(watermark, small);
             if (conn == nullptr) {
                 break;
             }

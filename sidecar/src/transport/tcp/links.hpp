@@ -46,9 +46,10 @@ public:
             TcpStaging &staging);
     ~OutLink() override;
 
-    /// Queues `op` (its remote_region resolved) and starts sending. kAgain when `window` writes
-    /// are already in flight. Never blocks.
-    Status post(const WriteOp &op, int64_t now_ms);
+    /// Queues `op` (its remote_region resolved) and starts sending unless `send_now` is false
+    /// (the caller pumps soon: the next post, or pump()). kAgain when `window` writes are
+    /// already in flight. Never blocks.
+    Status post(const WriteOp &op, int64_t now_ms, bool send_now = true);
 
     /// Cuts chunks into connections with room and sends. Returns 0 or the errno of a failed
     /// connection.
@@ -99,8 +100,13 @@ private:
     };
     /// The write with this sequence number, or nullptr.
     InFlight *find(uint64_t seq);
-    /// The next connection with room for another chunk, or nullptr.
-    Connection *roomyConnection(uint64_t watermark);
+    /// The next connection with room for another chunk, or nullptr. A `small` chunk (a message,
+    /// a write's last piece under kSmallChunk) goes where the chunk before it went while that
+    /// connection has less than kSmallChunk queued: small ones posted together (tl_write_msg's
+    /// data and its payload record, a burst of small writes) leave in one sendmsg and reach the
+    /// target in one read, instead of one socket each.
+    Connection *roomyConnection(uint64_t watermark, bool small);
+    static constexpr uint64_t kSmallChunk = 64 << 10;
     size_t indexOf(const Connection &c) const;
     static bool fromGpu(const InFlight &w) {
         return w.op.bytes != 0 && w.op.src->kind == MemoryKind::kCuda;
@@ -138,6 +144,7 @@ private:
     TcpStaging &staging_;
     uint64_t next_seq_ = 1;
     size_t next_conn_ = 0;
+    size_t last_conn_ = SIZE_MAX;  ///< index in data_ of the connection of the last chunk
     std::deque<InFlight> inflight_;
     size_t cut_from_ = 0;        ///< index in inflight_ of the oldest write not cut completely
     std::deque<Staged> staged_;  ///< GPU chunks cut and not yet on a connection, in cut order

@@ -175,7 +175,10 @@ Status TcpTransport::post(const WriteOp &op) {
     } else if (op.bytes != 0 && (!readable || !op.src->contains(op.src_offset, op.bytes))) {
         return {Code::kInvalid, "the source range is not readable memory of the source region"};
     }
-    Status st = it->second.out->link->post(op, monotonicMs());
+    Status st = it->second.out->link->post(op, monotonicMs(), !op.more);
+    if (st.isOk() && op.more) {
+        held_.push_back(op.peer);
+    }
     if (op.bytes != 0 && op.src->kind == MemoryKind::kCuda) {
         send_staging_.flush();
         watchStaging(send_staging_, kSendStagingToken, &send_watched_);
@@ -478,6 +481,25 @@ void TcpTransport::watchStaging(TcpStaging &staging, uint64_t token, bool *watch
     }
 }
 
+void TcpTransport::sendHeld(int64_t now) {
+    if (held_.empty()) {
+        return;
+    }
+    std::vector<std::pair<PeerId, std::string>> failed;
+    for (PeerId id : std::exchange(held_, {})) {
+        auto it = peers_.find(id);
+        if (it == peers_.end() || !it->second.out || !it->second.out->link) {
+            continue;  // the session went meanwhile: its writes were failed with it
+        }
+        if (int rc = it->second.out->link->pump(now); rc != 0) {
+            failed.emplace_back(id, "data connection: " + errnoText(rc));
+        }
+    }
+    for (auto &[id, why] : failed) {
+        fail(id, SessionSide::kOut, why);
+    }
+}
+
 size_t TcpTransport::dispatchStaging(int64_t now) {
     // A pool starts on first use (a GPU write posted, a chunk for a GPU region): from then on
     // its eventfd wakes the engine when copies end.
@@ -632,6 +654,7 @@ void TcpTransport::resumeReads(int64_t now) {
 
 size_t TcpTransport::progress(EventSink &sink) {
     const int64_t now = monotonicMs();
+    sendHeld(now);
     epoll_event evs[64];
     // Only data connections live in this set: with none (every peer on another transport)
     // there is nothing to ask. The sleeping modes ask only when the engine saw the set

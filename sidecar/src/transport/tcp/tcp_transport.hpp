@@ -69,7 +69,7 @@ public:
     }
     bool arm() override {
         return !io_ready_ && completions_.empty() && resume_.empty() && acks_due_.empty() &&
-               !send_staging_.ready() && !recv_staging_.ready();
+               held_.empty() && !send_staging_.ready() && !recv_staging_.ready();
     }
 
     // Sessions
@@ -137,6 +137,8 @@ private:
     /// Hands finished GPU staging copies to the links, then pumps the senders that have
     /// staged chunks ready and reads again where a chunk waited for a slot.
     size_t dispatchStaging(int64_t now);
+    /// Pumps the links of held_ (ops posted with WriteOp::more).
+    void sendHeld(int64_t now);
     /// Adds a staging pool's eventfd to the poller once it has started.
     void watchStaging(TcpStaging &staging, uint64_t token, bool *watched);
     /// Tags the pool finished: receivers count their chunks (or fail), senders flush on.
@@ -169,6 +171,8 @@ private:
     std::vector<std::pair<PeerId, uint32_t>> resume_;
     /// Peers whose ACKs deliver() queued on their data connection 0, sent by afterPublish().
     std::vector<PeerId> acks_due_;
+    /// Peers with ops posted with WriteOp::more and not sent yet: pumped by progress().
+    std::vector<PeerId> held_;
     const size_t read_budget_;
 };
 
