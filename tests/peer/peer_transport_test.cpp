@@ -388,12 +388,13 @@ TEST_F(PeerTcp, LargeWriteIsChunkedAcrossConnections) {
     EXPECT_EQ(peerStatus(b, "node-a")["data_connections"], 4);
 }
 
-// Small chunks ride the connection of the chunk before them (OutLink::roomyConnection): a
-// tl_write_msg's data and its payload record, or a run of small writes, leave in one sendmsg and
-// reach the target in one read, instead of one socket each (a 4 KiB message cost 8 us more a
-// direction than a write with an immediate on the GPU machine when its two chunks went to two
-// connections). Big writes still spread over all of them (LargeWriteIsChunkedAcrossConnections).
-TEST_F(PeerTcp, SmallWritesShareOneConnectionAndBigOnesSpread) {
+// Small chunks cut in one pump ride the connection of the chunk before them
+// (OutLink::roomyConnection): a tl_write_msg's data and its payload record (the data held for it,
+// WriteOp::more), or a group's small entries, leave in one sendmsg and reach the target in one
+// read, instead of one socket each (a 4 KiB message cost 4 us more a round trip on the GPU
+// machine when its two chunks went to two connections). Big writes still spread over all of
+// them (LargeWriteIsChunkedAcrossConnections).
+TEST_F(PeerTcp, SmallWritesPostedTogetherShareOneConnectionAndBigOnesSpread) {
     startNodes(2, [](config::Config &c) { c.tcp.connections_per_peer = 2; });
     Node &a = node(0);
     constexpr size_t kBytes = 4u << 20;
@@ -408,10 +409,35 @@ TEST_F(PeerTcp, SmallWritesShareOneConnectionAndBigOnesSpread) {
         }
         return v;
     };
-    for (uint32_t i = 0; i < 8; ++i) {
-        auto [ps, op] = a.post("node-b", src, i * 4096, remote.id, i * 4096, 4096, 100 + i);
-        ASSERT_TRUE(ps.isOk()) << ps.message();
-        auto done = a.sink.completion(op, 5s);
+    // Eight 4 KiB writes in one turn, all but the last marked `more`, as the engine posts a
+    // request's parts.
+    std::vector<uint64_t> ids;
+    const Status posted = a.call([&] {
+        auto id = a.pm().peerByName("node-b");
+        for (uint32_t i = 0; i < 8; ++i) {
+            WriteOp op;
+            std::string why;
+            if (!id || !a.pm().resolveRemote(*id, remote.id, &op.remote_region, &why)) {
+                return Status{Code::kNotFound, why};
+            }
+            op.op_id = nextOpId();
+            op.peer = *id;
+            op.src = src;
+            op.src_offset = op.dst_offset = i * 4096;
+            op.dst_region = remote.id;
+            op.bytes = 4096;
+            op.imm = 100 + i;
+            op.more = i < 7;
+            if (Status st = a.transports().post(op); !st.isOk()) {
+                return st;
+            }
+            ids.push_back(op.op_id);
+        }
+        return Status::ok();
+    });
+    ASSERT_TRUE(posted.isOk()) << posted.message();
+    for (uint64_t id : ids) {
+        auto done = a.sink.completion(id, 5s);
         ASSERT_TRUE(done.has_value());
         ASSERT_EQ(done->code, Code::kOk) << done->reason;
     }
