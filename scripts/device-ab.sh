@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# An A/B of nccl_plugin_bench on the GPU machine: an earlier commit's build against this
+# tree's, alternated in one call (the machine is shared and moves between calls).
+#   here:   scripts/device-ab.sh pack REV          # REV's sources into out/old.tgz (git-ignored)
+#   there:  scripts/device-ab.sh run [PAIRS [BENCH ARGS...]]
+#           with carry [".debs", ".debs-net", "out"]: builds both (device-run.sh's prefix of
+#           .debs), then runs old, new, old, new, ... PAIRS times (default 2), each output also
+#           in $OUT/{old,new}N.txt
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+case "${1:-}" in
+    pack)
+        [ -n "${2:-}" ] || { echo "usage: $0 pack REV" >&2; exit 2; }
+        mkdir -p out
+        git archive --format=tar.gz -o out/old.tgz "$2"
+        echo "out/old.tgz: $(git rev-parse --short "$2")"
+        ;;
+    run)
+        pairs=${2:-2}
+        shift $(( $# >= 2 ? 2 : 1 ))
+        args=("$@")
+        [ "${#args[@]}" -gt 0 ] || args=(--sizes "4096,65536,131072,524288" --iters 1000 --rounds 3)
+        out=${OUT:-/tmp/tensorlane-ab}
+        mkdir -p "$out"
+        [ -f out/old.tgz ] || { echo "no out/old.tgz: run '$0 pack REV' first" >&2; exit 2; }
+        # This tree's build; it also unpacks the .debs into device-run.sh's prefix.
+        scripts/device-run.sh run --no-gpu --no-rest --budget 200 --targets nccl_plugin_bench \
+            --out "$out/new-build" >/dev/null 2>&1 || { echo "the new build failed" >&2; exit 1; }
+        prefix=/tmp/tensorlane-deps
+        export CMAKE_PREFIX_PATH="$prefix/usr"
+        export PKG_CONFIG_PATH="$prefix/usr/lib/x86_64-linux-gnu/pkgconfig:$prefix/usr/share/pkgconfig"
+        export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        export PATH="$prefix/usr/bin:$PATH"
+        old=/tmp/tensorlane-ab-old
+        rm -rf "$old" && mkdir -p "$old" && tar xzf out/old.tgz -C "$old"
+        (cd "$old" && cmake --preset release && cmake --build build/release -j "$(nproc)" \
+            --target nccl_plugin_bench) >"$out/old-build.log" 2>&1 ||
+            { echo "the old build failed (old-build.log)" >&2; exit 1; }
+        bench=build/release/tests/bench/nccl_plugin_bench
+        for i in $(seq 1 "$pairs"); do
+            for t in old new; do
+                bin=$bench
+                [ "$t" = old ] && bin=$old/$bench
+                echo "== $t $i"
+                timeout 150 "$bin" "${args[@]}" 2>&1 | tee "$out/$t$i.txt"
+            done
+        done
+        ;;
+    *)
+        sed -n '2,9p' "$0" >&2
+        exit 2
+        ;;
+esac
