@@ -62,29 +62,45 @@ protected:
         out->remote = remote;
     }
 
+    /// Posts `ops` from node-a to `l.remote` on node-b in one turn of a's loop (as the engine
+    /// posts a request's parts), each from `l.src` with its peer, ids and regions filled in;
+    /// their op ids in `*ids`. Stops at the first refusal.
+    Status postAll(const Linked &l, std::vector<WriteOp> ops, std::vector<uint64_t> *ids) {
+        Node &a = node(0);
+        return a.call([&] {
+            auto id = a.pm().peerByName("node-b");
+            for (WriteOp &op : ops) {
+                std::string why;
+                if (!id || !a.pm().resolveRemote(*id, l.remote.id, &op.remote_region, &why)) {
+                    return Status{Code::kNotFound, why};
+                }
+                op.op_id = nextOpId();
+                op.peer = *id;
+                op.src = l.src;
+                op.dst_region = l.remote.id;
+                if (Status st = a.transports().post(op); !st.isOk()) {
+                    return st;
+                }
+                ids->push_back(op.op_id);
+            }
+            return Status::ok();
+        });
+    }
+
     /// Posts a silent scattered write of `ex` from node-a's `l.src` to `l.remote` on node-b
     /// (WriteOp::extents: a group's entries between two regions, as one op); its op id in
     /// `*op_id`.
     Status postScatter(const Linked &l, std::vector<sidecar::Extent> ex, uint64_t *op_id) {
-        Node &a = node(0);
-        return a.call([&] {
-            auto id = a.pm().peerByName("node-b");
-            WriteOp op;
-            std::string why;
-            if (!id || !a.pm().resolveRemote(*id, l.remote.id, &op.remote_region, &why)) {
-                return Status{Code::kNotFound, why};
-            }
-            op.op_id = *op_id = nextOpId();
-            op.peer = *id;
-            op.src = l.src;
-            op.dst_region = l.remote.id;
-            op.silent = true;
-            for (const auto &e : ex) {
-                op.bytes += e.bytes;
-            }
-            op.extents = std::make_shared<const std::vector<sidecar::Extent>>(std::move(ex));
-            return a.transports().post(op);
-        });
+        WriteOp op;
+        op.silent = true;
+        for (const auto &e : ex) {
+            op.bytes += e.bytes;
+        }
+        op.extents = std::make_shared<const std::vector<sidecar::Extent>>(std::move(ex));
+        std::vector<uint64_t> ids;
+        const Status st = postAll(l, {std::move(op)}, &ids);
+        *op_id = ids.empty() ? 0 : ids[0];
+        return st;
     }
 
     TempDir dir_;
@@ -411,30 +427,15 @@ TEST_F(PeerTcp, SmallWritesPostedTogetherShareOneConnectionAndBigOnesSpread) {
     };
     // Eight 4 KiB writes in one turn, all but the last marked `more`, as the engine posts a
     // request's parts.
+    std::vector<WriteOp> ops(8);
+    for (uint32_t i = 0; i < 8; ++i) {
+        ops[i].src_offset = ops[i].dst_offset = i * 4096;
+        ops[i].bytes = 4096;
+        ops[i].imm = 100 + i;
+        ops[i].more = i < 7;
+    }
     std::vector<uint64_t> ids;
-    const Status posted = a.call([&] {
-        auto id = a.pm().peerByName("node-b");
-        for (uint32_t i = 0; i < 8; ++i) {
-            WriteOp op;
-            std::string why;
-            if (!id || !a.pm().resolveRemote(*id, remote.id, &op.remote_region, &why)) {
-                return Status{Code::kNotFound, why};
-            }
-            op.op_id = nextOpId();
-            op.peer = *id;
-            op.src = src;
-            op.src_offset = op.dst_offset = i * 4096;
-            op.dst_region = remote.id;
-            op.bytes = 4096;
-            op.imm = 100 + i;
-            op.more = i < 7;
-            if (Status st = a.transports().post(op); !st.isOk()) {
-                return st;
-            }
-            ids.push_back(op.op_id);
-        }
-        return Status::ok();
-    });
+    const Status posted = postAll(l, std::move(ops), &ids);
     ASSERT_TRUE(posted.isOk()) << posted.message();
     for (uint64_t id : ids) {
         auto done = a.sink.completion(id, 5s);
@@ -470,24 +471,15 @@ TEST_F(PeerTcp, AWriteHeldForAFollowerThatNeverComesStillGoes) {
     Node &b = node(1);
     Linked l;
     ASSERT_NO_FATAL_FAILURE(link(4096, "held", 9, &l));
-    uint64_t op_id = 0;
-    const Status st = a.call([&] {
-        auto id = a.pm().peerByName("node-b");
-        WriteOp op;
-        std::string why;
-        if (!id || !a.pm().resolveRemote(*id, l.remote.id, &op.remote_region, &why)) {
-            return Status{Code::kNotFound, why};
-        }
-        op.op_id = op_id = nextOpId();
-        op.peer = *id;
-        op.src = l.src;
-        op.dst_region = l.remote.id;
-        op.bytes = 4096;
-        op.imm = 77;
-        op.more = true;
-        return a.transports().post(op);
-    });
+    WriteOp op;
+    op.bytes = 4096;
+    op.imm = 77;
+    op.more = true;
+    std::vector<uint64_t> ids;
+    const Status st = postAll(l, {op}, &ids);
     ASSERT_TRUE(st.isOk()) << st.message();
+    ASSERT_EQ(ids.size(), 1u);
+    const uint64_t op_id = ids[0];
     auto done = a.sink.completion(op_id, 5s);
     ASSERT_TRUE(done.has_value()) << "a held write was never sent";
     EXPECT_EQ(done->code, Code::kOk) << done->reason;
