@@ -840,8 +840,10 @@ struct RewriteResult {
     std::string error;       ///< why the write could not be made
 };
 
-// One chunk (cutLength() cuts a 64 KiB write whole), big enough for the tag workers.
-constexpr uint32_t kRewriteLen = 64u << 10;
+// One chunk (cutLength() cuts a 32 KiB write whole), big enough for the tag workers: the proxy
+// changes the write's only chunk, so nothing of it may land (a longer write's other chunks,
+// genuine and verified, would land, as a failed write's bytes may).
+constexpr uint32_t kRewriteLen = 32u << 10;
 constexpr uint64_t kRangeAt = 1u << 20;
 constexpr uint64_t kShift = 512u << 10;
 /// The write_offset field is bytes 24..31 of the frame; its byte 26 XOR 0x08 adds 512 KiB.
@@ -860,6 +862,11 @@ RewriteResult writeThroughRewritingProxy(size_t at, uint8_t mask, bool integrity
     const config::TcpConfig tcp_defaults;
     const auto chunk = static_cast<uint32_t>(sidecar::cutLength(
         kRewriteLen, tcp_defaults.connections_per_peer, tcp_defaults.chunk_bytes));
+    if (chunk < kRewriteLen) {
+        RewriteResult r;
+        r.error = "the write goes as more than one chunk: the proxy would change only the first";
+        return r;
+    }
     ChunkRewritingProxy proxy(pb, static_cast<uint32_t>(sidecar::kChunkHeaderBytes) + chunk, at,
                               mask);
     NodeOptions oa{
@@ -954,14 +961,15 @@ TEST(Integrity, WithoutTagsARewrittenWriteOffsetMovesTheWrite) {
 }
 
 TEST(Integrity, MidSizedWritesAreCutSoTheirStagesOverlap) {
-    // Two chunks per connection for a write of a few chunks (at least 64 KiB each, page-rounded),
+    // Two chunks per connection for a write of a few chunks (at least 32 KiB each, page-rounded),
     // chunk_bytes for big writes, never more than chunk_bytes.
     EXPECT_EQ(sidecar::cutLength(512u << 10, 2, 1u << 20), 128u << 10);  // an NCCL step
     EXPECT_EQ(sidecar::cutLength(1u << 20, 2, 1u << 20), 256u << 10);
     EXPECT_EQ(sidecar::cutLength(4u << 20, 2, 1u << 20), 1u << 20);
     EXPECT_EQ(sidecar::cutLength(64u << 20, 4, 1u << 20), 1u << 20);
-    EXPECT_EQ(sidecar::cutLength(64u << 10, 2, 1u << 20), 64u << 10);
-    EXPECT_EQ(sidecar::cutLength(100, 2, 1u << 20), 64u << 10);   // (then what is left: 100)
+    EXPECT_EQ(sidecar::cutLength(128u << 10, 2, 1u << 20), 32u << 10);
+    EXPECT_EQ(sidecar::cutLength(64u << 10, 2, 1u << 20), 32u << 10);
+    EXPECT_EQ(sidecar::cutLength(100, 2, 1u << 20), 32u << 10);   // (then what is left: 100)
     EXPECT_EQ(sidecar::cutLength(300000, 1, 1u << 20), 151552u);  // 150000 up to a page
     EXPECT_EQ(sidecar::cutLength(512u << 10, 2, 16u << 10), 16u << 10);
 }

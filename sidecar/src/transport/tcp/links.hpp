@@ -101,7 +101,7 @@ private:
     /// The write with this sequence number, or nullptr.
     InFlight *find(uint64_t seq);
     /// The next connection with room for another chunk, or nullptr. A `small` chunk (a message,
-    /// a write's last piece under kSmallChunk) goes where the chunk before it in the same pump()
+    /// a write of one chunk under kSmallChunk) goes where the chunk before it in the same pump()
     /// went while that connection has less than kSmallChunk queued: small ones posted together
     /// (tl_write_msg's data and its payload record, held by WriteOp::more; a group's small
     /// entries) leave in one sendmsg and reach the target in one read, instead of one socket
