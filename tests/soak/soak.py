@@ -499,6 +499,9 @@ class Soak:
         self.a = a
         self.rng = random.Random(a.seed)
         self.dir = a.workdir or tempfile.mkdtemp(prefix="tensorlane-soak-")
+        # Until run() has checked everything and found no violation, a run counts as failed
+        # (an exception, a timeout's signal): cleanup() then keeps its work directory.
+        self.failed = True
         os.makedirs(self.dir, exist_ok=True)
         os.chmod(self.dir, 0o755)
         self.names = [f"tcp{i}" for i in range(a.tcp_nodes)] + \
@@ -928,6 +931,7 @@ class Soak:
             json.dump(self.samples, f)
         self.summary(report)
         log(f"report: {path}")
+        self.failed = bool(self.violations)
         return 1 if self.violations else 0
 
     def summary(self, r: dict) -> None:
@@ -958,7 +962,11 @@ class Soak:
                 sc.process.kill()
                 sc.process.wait()
         self.net.down()
-        if not self.a.keep and not self.a.workdir:
+        if self.failed and not self.a.keep and not self.a.workdir:
+            # The evidence of a failed run (ledgers, sidecar logs, chaos.log, report.json) stays:
+            # a violation seen once in CI could not be looked into when it went with the run.
+            log(f"kept the work directory of the failed run: {self.dir}")
+        elif not self.a.keep and not self.a.workdir:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
