@@ -259,9 +259,13 @@ size_t RequestPipeline::pumpQueues() {
     }
     size_t posted = 0;
     for (auto &[peer, q] : queues_) {
-        // Posted one by one from here, with nothing behind them in this turn's request
-        // handling: no op waits for a follower (WriteOp::more).
-        while (!q.ops.empty() && (q.ops.front().more = false, postNow(q.ops.front()))) {
+        while (!q.ops.empty()) {
+            // Posted one by one from here, with nothing behind them in this turn's request
+            // handling: no op waits for a follower (WriteOp::more).
+            q.ops.front().more = false;
+            if (!postNow(q.ops.front())) {
+                break;
+            }
             q.ops.pop_front();
             --queued_;
             ++posted;

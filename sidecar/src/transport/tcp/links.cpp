@@ -64,8 +64,6 @@ Status OutLink::post(const WriteOp &op, int64_t now_ms, bool send_now) {
     // failed. An op with more to follow waits for them (WriteOp::more): one sendmsg for all.
     if (send_now) {
         (void)pump(now_ms);
-    } else {
-        wants_pump_ = true;
     }
     return Status::ok();
 }

@@ -47,7 +47,7 @@ public:
     ~OutLink() override;
 
     /// Queues `op` (its remote_region resolved) and starts sending unless `send_now` is false
-    /// (the caller pumps soon: the next post, or pump()). kAgain when `window` writes are
+    /// (the caller pumps soon: the next post, or its own pump()). kAgain when `window` writes are
     /// already in flight. Never blocks.
     Status post(const WriteOp &op, int64_t now_ms, bool send_now = true);
 

@@ -485,18 +485,15 @@ void TcpTransport::sendHeld(int64_t now) {
     if (held_.empty()) {
         return;
     }
-    std::vector<std::pair<PeerId, std::string>> failed;
+    // Each looked up afresh: a failure below may end a session held again further on.
     for (PeerId id : std::exchange(held_, {})) {
         auto it = peers_.find(id);
         if (it == peers_.end() || !it->second.out || !it->second.out->link) {
             continue;  // the session went meanwhile: its writes were failed with it
         }
         if (int rc = it->second.out->link->pump(now); rc != 0) {
-            failed.emplace_back(id, "data connection: " + errnoText(rc));
+            fail(id, SessionSide::kOut, "data connection: " + errnoText(rc));
         }
-    }
-    for (auto &[id, why] : failed) {
-        fail(id, SessionSide::kOut, why);
     }
 }
 
