@@ -111,7 +111,7 @@ TEST(CliVersion, BothProgramsNameTheReleaseCommitAndWireProtocols) {
         if (head.rc == 0 && head.out.size() >= 12) {
             EXPECT_NE(r.out.find("(commit " + head.out.substr(0, 12)), std::string::npos) << r.out;
         }
-        for (const char *part : {"wire protocols: peer 3, tcp transport 3, verbs transport 2, "
+        for (const char *part : {"wire protocols: peer 3, tcp transport 4, verbs transport 2, "
                                  "client control ",
                                  "ring segments ", "built with: verbs"}) {
             EXPECT_NE(r.out.find(part), std::string::npos) << part << "\n" << r.out;

@@ -70,7 +70,7 @@ TEST(HostilePeer, TwoChunksClaimingTheSameBytesAreAProtocolError) {
     // second one begins; connection 1: the same chunk, whole.
     uint8_t head[sidecar::kChunkFrameOverhead];
     sidecar::encodeChunkFrame(head, 1, h, kLen);
-    uint8_t tag0[sidecar::kFrameTagBytes];
+    uint8_t tag0[sidecar::kChunkTrailerBytes];
     evil.data(0).chunkTag(head, data.data(), kLen, tag0);
     ASSERT_TRUE(evil.data(0).sendRaw(head, sizeof head));
     ASSERT_TRUE(evil.data(0).sendRaw(data.data(), kLen / 2));
@@ -115,6 +115,82 @@ TEST(HostilePeer, ChunkWithABadTagIsRefused) {
     sidecar::encodeFrameHeader(junk, FrameType::kHeartbeat, 0, 1);
     ASSERT_TRUE(evil2.control().sendRaw(junk, sizeof junk));
     EXPECT_TRUE(evil2.control().closedWithin(3000));
+}
+
+TEST(HostilePeer, AChunkWhoseDataChangedFailsItsWriteLandsNothingAndKeepsTheSession) {
+    // A chunk whose data changed after it was tagged (a writer that changed its source mid-send,
+    // or a path that flips data bits) while its headers are intact: nothing of it lands, its
+    // write is answered with an error (kInvalid, nothing notified), and the session goes on: the
+    // next write lands. A small chunk (checked on the engine thread) and a big one (read and
+    // checked by a worker).
+    for (const uint32_t len : {4096u, 512u << 10}) {
+        SCOPED_TRACE("chunk of " + std::to_string(len) + " bytes");
+        TempDir dir;
+        const auto key = dir.writeFile("peer.key", kSecret);
+        auto b = victim(key, freePort(), [](config::Config &c) { c.tcp.tag_threads = 2; });
+        ASSERT_TRUE(b->ok());
+        auto dst = b->addRegion(2 * len, "recv");
+        std::memset(dst->base, 0x11, 2 * len);
+        RawClientPeer evil(kSecret, "node-evil", "node-b", b->port());
+        std::string why;
+        ASSERT_TRUE(evil.openSession(&why)) << why;
+        ASSERT_TRUE(evil.openData(0, &why) && evil.openData(1, &why)) << why;
+        std::vector<uint8_t> data(len);
+        fillRandom(data.data(), len, 41);
+        ChunkHeader h;
+        h.region = evil.regions()[0].id;
+        h.total_bytes = len;
+        h.imm = 5;
+        ASSERT_TRUE(evil.data(0).sendChunk(1, h, data.data(), len, RawConn::Tamper::kDataChanged));
+        FrameHeader fh;
+        std::vector<uint8_t> ack;
+        ASSERT_TRUE(evil.data(0).recvType(FrameType::kAck, &fh, &ack)) << "no ACK for the write";
+        EXPECT_EQ(fh.arg, 1u);
+        ASSERT_GE(ack.size(), 8u);
+        EXPECT_EQ(sidecar::loadLe32(ack.data()), static_cast<uint32_t>(Code::kInvalid));
+        EXPECT_EQ(sidecar::loadLe32(ack.data() + 4), 1u) << "the ACK does not say the data changed";
+        EXPECT_EQ(b->sink.count(Event::Kind::kArrived), 0u) << "a changed chunk was notified";
+        EXPECT_TRUE(std::all_of(dst->base, dst->base + 2 * len, [](uint8_t x) {
+            return x == 0x11;
+        })) << "a changed chunk landed";
+        EXPECT_EQ(peerStatus(*b, "node-evil")["chunks_data_changed"], 1);
+        // The session goes on: the next write lands and is notified.
+        h.write_offset = len;
+        h.imm = 6;
+        ASSERT_TRUE(evil.data(1).sendChunk(2, h, data.data(), len));
+        ASSERT_TRUE(b->sink.waitFor(
+            [](const std::vector<Event> &ev) {
+                return std::any_of(ev.begin(), ev.end(),
+                                   [](const Event &e) { return e.kind == Event::Kind::kArrived; });
+            },
+            3s));
+        EXPECT_EQ(0, std::memcmp(dst->base + len, data.data(), len));
+        EXPECT_FALSE(evil.control().closedWithin(100)) << "the session was dropped";
+    }
+}
+
+TEST(HostilePeer, ATcpPeerOfTheOlderChunkFormatIsRefusedNamingBothVersions) {
+    // Version 4 of the tcp transport put a header tag in every chunk's trailer: a peer of
+    // version 3 would frame chunks 16 bytes short, so it is refused at SELECT, with both
+    // versions named, and nothing of it is read as a chunk.
+    TempDir dir;
+    const auto key = dir.writeFile("peer.key", kSecret);
+    auto b = victim(key, freePort());
+    ASSERT_TRUE(b->ok());
+    RawClientPeer old(kSecret, "node-evil", "node-b", b->port());
+    std::vector<uint8_t> blob = sidecar::encodeTcpBlob(2, 1u << 20);
+    ASSERT_GE(blob.size(), 2u);
+    blob[0] = 3;
+    blob[1] = 0;
+    std::vector<uint8_t> selected;
+    std::string why;
+    EXPECT_FALSE(old.openSession(sidecar::kTransportTcp, blob, &selected, &why));
+    const std::vector<std::string> refusal = {
+        "node-evil", "version " + std::to_string(sidecar::kTcpBlobVersion), "version 3"};
+    for (int i = 0; i < 200 && !peerLogHas(refusal); ++i) {
+        std::this_thread::sleep_for(10ms);  // logged by the node's thread as it closes
+    }
+    EXPECT_TRUE(peerLogHas(refusal)) << "the refusal does not name both versions";
 }
 
 TEST(HostilePeer, ARegionNotOfferedToPeersCannotBeWrittenByGuessingItsId) {
@@ -203,7 +279,7 @@ TEST(HostilePeer, ChunksWorkersReadLandWholeAfterAStallAndNotAtAllWhenCutOff) {
     h.imm = 3;
     uint8_t head[sidecar::kChunkFrameOverhead];
     sidecar::encodeChunkFrame(head, 1, h, kLen);
-    uint8_t tag[sidecar::kFrameTagBytes];
+    uint8_t tag[sidecar::kChunkTrailerBytes];
     RawConn &c0 = evil.data(0);
     c0.chunkTag(head, data.data(), kLen, tag);
     constexpr uint32_t kFirst = 300u << 10;
@@ -675,13 +751,21 @@ TamperResult writeThroughTamperingProxy(bool integrity, std::optional<uint32_t> 
     return r;
 }
 
-TEST(Integrity, AByteChangedOnTheWireIsCaughtAndNeverNotified) {
-    TamperResult r = writeThroughTamperingProxy(true);
+/// A data byte changed on the way (the chunk's header tag holds): its write fails with the
+/// reason, nothing of it is notified, and the session is not dropped for it.
+void expectDataChangeCaught(const TamperResult &r) {
     ASSERT_TRUE(r.flipped) << "the proxy did not see the byte it was to change";
     ASSERT_TRUE(r.completion.has_value());
-    EXPECT_EQ(r.completion->code, Code::kPeer) << r.completion->reason;
+    EXPECT_EQ(r.completion->code, Code::kInvalid) << r.completion->reason;
+    EXPECT_NE(r.completion->reason.find("did not match its tag"), std::string::npos)
+        << r.completion->reason;
     EXPECT_FALSE(r.arrived) << "the owner was told about data that was changed on the way";
-    EXPECT_TRUE(peerLogHas({"node-a", "authentication tag"}));
+    EXPECT_FALSE(peerLogHas({"node-a", "authentication tag"}))
+        << "a data change with good headers dropped the session";
+}
+
+TEST(Integrity, AByteChangedOnTheWireIsCaughtAndNeverNotified) {
+    expectDataChangeCaught(writeThroughTamperingProxy(true));
 }
 
 TEST(Integrity, AByteChangedOnTheWireIsCaughtWithTheTagsOnWorkerThreads) {
@@ -689,11 +773,7 @@ TEST(Integrity, AByteChangedOnTheWireIsCaughtWithTheTagsOnWorkerThreads) {
     // first 64 KiB of each chunk the receiving workers also read the socket, so the changed
     // byte (100,000 bytes into the connection) reaches a worker, not the engine thread.
     TamperResult r = writeThroughTamperingProxy(true, 2);
-    ASSERT_TRUE(r.flipped) << "the proxy did not see the byte it was to change";
-    ASSERT_TRUE(r.completion.has_value());
-    EXPECT_EQ(r.completion->code, Code::kPeer) << r.completion->reason;
-    EXPECT_FALSE(r.arrived) << "the owner was told about data that was changed on the way";
-    EXPECT_TRUE(peerLogHas({"node-a", "authentication tag"}));
+    expectDataChangeCaught(r);
     EXPECT_GE(r.read_by_workers, 1u) << "no chunk was read by a worker";
 }
 
@@ -919,15 +999,17 @@ RewriteResult writeThroughRewritingProxy(size_t at, uint8_t mask, bool integrity
     return r;
 }
 
-void expectNothingLanded(const RewriteResult &r) {
+/// Nothing of the write landed or was notified. A changed header fails the header tag too and
+/// drops the session (kPeer); changed data fails only its write (kInvalid).
+void expectNothingLanded(const RewriteResult &r, Code code = Code::kPeer) {
     ASSERT_TRUE(r.error.empty()) << r.error;
     ASSERT_TRUE(r.changed) << "the proxy did not see the chunk it was to change";
     ASSERT_TRUE(r.completion.has_value());
-    EXPECT_EQ(r.completion->code, Code::kPeer) << r.completion->reason;
+    EXPECT_EQ(r.completion->code, code) << r.completion->reason;
     EXPECT_EQ(r.arrivals, 0u) << "the owner was told about a write changed on the way";
     EXPECT_TRUE(r.untouched)
         << "a chunk that fails its tag changed the target's memory before it was checked";
-    EXPECT_TRUE(peerLogHas({"node-a", "authentication tag"}));
+    EXPECT_EQ(peerLogHas({"node-a", "authentication tag"}), code == Code::kPeer);
 }
 
 TEST(Integrity, ARewrittenWriteOffsetChangesNoByteOfTheTarget) {
@@ -939,11 +1021,11 @@ TEST(Integrity, ARewrittenWriteOffsetChangesNoByteWithTheTagsOnWorkerThreads) {
 }
 
 TEST(Integrity, ChangedChunkDataChangesNoByteOfTheTarget) {
-    expectNothingLanded(writeThroughRewritingProxy(kDataByte, 0x01, true, 0));
+    expectNothingLanded(writeThroughRewritingProxy(kDataByte, 0x01, true, 0), Code::kInvalid);
 }
 
 TEST(Integrity, ChangedChunkDataChangesNoByteWithTheTagsOnWorkerThreads) {
-    expectNothingLanded(writeThroughRewritingProxy(kDataByte, 0x01, true, 2));
+    expectNothingLanded(writeThroughRewritingProxy(kDataByte, 0x01, true, 2), Code::kInvalid);
 }
 
 TEST(Integrity, WithoutTagsARewrittenWriteOffsetMovesTheWrite) {

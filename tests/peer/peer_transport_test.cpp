@@ -664,6 +664,60 @@ TEST_F(PeerTcp, RevokingARegionWhileItsChunksAreCheckedKeepsTheSession) {
     EXPECT_EQ(0, std::memcmp(keep->base, src->base, 1u << 20));
 }
 
+TEST_F(PeerTcp, AWriterChangingItsSourceMidWriteHurtsNoOtherWrite) {
+    // A local client that keeps changing its source while its writes are on the way (which the
+    // ABI leaves undefined for that write's bytes) must not take the session down with it: the
+    // frames' tags are over the bytes as read once, so the innocent writes that share the
+    // session all land intact, and the session stays up. With the tags on the engine thread and
+    // on two workers.
+    for (const uint32_t threads : {0u, 2u}) {
+        SCOPED_TRACE("tag_threads " + std::to_string(threads));
+        nodes_.clear();
+        startNodes(2, [threads](config::Config &c) {
+            c.tcp.tag_threads = threads;
+            c.tcp.chunk_bytes = 256u << 10;
+        });
+        Node &a = node(0);
+        constexpr size_t kBytes = 8u << 20;
+        Linked messy, clean;
+        ASSERT_NO_FATAL_FAILURE(link(kBytes, "messy" + std::to_string(threads), 31, &messy));
+        ASSERT_NO_FATAL_FAILURE(link(kBytes, "clean" + std::to_string(threads), 32, &clean));
+        std::atomic<bool> stop{false};
+        std::thread scribbler([&] {
+            auto *p = reinterpret_cast<volatile uint64_t *>(messy.src->base);
+            const size_t words = kBytes / sizeof(uint64_t);
+            for (uint64_t v = 1; !stop.load(std::memory_order_relaxed); ++v) {
+                for (size_t i = v % 512; i < words; i += 509) {
+                    p[i] = p[i] + v;
+                }
+            }
+        });
+        std::vector<uint64_t> messy_ops, clean_ops;
+        for (int round = 0; round < 6; ++round) {
+            auto [ms, mop] = a.post("node-b", messy.src, 0, messy.remote.id, 0, kBytes, 1);
+            ASSERT_TRUE(ms.isOk()) << ms.message();
+            messy_ops.push_back(mop);
+            auto [cs, cop] = a.post("node-b", clean.src, 0, clean.remote.id, 0, kBytes, 2);
+            ASSERT_TRUE(cs.isOk()) << cs.message();
+            clean_ops.push_back(cop);
+        }
+        for (uint64_t op : messy_ops) {
+            ASSERT_TRUE(a.sink.completion(op, 30s).has_value()) << "a changed write never ended";
+        }
+        stop = true;
+        scribbler.join();
+        for (uint64_t op : clean_ops) {
+            auto done = a.sink.completion(op, 30s);
+            ASSERT_TRUE(done.has_value());
+            EXPECT_EQ(done->code, Code::kOk) << done->reason;
+        }
+        EXPECT_EQ(0, std::memcmp(clean.dst->base, clean.src->base, kBytes));
+        EXPECT_EQ(peerStatus(a, "node-b")["state"], "up");
+        EXPECT_FALSE(peerLogHas({"authentication tag"}))
+            << "a writer's own buffer changes failed a frame's tag and dropped the session";
+    }
+}
+
 TEST_F(PeerTcp, TargetRejectsWritesIntoRegionsItNoLongerExposes) {
     // The writer's descriptor is stale (the revocation has not reached it): the target itself
     // refuses the write, answers kNotFound, and writes nothing.

@@ -121,20 +121,29 @@ bool RawConn::send(FrameType type, uint64_t arg, std::span<const uint8_t> payloa
 
 bool RawConn::sendChunk(uint64_t seq, const ChunkHeader &h, const uint8_t *data, uint32_t len,
                         bool corrupt_tag) {
+    return sendChunk(seq, h, data, len, corrupt_tag ? Tamper::kForged : Tamper::kNone);
+}
+
+bool RawConn::sendChunk(uint64_t seq, const ChunkHeader &h, const uint8_t *data, uint32_t len,
+                        Tamper tamper) {
     uint8_t head[kChunkFrameOverhead];
     encodeChunkFrame(head, seq, h, len);
-    if (!writeAll(head, sizeof head) || !writeAll(data, len)) {
+    uint8_t trailer[kChunkTrailerBytes];
+    if (tx_.enabled()) {
+        tx_.signChunk(head, sizeof head, data, len, trailer);
+        if (tamper == Tamper::kForged) {
+            trailer[3] ^= 0x10;
+            trailer[kFrameTagBytes + 3] ^= 0x10;
+        }
+    }
+    std::vector<uint8_t> sent(data, data + len);
+    if (tamper == Tamper::kDataChanged && len > 0) {
+        sent[len / 2] ^= 0x01;  // after it was tagged
+    }
+    if (!writeAll(head, sizeof head) || !writeAll(sent.data(), len)) {
         return false;
     }
-    if (tx_.enabled()) {
-        uint8_t tag[kFrameTagBytes];
-        tx_.sign(head, sizeof head, data, len, tag);
-        if (corrupt_tag) {
-            tag[3] ^= 0x10;
-        }
-        return writeAll(tag, sizeof tag);
-    }
-    return true;
+    return !tx_.enabled() || writeAll(trailer, sizeof trailer);
 }
 
 bool RawConn::recv(FrameHeader *h, std::vector<uint8_t> *payload, int timeout_ms) {

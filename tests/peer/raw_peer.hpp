@@ -36,9 +36,17 @@ public:
 
     /// Sends a whole frame (tagged when authenticated).
     bool send(sidecar::FrameType type, uint64_t arg, std::span<const uint8_t> payload = {});
-    /// Sends a CHUNK frame; `corrupt_tag` flips a bit of its tag.
+    /// What sendChunk() does to a frame on its way.
+    enum class Tamper {
+        kNone,
+        kForged,       ///< both tags wrong: not a frame of this connection's key
+        kDataChanged,  ///< the data changed after it was tagged (its header tag holds)
+    };
+    /// Sends a CHUNK frame; `corrupt_tag` forges it (Tamper::kForged).
     bool sendChunk(uint64_t seq, const sidecar::ChunkHeader &h, const uint8_t *data, uint32_t len,
                    bool corrupt_tag = false);
+    bool sendChunk(uint64_t seq, const sidecar::ChunkHeader &h, const uint8_t *data, uint32_t len,
+                   Tamper tamper);
     /// Receives one frame within `timeout_ms` (verifying its tag when authenticated).
     bool recv(sidecar::FrameHeader *h, std::vector<uint8_t> *payload, int timeout_ms = 5000);
     /// Receives the next frame of `type`, skipping heartbeats.
@@ -46,9 +54,10 @@ public:
                   int timeout_ms = 5000);
     /// Sends bytes as they are (no framing, no tag): for frames cut in the middle.
     bool sendRaw(const void *p, size_t n) { return writeAll(p, n); }
-    /// The tag a CHUNK frame gets (consumes a frame number), for frames sent in pieces.
-    void chunkTag(const uint8_t *head, const uint8_t *data, uint32_t len, uint8_t *tag) {
-        tx_.sign(head, sidecar::kChunkFrameOverhead, data, len, tag);
+    /// The trailer a CHUNK frame gets (kChunkTrailerBytes; consumes a frame number), for frames
+    /// sent in pieces.
+    void chunkTag(const uint8_t *head, const uint8_t *data, uint32_t len, uint8_t *trailer) {
+        tx_.signChunk(head, sidecar::kChunkFrameOverhead, data, len, trailer);
     }
     bool tagged() const { return tx_.enabled(); }
     /// Whether the other end closed the connection within `timeout_ms`.

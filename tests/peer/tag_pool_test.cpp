@@ -8,6 +8,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -25,6 +27,8 @@ namespace tensorlane::sidecar {
 namespace {
 
 using Tag = std::array<uint8_t, FrameAuth::kTagBytes>;
+/// A chunk frame's trailer: its tag, then its header tag.
+using Trailer = std::array<uint8_t, kChunkTrailerBytes>;
 
 FrameAuth::Key keyOf(uint8_t seed) {
     FrameAuth::Key k;
@@ -46,7 +50,9 @@ std::vector<uint8_t> randomBytes(size_t n, uint64_t seed) {
 std::shared_ptr<TagJob> jobFor(FrameAuth &auth, const uint8_t *head, const std::vector<uint8_t> &d,
                                bool verify) {
     auto job = std::make_shared<TagJob>();
-    job->otk = auth.nextKey();
+    const FrameAuth::ChunkKeys keys = auth.nextChunkKeys();
+    job->otk = keys.data;
+    job->head_otk = keys.head;
     std::memcpy(job->head.data(), head, kChunkFrameOverhead);
     job->head_len = static_cast<uint32_t>(kChunkFrameOverhead);
     job->data = d.data();
@@ -144,8 +150,8 @@ TEST(TagPool, WorkersSignAndVerifyAsTheEngineThreadWould) {
     for (int i = 0; i < 24; ++i) {
         waitDone(*signs[i]);
         std::memset(head, i, sizeof head);
-        Tag expect;
-        ref.sign(head, sizeof head, datas[i].data(), datas[i].size(), expect.data());
+        Trailer expect;
+        ref.signChunk(head, sizeof head, datas[i].data(), datas[i].size(), expect.data());
         EXPECT_EQ(signs[i]->tag, expect) << "frame " << i;
         EXPECT_FALSE(signs[i]->cancelled);
         auto check = jobFor(rx, head, datas[i], true);
@@ -159,6 +165,7 @@ TEST(TagPool, WorkersSignAndVerifyAsTheEngineThreadWould) {
     for (int i = 0; i < 24; ++i) {
         waitDone(*checks[i]);
         EXPECT_EQ(checks[i]->good, i % 5 != 3) << "frame " << i;
+        EXPECT_TRUE(checks[i]->header_good) << "frame " << i << ": its headers did not change";
     }
     EXPECT_EQ(pool.jobsDone(), 48u);
     // The eventfd told the owner.
@@ -185,8 +192,8 @@ TEST(TagPool, SpinningWorkersMissNoJobWhetherAwakeOrAsleep) {
         }
         for (size_t i = 0; i < jobs.size(); ++i) {
             waitDone(*jobs[i]);
-            Tag expect;
-            ref.sign(head, sizeof head, datas[i].data(), datas[i].size(), expect.data());
+            Trailer expect;
+            ref.signChunk(head, sizeof head, datas[i].data(), datas[i].size(), expect.data());
             EXPECT_EQ(jobs[i]->tag, expect) << "burst " << burst << " job " << i;
         }
         // Pauses below, around and past the spin, so the next burst finds the workers spinning,
@@ -209,8 +216,8 @@ TEST(TagPool, AVerifiedChunkIsCopiedToItsTargetAndABadOneNever) {
     std::vector<std::shared_ptr<TagJob>> checks;
     for (int i = 0; i < kJobs; ++i) {
         datas.push_back(randomBytes(256u << 10, 200 + i));
-        Tag tag;
-        tx.sign(head, sizeof head, datas.back().data(), datas.back().size(), tag.data());
+        Trailer tag;
+        tx.signChunk(head, sizeof head, datas.back().data(), datas.back().size(), tag.data());
         targets.push_back(std::vector<uint8_t>(datas.back().size(), 0xee));
         auto check = jobFor(rx, head, datas.back(), true);
         check->tag = tag;
@@ -233,6 +240,62 @@ TEST(TagPool, AVerifiedChunkIsCopiedToItsTargetAndABadOneNever) {
             EXPECT_EQ(targets[i], std::vector<uint8_t>(datas[i].size(), 0xee))
                 << "frame " << i << " failed its tag and still changed its target";
         }
+    }
+}
+
+TEST(TagPool, TheHeaderTagTellsChangedDataFromAChangedHeader) {
+    // A chunk frame's trailer holds its tag and a tag over its headers alone: a chunk whose
+    // data changed on the way fails with its headers still good (its write fails, the stream
+    // goes on), one whose headers changed fails both (the session goes), and neither lands. On
+    // a worker and on this thread (finishNow of a queued job), and the same with FrameAuth.
+    TagPool pool(1);
+    FrameAuth tx(keyOf(13)), rx(keyOf(13)), here_tx(keyOf(14)), here_rx(keyOf(14));
+    uint8_t head[kChunkFrameOverhead];
+    std::memset(head, 0x21, sizeof head);
+    enum Change { kNone, kData, kHeader, kHeaderTag };
+    for (const Change change : {kNone, kData, kHeader, kHeaderTag}) {
+        SCOPED_TRACE("change " + std::to_string(change));
+        std::vector<uint8_t> data = randomBytes(96u << 10, 300 + change);
+        Trailer trailer;
+        tx.signChunk(head, sizeof head, data.data(), data.size(), trailer.data());
+        uint8_t got_head[kChunkFrameOverhead];
+        std::memcpy(got_head, head, sizeof head);
+        if (change == kData) {
+            data[4321] ^= 0x08;
+        } else if (change == kHeader) {
+            got_head[30] ^= 0x01;  // e.g. the write offset
+        } else if (change == kHeaderTag) {
+            trailer[kFrameTagBytes + 3] ^= 0x01;
+        }
+        std::vector<uint8_t> target(data.size(), 0xee);
+        auto check = jobFor(rx, got_head, data, true);
+        check->tag = trailer;
+        check->copy_to = target.data();
+        pool.submit(check);
+        waitDone(*check);
+        EXPECT_EQ(check->good, change == kNone || change == kHeaderTag);
+        EXPECT_EQ(check->header_good, change != kHeader);
+        if (!check->good) {
+            EXPECT_EQ(target, std::vector<uint8_t>(data.size(), 0xee)) << "a failed chunk landed";
+        }
+
+        // The engine thread's way: FrameAuth, the header tag checked only after a failure.
+        Trailer t2;
+        std::vector<uint8_t> clean = randomBytes(5000, 400 + change);
+        here_tx.signChunk(head, sizeof head, clean.data(), clean.size(), t2.data());
+        if (change == kData) {
+            clean[17] ^= 0x80;
+        } else if (change == kHeaderTag) {
+            t2[kFrameTagBytes] ^= 0x01;
+        }
+        const FrameMac::OneTimeKey head_key = here_rx.beginChunk(sizeof head + clean.size());
+        here_rx.update(got_head, sizeof head);
+        here_rx.update(clean.data(), clean.size());
+        const bool good = here_rx.verify(t2.data());
+        EXPECT_EQ(good, change == kNone || change == kHeaderTag);
+        EXPECT_EQ(FrameAuth::headerTagMatches(head_key, got_head, sizeof head,
+                                              t2.data() + kFrameTagBytes),
+                  change != kHeader && change != kHeaderTag);
     }
 }
 
@@ -271,8 +334,8 @@ TEST(TagPool, QueuedJobsAreTakenBackOrFinishedNow) {
     ASSERT_TRUE(jobs[14]->done.load());
     for (int i = 0; i < 15; ++i) {
         pool.finishNow(*jobs[i]);
-        Tag expect;
-        ref.sign(head, sizeof head, datas[i].data(), datas[i].size(), expect.data());
+        Trailer expect;
+        ref.signChunk(head, sizeof head, datas[i].data(), datas[i].size(), expect.data());
         EXPECT_EQ(jobs[i]->tag, expect) << "frame " << i << " finished with a wrong tag";
         EXPECT_FALSE(jobs[i]->cancelled);
     }
@@ -298,6 +361,90 @@ TEST(TagPool, DestroyingThePoolEndsEveryJob) {
     }
     for (const auto &j : jobs) {
         EXPECT_TRUE(j->done.load()) << "a job was left neither run nor cancelled";
+    }
+}
+
+/// Writes all of `n` bytes to the non-blocking socket `fd`, waiting while it is full.
+void sendAll(int fd, const uint8_t *p, size_t n) {
+    while (n > 0) {
+        const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
+        if (w > 0) {
+            p += w;
+            n -= static_cast<size_t>(w);
+        } else if (w < 0 && (errno == EAGAIN || errno == EINTR)) {
+            std::this_thread::sleep_for(std::chrono::microseconds(50));
+        } else {
+            ADD_FAILURE() << "send: " << std::strerror(errno);
+            return;
+        }
+    }
+}
+
+TEST(TagPool, AWorkerReadingAChunkTagsItAcrossRunsAndNeverReadsTheNextFrame) {
+    // A big chunk read from its socket by a worker (TagJob::read_fd), its tag computed as the
+    // bytes come: the data arrives in two parts with a pause longer than a run, so the first run
+    // ends short and the next one (on either worker) goes on from the tag state the first left.
+    // The socket is handed back (read_done) only once data and tag are in, the next frame's bytes
+    // stay in it, and the chunk reaches its target only when its tag is good: a chunk changed in
+    // its second part lands nothing.
+    for (const bool corrupt : {false, true}) {
+        SCOPED_TRACE(corrupt ? "changed on the way" : "intact");
+        TagPool pool(2);
+        FrameAuth tx(keyOf(12)), rx(keyOf(12));
+        SocketPair sp;
+        uint8_t head[kChunkFrameOverhead];
+        std::memset(head, 0x5a, sizeof head);
+        constexpr size_t kLen = 512u << 10, kFirst = 100u << 10;
+        const std::vector<uint8_t> data = randomBytes(kLen, corrupt ? 81 : 80);
+        Trailer tag;
+        tx.signChunk(head, sizeof head, data.data(), data.size(), tag.data());
+        std::vector<uint8_t> buf(kLen), target(kLen, 0xee);
+        auto job = jobFor(rx, head, buf, true);
+        job->read_fd = sp.ours;
+        job->read_to = buf.data();
+        job->copy_to = target.data();
+
+        sendAll(sp.theirs, data.data(), kFirst);
+        pool.submit(job);
+        waitDone(*job);
+        EXPECT_EQ(job->read_error, 0);
+        EXPECT_EQ(job->have, kFirst);
+        EXPECT_FALSE(job->readComplete());
+        EXPECT_FALSE(job->read_done.load()) << "the socket was handed back before the chunk was in";
+        EXPECT_FALSE(job->good);
+        EXPECT_EQ(target, std::vector<uint8_t>(kLen, 0xee)) << "a chunk landed before its tag";
+
+        std::vector<uint8_t> rest(data.begin() + kFirst, data.end());
+        if (corrupt) {
+            rest[1000] ^= 0x01;
+        }
+        const std::vector<uint8_t> next = randomBytes(64, 82);  // the next frame's first bytes
+        std::thread sender([&] {
+            sendAll(sp.theirs, rest.data(), rest.size());
+            sendAll(sp.theirs, tag.data(), tag.size());
+            sendAll(sp.theirs, next.data(), next.size());
+        });
+        for (int run = 0; run < 100 && job->read_error == 0 && !job->readComplete(); ++run) {
+            job->done.store(false);
+            pool.submit(job);
+            waitDone(*job);
+        }
+        sender.join();
+        EXPECT_EQ(job->read_error, 0);
+        EXPECT_TRUE(job->readComplete());
+        EXPECT_TRUE(job->read_done.load());
+        EXPECT_EQ(job->good, !corrupt);
+        if (corrupt) {
+            EXPECT_EQ(target, std::vector<uint8_t>(kLen, 0xee)) << "a changed chunk landed";
+        } else {
+            EXPECT_EQ(target, data) << "a good chunk did not land whole";
+        }
+        std::vector<uint8_t> after(next.size() + 1);
+        EXPECT_EQ(::recv(sp.ours, after.data(), after.size(), 0), static_cast<ssize_t>(next.size()))
+            << "the worker read into the next frame";
+        after.resize(next.size());
+        EXPECT_EQ(after, next);
+        ::close(sp.ours);
     }
 }
 

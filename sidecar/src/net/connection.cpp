@@ -219,12 +219,15 @@ void Connection::queueChunk(const uint8_t *head, const uint8_t *data, uint32_t l
     item.data_len = len;
     item.tag_id = tag_id;
     if (tx_auth_.enabled()) {
-        item.tag_len = kFrameTagBytes;
+        item.tag_len = kChunkTrailerBytes;
         if (tags_ != nullptr && tags_->offloads(kChunkFrameOverhead + len, bulk)) {
             // The frame number is taken now, in queue order; a worker computes the tag while
             // the socket takes the headers and the data.
             auto job = std::make_shared<TagJob>();
-            job->otk = tx_auth_.nextKey();
+            FrameAuth::ChunkKeys keys = tx_auth_.nextChunkKeys();
+            job->otk = keys.data;
+            job->head_otk = keys.head;
+            sodium_memzero(&keys, sizeof keys);
             std::copy(head, head + kChunkFrameOverhead, job->head.begin());
             job->head_len = static_cast<uint32_t>(kChunkFrameOverhead);
             job->data = data;
@@ -245,7 +248,7 @@ void Connection::queueChunk(const uint8_t *head, const uint8_t *data, uint32_t l
         } else {
             gatherInto(gather_to, gather);
             // One pass over the source, right before it goes out (warm for the send).
-            tx_auth_.sign(head, kChunkFrameOverhead, data, len, item.tag.data());
+            tx_auth_.signChunk(head, kChunkFrameOverhead, data, len, item.tag.data());
         }
     } else {
         gatherInto(gather_to, gather);

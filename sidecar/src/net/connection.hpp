@@ -91,6 +91,10 @@ struct ChunkRx {
     bool pooled = false;
     /// A worker is reading it now: the connection is not read here (nor polled for input).
     bool reading = false;
+    /// Checked here (no `job`): the headers and the header tag's key, for the header tag that
+    /// is checked only when the chunk's tag fails (kChunkTrailerBytes).
+    std::array<uint8_t, kChunkFrameOverhead> head{};
+    FrameMac::OneTimeKey head_otk{};
 };
 
 /// A connected, non-blocking TCP socket registered with a Poller. Move-only by pointer: the
@@ -208,7 +212,7 @@ private:
         std::vector<uint8_t> big;  ///< a frame too large for `head` (tag included)
         const uint8_t *data = nullptr;
         size_t data_len = 0;
-        std::array<uint8_t, kFrameTagBytes> tag{};  ///< after `data`, when tag_len
+        std::array<uint8_t, kChunkTrailerBytes> tag{};  ///< a chunk's trailer, when tag_len
         uint32_t tag_len = 0;
         std::shared_ptr<TagJob> job;  ///< computing `tag` in the pool (null once copied)
         bool data_waits = false;      ///< `job` also fills `data` (a gather): send it after

@@ -41,6 +41,13 @@ inline constexpr size_t kChunkHeaderBytes = 40;
 inline constexpr size_t kChunkFrameOverhead = kFrameHeaderBytes + kChunkHeaderBytes;
 /// The authentication tag after each frame of an authenticated connection.
 inline constexpr size_t kFrameTagBytes = 16;
+/// What follows a CHUNK frame's data on an authenticated connection: its tag (over headers and
+/// data), then a second tag over its headers alone, under the other half of the frame's key
+/// block. A chunk whose tag fails while its header tag holds had its data changed and nothing
+/// else (the writer changed its source while it was sent, or the path flipped data bits): that
+/// write fails, lands nothing, and the stream goes on; a header tag that fails too drops the
+/// session (docs/peers.md, "Integrity").
+inline constexpr size_t kChunkTrailerBytes = 2 * kFrameTagBytes;
 /// Largest payload accepted before a connection is authenticated (HELLO is well under it).
 inline constexpr uint32_t kMaxHandshakePayload = 1024;
 /// Largest control payload after authentication (a region descriptor, a refusal text).

@@ -135,6 +135,48 @@ FrameMac::OneTimeKey FrameAuth::nextKey() {
     return otk;
 }
 
+FrameAuth::ChunkKeys FrameAuth::nextChunkKeys() {
+    // As nextKey(), with the block's second half kept: RFC 8439's AEAD never uses it for
+    // anything (its encryption starts at block counter 1), so it is a key of its own.
+    uint8_t nonce[crypto_stream_chacha20_ietf_NONCEBYTES] = {};
+    std::memcpy(nonce, &counter_, sizeof counter_);
+    ++counter_;
+    uint8_t block[64];
+    crypto_stream_chacha20_ietf(block, sizeof block, nonce, key_.data());
+    ChunkKeys k;
+    std::memcpy(k.data.data(), block, k.data.size());
+    std::memcpy(k.head.data(), block + k.data.size(), k.head.size());
+    sodium_memzero(block, sizeof block);
+    return k;
+}
+
+void FrameAuth::headerTag(const FrameMac::OneTimeKey &head_key, const uint8_t *head,
+                          size_t head_len, uint8_t tag[kTagBytes]) {
+    crypto_onetimeauth(tag, head, head_len, head_key.data());
+}
+
+bool FrameAuth::headerTagMatches(const FrameMac::OneTimeKey &head_key, const uint8_t *head,
+                                 size_t head_len, const uint8_t tag[kTagBytes]) {
+    return crypto_onetimeauth_verify(tag, head, head_len, head_key.data()) == 0;
+}
+
+void FrameAuth::signChunk(const uint8_t *head, size_t head_len, const uint8_t *data,
+                          size_t data_len, uint8_t trailer[2 * kTagBytes]) {
+    FrameMac::OneTimeKey head_key = beginChunk(head_len + data_len);
+    update(head, head_len);
+    update(data, data_len);
+    finish(trailer);
+    headerTag(head_key, head, head_len, trailer + kTagBytes);
+    sodium_memzero(head_key.data(), head_key.size());
+}
+
+FrameMac::OneTimeKey FrameAuth::beginChunk(size_t frame_bytes) {
+    ChunkKeys k = nextChunkKeys();
+    mac_.init(k.data, frame_bytes);
+    sodium_memzero(k.data.data(), k.data.size());
+    return k.head;
+}
+
 void FrameAuth::begin(size_t frame_bytes) {
     FrameMac::OneTimeKey otk = nextKey();
     mac_.init(otk, frame_bytes);

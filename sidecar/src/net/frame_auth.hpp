@@ -105,6 +105,25 @@ public:
     /// The one-time key of the next frame (consumes its number): its tag may then be computed
     /// anywhere, with any FrameMac (wipe the key after use).
     FrameMac::OneTimeKey nextKey();
+    /// A CHUNK frame's two keys: its tag's (nextKey()'s) and its header tag's, the next 32
+    /// bytes of the same ChaCha20 block (kChunkTrailerBytes). Consumes one frame number.
+    struct ChunkKeys {
+        FrameMac::OneTimeKey data;
+        FrameMac::OneTimeKey head;
+    };
+    ChunkKeys nextChunkKeys();
+    /// A chunk frame's header tag: Poly1305 of its headers under `head_key` (libsodium; the
+    /// headers are a few dozen bytes).
+    static void headerTag(const FrameMac::OneTimeKey &head_key, const uint8_t *head,
+                          size_t head_len, uint8_t tag[kTagBytes]);
+    /// Whether `tag` is the header tag of `head` (constant time).
+    static bool headerTagMatches(const FrameMac::OneTimeKey &head_key, const uint8_t *head,
+                                 size_t head_len, const uint8_t tag[kTagBytes]);
+    /// A whole chunk frame's trailer (kChunkTrailerBytes: its tag, then its header tag), here.
+    void signChunk(const uint8_t *head, size_t head_len, const uint8_t *data, size_t data_len,
+                   uint8_t trailer[2 * kTagBytes]);
+    /// Starts the tag of the next chunk frame here, like begin(); returns its header key.
+    FrameMac::OneTimeKey beginChunk(size_t frame_bytes = std::numeric_limits<size_t>::max());
     /// Starts the tag of the next frame here (consumes one frame number).
     void begin(size_t frame_bytes = std::numeric_limits<size_t>::max());
     /// Starts the tag of a frame whose key nextKey() took, here.

@@ -190,7 +190,7 @@ bool tryAgain(int fd, short events, std::chrono::steady_clock::time_point until,
 
 }  // namespace
 
-void TagPool::readRest(TagJob &job) {
+void TagPool::readRest(TagJob &job, FrameMac &mac) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSocketRunUs);
     job.read_bytes = 0;
     job.read_error = 0;
@@ -201,7 +201,7 @@ void TagPool::readRest(TagJob &job) {
         if (job.have < job.len) {
             iov[n++] = {job.read_to + job.have, job.len - job.have};
         }
-        iov[n++] = {job.tag.data() + job.tag_have, kFrameTagBytes - job.tag_have};
+        iov[n++] = {job.tag.data() + job.tag_have, kChunkTrailerBytes - job.tag_have};
         const ssize_t r = ::readv(job.read_fd, iov, n);
         if (r > 0) {
             size_t got = static_cast<size_t>(r);
@@ -209,6 +209,9 @@ void TagPool::readRest(TagJob &job) {
             const size_t data = std::min(got, job.len - job.have);
             job.have += data;
             job.tag_have += got - data;
+            // Tagged while the bytes are still in cache, and while the sender sends the rest.
+            mac.update(job.data + job.tagged, job.have - job.tagged);
+            job.tagged = job.have;
             continue;
         }
         if (r == 0) {
@@ -223,24 +226,28 @@ void TagPool::readRest(TagJob &job) {
     }
 }
 
-void TagPool::writeRest(TagJob &job) {
+bool TagPool::sendUpTo(TagJob &job, size_t limit, bool wait) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSocketRunUs);
-    job.write_error = 0;
-    job.write_stalled = false;
-    const size_t total = job.frameBytes();
-    while (job.sent < total) {
+    while (job.sent < limit) {
         iovec iov[3];
         int n = 0;
         size_t skip = job.sent;
-        const std::pair<const uint8_t *, size_t> parts[3] = {
-            {job.head.data(), job.head_len}, {job.data, job.len}, {job.tag.data(), kFrameTagBytes}};
+        size_t left = limit - job.sent;
+        const std::pair<const uint8_t *, size_t> parts[3] = {{job.head.data(), job.head_len},
+                                                             {job.data, job.len},
+                                                             {job.tag.data(), kChunkTrailerBytes}};
         for (const auto &[p, len] : parts) {
             if (skip >= len) {
                 skip -= len;
                 continue;
             }
-            iov[n++] = {const_cast<uint8_t *>(p + skip), len - skip};
+            const size_t take = std::min(len - skip, left);
+            iov[n++] = {const_cast<uint8_t *>(p + skip), take};
+            left -= take;
             skip = 0;
+            if (left == 0) {
+                break;
+            }
         }
         msghdr msg{};
         msg.msg_iov = iov;
@@ -255,12 +262,55 @@ void TagPool::writeRest(TagJob &job) {
         if (w == 0) {
             errno = EAGAIN;
         }
+        if (!wait) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+                job.write_error = errno;
+            }
+            return false;
+        }
         if (!tryAgain(job.write_fd, POLLOUT, until, &job.write_error)) {
             job.write_stalled = job.write_error == 0;
-            return;
+            return false;
         }
     }
-    sends_done_.fetch_add(1, std::memory_order_relaxed);
+    return true;
+}
+
+void TagPool::writeRest(TagJob &job) {
+    job.write_error = 0;
+    job.write_stalled = false;
+    if (sendUpTo(job, job.frameBytes(), /*wait=*/true)) {
+        sends_done_.fetch_add(1, std::memory_order_relaxed);
+    }
+}
+
+void TagPool::signAndSend(FrameMac &mac, TagJob &job) {
+    // Each piece goes out as soon as it is tagged (the tag is the frame's trailer), so the
+    // receiver reads, and tags, the first bytes while this one tags the rest, and the send
+    // copies every piece from cache. The socket is not waited for here: what does not fit yet
+    // goes after the tag, in writeRest().
+    const size_t piece = std::max(kSendPiece, ((job.len + 3) / 4 + 4095) & ~size_t{4095});
+    job.write_error = 0;
+    job.write_stalled = false;
+    mac.init(job.otk, job.head_len + job.len);
+    mac.update(job.head.data(), job.head_len);
+    bool room = true;
+    for (size_t done = 0; done < job.len;) {
+        const size_t n = std::min(piece, job.len - done);
+        mac.update(job.data + done, n);
+        done += n;
+        if (room && job.write_error == 0) {
+            room = sendUpTo(job, job.head_len + done, /*wait=*/false);
+        }
+    }
+    mac.final(job.tag.data());
+    FrameAuth::headerTag(job.head_otk, job.head.data(), job.head_len,
+                         job.tag.data() + kFrameTagBytes);
+    job.tag_ready = true;
+    wipeKeys(job);
+    if (job.write_error == 0) {
+        writeRest(job);
+    }
 }
 
 void TagPool::compute(FrameMac &mac, TagJob &job) {
@@ -269,35 +319,76 @@ void TagPool::compute(FrameMac &mac, TagJob &job) {
         return;
     }
     if (job.read_fd >= 0) {
-        readRest(job);
-        if (job.read_error != 0 || !job.readComplete()) {
-            job.good = false;  // not checked yet: the key stays for the next run
-            return;
-        }
-        reads_done_.fetch_add(1, std::memory_order_relaxed);
+        readAndCheck(mac, job);
+        return;
     }
     gatherInto(job.gather_to, job.gather);
+    if (!job.verify && job.write_fd >= 0) {
+        signAndSend(mac, job);
+        return;
+    }
     mac.init(job.otk, job.head_len + job.len);
     mac.update(job.head.data(), job.head_len);
     mac.update(job.data, job.len);
     if (job.verify) {
-        job.good = mac.verify(job.tag.data());
-        if (job.good && job.copy_to != nullptr) {
-            if (job.pieces != 0) {
-                job.landed =
-                    landPacked(job.copy_to, job.region_bytes, job.data, job.len, job.pieces);
-            } else {
-                std::memcpy(job.copy_to, job.data, job.len);
-            }
-        }
-    } else {
-        mac.final(job.tag.data());
-        job.tag_ready = true;
+        checkAndLand(mac, job);
+        return;
     }
+    mac.final(job.tag.data());
+    FrameAuth::headerTag(job.head_otk, job.head.data(), job.head_len,
+                         job.tag.data() + kFrameTagBytes);
+    job.tag_ready = true;
+    wipeKeys(job);
+}
+
+void TagPool::wipeKeys(TagJob &job) {
     sodium_memzero(job.otk.data(), job.otk.size());
-    if (job.write_fd >= 0) {
-        writeRest(job);
+    sodium_memzero(job.head_otk.data(), job.head_otk.size());
+}
+
+void TagPool::checkAndLand(FrameMac &mac, TagJob &job) {
+    job.good = mac.verify(job.tag.data());
+    // The header tag only where the frame's failed: did the data alone change?
+    job.header_good =
+        job.good || FrameAuth::headerTagMatches(job.head_otk, job.head.data(), job.head_len,
+                                                job.tag.data() + kFrameTagBytes);
+    if (job.good && job.copy_to != nullptr) {
+        if (job.pieces != 0) {
+            job.landed = landPacked(job.copy_to, job.region_bytes, job.data, job.len, job.pieces);
+        } else {
+            std::memcpy(job.copy_to, job.data, job.len);
+        }
     }
+    wipeKeys(job);
+}
+
+void TagPool::readAndCheck(FrameMac &mac, TagJob &job) {
+    // The frame's tag state: a run before this one's, or this worker's.
+    FrameMac &m = job.mac ? *job.mac : mac;
+    if (!job.mac_started) {
+        m.init(job.otk, job.head_len + job.len);
+        m.update(job.head.data(), job.head_len);
+        job.mac_started = true;
+        job.tagged = 0;
+    }
+    // What the owner moved into the buffer before it handed the socket over.
+    m.update(job.data + job.tagged, job.have - job.tagged);
+    job.tagged = job.have;
+    readRest(job, m);
+    if (job.read_error != 0 || !job.readComplete()) {
+        job.good = false;  // not checked yet: the next run goes on from here
+        if (!job.mac) {
+            job.mac = std::make_unique<FrameMac>(std::move(mac));
+            mac = FrameMac();
+        }
+        return;
+    }
+    reads_done_.fetch_add(1, std::memory_order_relaxed);
+    // The socket is the owner's again; the check and the landing copy go on here meanwhile.
+    job.read_done.store(true, std::memory_order_release);
+    signalDone();
+    checkAndLand(m, job);
+    job.mac.reset();
 }
 
 void TagPool::clearWake() {

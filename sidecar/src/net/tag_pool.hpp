@@ -36,6 +36,9 @@ namespace tensorlane::sidecar {
 /// One frame's tag to compute (sign) or check (verify).
 struct TagJob {
     FrameMac::OneTimeKey otk{};
+    /// The header tag's key (FrameAuth::nextChunkKeys()): sign computes the header tag into the
+    /// trailer's second half; verify checks it only when the frame's tag failed.
+    FrameMac::OneTimeKey head_otk{};
     std::array<uint8_t, kChunkFrameOverhead> head{};
     uint32_t head_len = 0;
     const uint8_t *data = nullptr;
@@ -55,8 +58,9 @@ struct TagJob {
     /// is taken: a packed chunk's extents, gathered by the worker (the frame's data waits).
     std::vector<std::pair<const uint8_t *, size_t>> gather;
     uint8_t *gather_to = nullptr;
-    /// sign: written by the worker; verify: the tag that came with the frame.
-    std::array<uint8_t, kFrameTagBytes> tag{};
+    /// sign: written by the worker; verify: what came with the frame. The frame's trailer
+    /// (kChunkTrailerBytes): its tag, then its header tag.
+    std::array<uint8_t, kChunkTrailerBytes> tag{};
     /// verify, read by the worker (TagPool::kReadFrom): the socket the rest of the chunk's data
     /// and then its tag come from, read into `read_to` (the buffer `data` points at) and `tag`
     /// without blocking the worker for long (at most kSocketWaitUs at a time, kSocketRunUs in
@@ -73,7 +77,18 @@ struct TagJob {
     size_t read_bytes = 0;
     int read_error = 0;
     /// With `read_fd`: whether data and tag are whole.
-    bool readComplete() const { return have == len && tag_have == kFrameTagBytes; }
+    bool readComplete() const { return have == len && tag_have == kChunkTrailerBytes; }
+    /// With `read_fd`: the frame's Poly1305 goes on as its bytes are read (`tagged` of the data
+    /// added so far), so that when the last byte is in only the last read's bytes are left to
+    /// check. A run that ends short leaves that state here for the next run, which may be
+    /// another worker's (null while a worker's own state serves).
+    std::unique_ptr<FrameMac> mac;
+    bool mac_started = false;
+    size_t tagged = 0;
+    /// With `read_fd`: set (release) once the data and the tag are all read and before the check
+    /// and the landing copy run, after which the worker never touches the socket again: its
+    /// owner may read the next frame from it meanwhile (wait for `done` for the chunk itself).
+    std::atomic<bool> read_done{false};
     /// sign, sent by the worker (TagPool::kWriteFrom): the socket the whole frame (`head`,
     /// `data`, `tag`) goes to once its tag is there, without blocking the worker for long (as
     /// reads). -1: the connection sends it.
@@ -86,9 +101,12 @@ struct TagJob {
     size_t sent = 0;
     int write_error = 0;
     bool write_stalled = false;
-    size_t frameBytes() const { return head_len + len + kFrameTagBytes; }
+    size_t frameBytes() const { return head_len + len + kChunkTrailerBytes; }
     /// verify's answer, once done (a cancelled job is not good).
     bool good = false;
+    /// verify, when not `good`: whether the header tag held (only the data changed: the write
+    /// fails and the stream goes on; else the session goes).
+    bool header_good = false;
     /// Taken back before a worker ran it (cancelOrWait()): `tag`/`good` mean nothing.
     bool cancelled = false;
     /// Set (release) when the worker has finished with the job: read `tag`/`good` after an
@@ -129,6 +147,9 @@ public:
     /// A chunk frame with at least this much data left to send is written to its socket by a
     /// worker (TagJob::write_fd), the one that signs it when it is the queue's head by then.
     static constexpr size_t kWriteFrom = 64 * 1024;
+    /// A frame a worker tags and sends goes out in pieces of at least this much (a quarter of
+    /// it, page-rounded, when that is more), each sent once it is tagged.
+    static constexpr size_t kSendPiece = 32 * 1024;
 
     /// The workers `[tcp] tag_threads = "auto"` gives on a host with `cpus` CPUs: none below
     /// four (the engine threads and the applications want them), then one per four, at most
@@ -192,10 +213,24 @@ public:
 private:
     void run();
     void compute(FrameMac &mac, TagJob &job);
-    /// Reads what a reading job still lacks from its socket (TagJob::read_fd).
-    static void readRest(TagJob &job);
+    /// Reads what a reading job still lacks from its socket (TagJob::read_fd), adding the data
+    /// to `mac` as it comes.
+    static void readRest(TagJob &job, FrameMac &mac);
+    /// verify: checks the frame's tag (and, if it failed, its header tag) and lands the chunk
+    /// where it is good.
+    static void checkAndLand(FrameMac &mac, TagJob &job);
+    static void wipeKeys(TagJob &job);
+    /// A reading job: reads the rest, then checks the tag and lands the chunk.
+    void readAndCheck(FrameMac &mac, TagJob &job);
     /// Writes what a writing job has not sent yet to its socket (TagJob::write_fd).
     void writeRest(TagJob &job);
+    /// Sends the frame's bytes up to `limit` (headers, data, tag, counted together): false when
+    /// it stopped short (a full socket: with `wait`, after waiting as writeRest() does; an
+    /// error: `write_error`).
+    bool sendUpTo(TagJob &job, size_t limit, bool wait);
+    /// A writing job whose tag is not there yet: tags the data a piece at a time and sends
+    /// each piece once it is tagged, then the rest and the tag.
+    void signAndSend(FrameMac &mac, TagJob &job);
     /// Wakes the owners of ended jobs.
     void signalDone();
     /// Where `job` is in the queue (under mutex_), or queue_.end().

@@ -276,7 +276,8 @@ int OutLink::pump(int64_t now_ms) {
     }
     // Each connection holds at most two chunks of ours beyond what the socket took: enough to
     // keep it busy between two turns of the loop, and the cursor does the rest.
-    const uint64_t watermark = 2 * (uint64_t{chunk_bytes_} + kChunkFrameOverhead + kFrameTagBytes);
+    const uint64_t watermark =
+        2 * (uint64_t{chunk_bytes_} + kChunkFrameOverhead + kChunkTrailerBytes);
     for (int round = 0; round < kPumpRounds; ++round) {
         bool cut = false;
         for (;;) {
@@ -438,7 +439,8 @@ void OutLink::noteSent(Connection &c) {
     }
 }
 
-bool OutLink::onAck(uint64_t seq, Code code, std::vector<Completion> *out, std::string *error) {
+bool OutLink::onAck(uint64_t seq, Code code, bool changed, std::vector<Completion> *out,
+                    std::string *error) {
     if (inflight_.empty() || inflight_.front().seq != seq) {
         *error = "ACK for write " + std::to_string(seq) + ", which is not the oldest in flight";
         return false;
@@ -464,7 +466,11 @@ bool OutLink::onAck(uint64_t seq, Code code, std::vector<Completion> *out, std::
     done.op_id = f.op.op_id;
     done.code = code;
     done.bytes = f.op.bytes;
-    if (code == Code::kNotFound) {
+    if (code != Code::kOk && changed) {
+        done.reason =
+            "the target received data that did not match its tag (its source changed while it "
+            "was sent, or the path altered it): nothing of it landed";
+    } else if (code == Code::kNotFound) {
         done.reason =
             "the target refused the write: its region is not exposed, was revoked, "
             "or the write is out of its bounds";
@@ -700,6 +706,8 @@ int InLink::beginChunk(Connection &c, std::string *error) {
         }
     }
     std::shared_ptr<TagJob> job;
+    FrameMac::OneTimeKey head_key{};
+    std::array<uint8_t, kChunkFrameOverhead> head{};
     if (c.authenticated()) {
         // The tag covers both headers and the data. A big chunk that lands in memory is checked
         // by the pool once it is all there; else the data is added as it lands.
@@ -709,13 +717,17 @@ int InLink::beginChunk(Connection &c, std::string *error) {
             verifying_.size() < kMaxVerifying) {
             job = std::make_shared<TagJob>();
             job->verify = true;
-            job->otk = c.rxAuth().nextKey();
+            FrameAuth::ChunkKeys keys = c.rxAuth().nextChunkKeys();
+            job->otk = keys.data;
+            job->head_otk = keys.head;
+            sodium_memzero(&keys, sizeof keys);
             std::copy(c.bufferedData(), c.bufferedData() + kChunkFrameOverhead, job->head.begin());
             job->head_len = static_cast<uint32_t>(kChunkFrameOverhead);
             job->len = chunk_len;
         } else {
-            c.rxAuth().begin(kChunkFrameOverhead + chunk_len);
+            head_key = c.rxAuth().beginChunk(kChunkFrameOverhead + chunk_len);
             c.rxAuth().update(c.bufferedData(), kChunkFrameOverhead);
+            std::copy(c.bufferedData(), c.bufferedData() + kChunkFrameOverhead, head.begin());
         }
     }
     c.consume(kChunkFrameOverhead);
@@ -731,6 +743,9 @@ int InLink::beginChunk(Connection &c, std::string *error) {
     c.rx.awaiting_tag = false;
     c.rx.land = nullptr;
     c.rx.pieces = pieces;
+    c.rx.head = head;
+    c.rx.head_otk = head_key;
+    sodium_memzero(head_key.data(), head_key.size());
     if (gpu) {
         const Region &r = *w->region;
         rx_slots_[&c] = RxSlot{slot, r.cuda.alloc_offset + land, seq, pieces};
@@ -829,6 +844,8 @@ void InLink::checkHere(Connection &c) {
     const TagJob &job = *rx.job;
     c.rxAuth().beginWith(job.otk, job.head_len + job.len);
     c.rxAuth().update(job.head.data(), job.head_len);
+    std::copy(job.head.begin(), job.head.begin() + kChunkFrameOverhead, rx.head.begin());
+    rx.head_otk = job.head_otk;
     c.rxAuth().update(rx.start, rx.length - rx.remaining);
     rx.job.reset();
 }
@@ -852,6 +869,17 @@ void InLink::landStaged(Connection &c, RxWrite &w) {
     }
     host_.give(std::move(it->second));
     rx_bufs_.erase(it);
+}
+
+void InLink::dataChanged(RxWrite &w) {
+    // Only the data changed (its header tag held): the writer changed its source while it was
+    // sent, or the path altered it. Nothing of the chunk reaches its target (the caller counts
+    // it without landing it), the write fails, and the stream goes on.
+    ++chunks_changed_;
+    if (w.code == Code::kOk) {
+        w.code = Code::kInvalid;
+        w.changed = true;
+    }
 }
 
 void InLink::countChunk(RxWrite &w, uint64_t len, const RxSlot *slot) {
@@ -899,13 +927,37 @@ int InLink::collectTags(int64_t now_ms, std::string *error, std::vector<Connecti
     for (auto it = pooled_.begin(); it != pooled_.end();) {
         Connection &c = **it;
         TagJob &job = *c.rx.job;
-        if (!c.rx.reading || !job.done.load(std::memory_order_acquire)) {
+        const bool done = c.rx.reading && job.done.load(std::memory_order_acquire);
+        if (!done && !(c.rx.reading && job.read_done.load(std::memory_order_acquire))) {
             ++it;
             continue;
         }
         c.rx.reading = false;
         c.bytes_in += std::exchange(job.read_bytes, 0);
         c.last_rx_ms = now_ms;
+        if (!done) {
+            // Read to its end, tag and all: its worker checks and lands it while this
+            // connection reads the next frame (the chunk counts once the check is done, below).
+            it = pooled_.erase(it);
+            tags_->releaseSocket();
+            Verifying v;
+            v.job = std::move(c.rx.job);
+            v.write = static_cast<RxWrite *>(c.rx.write);
+            v.len = c.rx.length - packedTableBytes(c.rx.pieces);
+            if (auto rs = rx_slots_.find(&c); rs != rx_slots_.end()) {
+                v.slot = rs->second;
+                rx_slots_.erase(rs);
+            }
+            if (auto rb = rx_bufs_.find(&c); rb != rx_bufs_.end()) {
+                v.buf = std::move(rb->second);  // its host check (poolRead()) goes with it
+                rx_bufs_.erase(rb);
+            }
+            verifying_.push_back(std::move(v));
+            c.rx = ChunkRx{};
+            c.setWantRead(true);
+            resume->push_back(&c);
+            continue;
+        }
         if (job.read_error != 0) {
             *error = job.read_error == ECONNRESET ? "data connection closed by the peer"
                                                   : "data connection: " + errnoText(job.read_error);
@@ -919,13 +971,16 @@ int InLink::collectTags(int64_t now_ms, std::string *error, std::vector<Connecti
             ++it;  // the socket ran dry: more is read (by a worker again) once epoll says so
             continue;
         }
-        if (!job.good) {
+        if (!job.good && !job.header_good) {
             *error = "a chunk fails its authentication tag (injected or corrupted on the way)";
             return EPROTO;
         }
         it = pooled_.erase(it);
         tags_->releaseSocket();
         auto *w = static_cast<RxWrite *>(c.rx.write);
+        if (!job.good) {
+            dataChanged(*w);  // nothing of it landed; it counts, and the write fails
+        }
         const uint64_t len = c.rx.length - packedTableBytes(c.rx.pieces);
         if (auto rs = rx_slots_.find(&c); rs != rx_slots_.end()) {
             // A GPU chunk, authenticated in its slot: now copied into device memory.
@@ -951,12 +1006,15 @@ int InLink::collectTags(int64_t now_ms, std::string *error, std::vector<Connecti
             ++it;
             continue;
         }
-        if (!it->job->good) {
+        if (!it->job->good && !it->job->header_good) {
             *error = "a chunk fails its authentication tag (injected or corrupted on the way)";
             return EPROTO;  // nothing of it counts; the session goes (the destructor cleans up)
         }
         Verifying v = std::move(*it);
         it = verifying_.erase(it);
+        if (!v.job->good) {
+            dataChanged(*v.write);  // nothing of it landed; it counts, and the write fails
+        }
         if (v.buf) {
             if (!v.job->landed && v.write->code == Code::kOk) {
                 v.write->code = Code::kNotFound;  // a packed chunk's bad table: nothing landed
@@ -980,7 +1038,9 @@ void InLink::quiesceRegion(RegionId r, const std::vector<Connection *> &conns) {
     for (Connection *c : conns) {
         // A chunk read into a staging buffer is not in the region: it goes on, and sees the
         // revocation when it would be copied (landStaged()).
-        if (c != nullptr && c->rx.active && c->rx.job && c->rx.land == nullptr &&
+        // (A GPU chunk a worker reads goes on into its slot, checked by the worker; countChunk()
+        // sees the revocation and copies nothing into device memory.)
+        if (c != nullptr && c->rx.active && !c->rx.pooled && c->rx.job && c->rx.land == nullptr &&
             static_cast<RxWrite *>(c->rx.write)->region_id == r) {
             checkHere(*c);  // the next read sees the revocation and stops writing
         }
@@ -996,13 +1056,13 @@ void InLink::quiesceRegion(RegionId r, const std::vector<Connection *> &conns) {
 
 int InLink::finishChunk(Connection &c, int64_t now_ms, std::string *error) {
     if (c.authenticated()) {
-        if (c.buffered() < kFrameTagBytes) {
+        if (c.buffered() < kChunkTrailerBytes) {
             c.rx.awaiting_tag = true;
-            const int rc = c.fillAtLeast(kFrameTagBytes, now_ms);
+            const int rc = c.fillAtLeast(kChunkTrailerBytes, now_ms);
             if (rc != 0) {
                 return rc;  // EAGAIN: epoll reports the rest
             }
-            if (c.buffered() < kFrameTagBytes) {
+            if (c.buffered() < kChunkTrailerBytes) {
                 return EAGAIN;
             }
         }
@@ -1013,8 +1073,8 @@ int InLink::finishChunk(Connection &c, int64_t now_ms, std::string *error) {
             // The pool checks it while we read on; it counts in collectTags().
             Verifying v;
             v.job = std::move(c.rx.job);
-            std::copy(c.bufferedData(), c.bufferedData() + kFrameTagBytes, v.job->tag.begin());
-            c.consume(kFrameTagBytes);
+            std::copy(c.bufferedData(), c.bufferedData() + kChunkTrailerBytes, v.job->tag.begin());
+            c.consume(kChunkTrailerBytes);
             v.write = static_cast<RxWrite *>(c.rx.write);
             v.len = c.rx.length - packedTableBytes(c.rx.pieces);  // the write's bytes in it
             if (auto rs = rx_slots_.find(&c); rs != rx_slots_.end()) {
@@ -1042,12 +1102,18 @@ int InLink::finishChunk(Connection &c, int64_t now_ms, std::string *error) {
             return 0;
         }
         const bool good = c.rxAuth().verify(c.bufferedData());
-        c.consume(kFrameTagBytes);
-        if (!good) {
+        const bool header_good = good || FrameAuth::headerTagMatches(
+                                             c.rx.head_otk, c.rx.head.data(), kChunkFrameOverhead,
+                                             c.bufferedData() + kFrameTagBytes);
+        c.consume(kChunkTrailerBytes);
+        if (!header_good) {
             // Nothing of it reached the region (it is in a staging buffer or slot), and nobody
             // is told: the write never completes and the session is dropped.
             *error = "a chunk fails its authentication tag (injected or corrupted on the way)";
             return EPROTO;
+        }
+        if (!good) {
+            dataChanged(*static_cast<RxWrite *>(c.rx.write));  // lands nothing, counts
         }
     }
     auto *w = static_cast<RxWrite *>(c.rx.write);

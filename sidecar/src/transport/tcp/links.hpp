@@ -62,7 +62,8 @@ public:
     /// error: not the oldest write in flight (targets acknowledge in order), or a write whose
     /// chunks have not all left yet (the target cannot have received them: the source memory
     /// may still be read for them).
-    bool onAck(uint64_t seq, Code code, std::vector<Completion> *out, std::string *error);
+    bool onAck(uint64_t seq, Code code, bool changed, std::vector<Completion> *out,
+               std::string *error);
 
     /// Ends every write in flight with `code` (the session died). Call after the connections
     /// dropped their queued output, which points into the writes' source regions.
@@ -221,6 +222,8 @@ public:
     void quiesceRegion(RegionId r, const std::vector<Connection *> &conns);
 
     uint64_t writesReceived() const { return writes_received_; }
+    /// Chunks whose data failed its tag while their header tag held (dataChanged()).
+    uint64_t chunksChanged() const { return chunks_changed_; }
     uint64_t bytesReceived() const { return bytes_received_; }
 
     // StagingClient: a chunk's host-to-device copy ended.
@@ -240,6 +243,8 @@ private:
         uint32_t imm = 0;
         uint32_t flags = 0;  ///< ChunkFlag bits of its first chunk
         Code code = Code::kOk;
+        /// A chunk's data failed its tag (dataChanged()): the ACK says so.
+        bool changed = false;
         /// kChunkMessage: the message's bytes (total of them), read here, never into the region.
         std::vector<uint8_t> message;
     };
@@ -278,6 +283,9 @@ private:
     int beginChunk(Connection &c, std::string *error);
     /// The chunk's data all came: check its tag (authenticated connections) and count it.
     int finishChunk(Connection &c, int64_t now_ms, std::string *error);
+    /// A chunk's data failed its tag while its header tag held: the write fails (kInvalid,
+    /// `changed`); the caller counts the chunk without landing it.
+    void dataChanged(RxWrite &w);
     /// An authenticated chunk's bytes are all in: count them (host), or start their copy into
     /// the GPU (`slot` set).
     void countChunk(RxWrite &w, uint64_t len, const RxSlot *slot);
@@ -310,6 +318,7 @@ private:
     std::vector<uint8_t> scratch_;  ///< where rejected writes' bytes are read to
     uint64_t writes_received_ = 0;
     uint64_t bytes_received_ = 0;
+    uint64_t chunks_changed_ = 0;
 };
 
 template <class AckFn>
@@ -335,7 +344,7 @@ size_t InLink::deliver(EventSink &sink, AckFn &&ack) {
             }
             ++writes_received_;
         }
-        ack(it->first, code);
+        ack(it->first, code, w.changed);
         pending_.erase(it);
         ++next_deliver_;
         ++n;

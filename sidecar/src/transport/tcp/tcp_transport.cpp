@@ -304,8 +304,9 @@ bool TcpTransport::onAck(PeerId id, uint64_t seq, std::span<const uint8_t> paylo
     }
     PeerData &p = it->second;
     const Code code = ipc::sanitizeCode(static_cast<int32_t>(loadLe32(payload.data())));
+    const bool changed = (loadLe32(payload.data() + 4) & kAckDataChanged) != 0;
     const size_t before = completions_.size();
-    if (!p.out->link->onAck(seq, code, &completions_, error)) {
+    if (!p.out->link->onAck(seq, code, changed, &completions_, error)) {
         return false;
     }
     if (code == Code::kOk && completions_.size() > before) {
@@ -561,14 +562,14 @@ size_t TcpTransport::deliver(EventSink &sink) {
         // ACKs go back on data connection 0, all of this turn's in one send.
         Connection *acks = p.in->data.empty() ? nullptr : p.in->data[0].get();
         bool failed = false;
-        n += link.deliver(sink, [&](uint64_t seq, Code code) {
+        n += link.deliver(sink, [&](uint64_t seq, Code code, bool changed) {
             if (failed || acks == nullptr || !acks->isOpen()) {
                 failed = true;
                 return;
             }
             uint8_t payload[kAckPayloadBytes];
             storeLe32(payload, static_cast<uint32_t>(code));
-            storeLe32(payload + 4, 0);
+            storeLe32(payload + 4, changed ? kAckDataChanged : 0);
             acks->queueFrame(FrameType::kAck, seq, payload);
         });
         p.writes_received += link.writesReceived() - writes_before;
@@ -735,6 +736,9 @@ TransportPeerReport TcpTransport::peerReport(PeerId id, ReportDetail want) const
     (*j)["queued_bytes"] = queued;  // cut into chunks, not yet taken by the sockets
     (*j)["uncut_bytes"] = p.out && p.out->link ? p.out->link->uncutBytes() : 0;
     (*j)["integrity"] = p.out ? p.out->info.integrity : (p.in ? p.in->info.integrity : false);
+    // Chunks from this peer's session whose data failed its tag while their headers held: their
+    // writes failed, the session went on.
+    (*j)["chunks_data_changed"] = p.in && p.in->link ? p.in->link->chunksChanged() : 0;
     // Shared by every peer of this transport.
     (*j)["tag_threads"] = tags_->threads();
     (*j)["tags_offloaded"] = tags_->jobsDone();

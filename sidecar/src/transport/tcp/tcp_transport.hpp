@@ -24,9 +24,10 @@
 namespace tensorlane::sidecar {
 
 /// The version at the front of the tcp transport's bootstrap blob. 2: ChunkHeader::flags (silent
-/// writes and messages); 3: packed chunks (kChunkPacked). A peer of another version is refused
-/// at SELECT, naming both.
-inline constexpr uint16_t kTcpBlobVersion = 3;
+/// writes and messages); 3: packed chunks (kChunkPacked); 4: a chunk's trailer holds a header
+/// tag after its tag (kChunkTrailerBytes), and an ACK's second word says why a write failed. A
+/// peer of another version is refused at SELECT, naming both.
+inline constexpr uint16_t kTcpBlobVersion = 4;
 
 /// The tcp transport's bootstrap blob (SELECT / SELECTED): its version, then the sender's
 /// [tcp] connections_per_peer and chunk_bytes, which both ends must share.
@@ -116,6 +117,9 @@ private:
     void onEvent(Connection &c, uint32_t events, int64_t now);
     /// An ACK's payload: the write's status (le32), then 4 reserved bytes.
     static constexpr size_t kAckPayloadBytes = 8;
+    /// An ACK's second word: the write failed because a chunk's data did not match its tag
+    /// while its headers did (InLink::dataChanged()).
+    static constexpr uint32_t kAckDataChanged = 1;
     /// Reads the ACKs on one of our data connections (0; any other frame, or anything on the
     /// others, is a protocol error).
     void readAcks(PeerId id, Connection &c, int64_t now);
