@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstdarg>
@@ -148,22 +149,31 @@ struct Plugin {
     /// torch_collectives.py reads the same lines).
     static bool sendCounts(unsigned long long *eager, unsigned long long *direct,
                            unsigned long long *rts, unsigned long long *waited = nullptr,
-                           double *copied_mib = nullptr) {
+                           double *copied_mib = nullptr, unsigned long long *timed = nullptr,
+                           double *timed_us = nullptr) {
         for (auto it = closed().rbegin(); it != closed().rend(); ++it) {
             const char *at = std::strstr(it->c_str(), " closed: ");
-            unsigned long long crossed = 0, w = 0;
-            double wait_ms = 0, mib = 0, copy_ms = 0;
+            unsigned long long crossed = 0, w = 0, t = 0;
+            double wait_ms = 0, mib = 0, copy_ms = 0, t_us = 0;
             if (it->find("send comm") != std::string::npos && at != nullptr &&
                 std::sscanf(at,
                             " closed: %llu sends eager, %llu into a CTS, %llu RTS, %llu CTS "
                             "crossed by an eager send; %llu sends waited %lf ms in all; copied "
-                            "%lf MiB in %lf ms",
-                            eager, direct, rts, &crossed, &w, &wait_ms, &mib, &copy_ms) == 8) {
+                            "%lf MiB in %lf ms; %llu writes of 128 KiB and more took %lf us on "
+                            "average from tl_write to their end",
+                            eager, direct, rts, &crossed, &w, &wait_ms, &mib, &copy_ms, &t,
+                            &t_us) == 10) {
                 if (waited != nullptr) {
                     *waited = w;
                 }
                 if (copied_mib != nullptr) {
                     *copied_mib = mib;
+                }
+                if (timed != nullptr) {
+                    *timed = t;
+                }
+                if (timed_us != nullptr) {
+                    *timed_us = t_us;
                 }
                 return true;
             }
@@ -478,6 +488,17 @@ int sender(const std::string &socket, Pipe &handle_pipe, bool v9, int eager = -1
                          eager_sends, direct, eager, total);
             return 41;
         }
+    }
+    // Every send of 128 KiB and more went into a CTS and was timed (1 MiB, 1 MiB + 1, 4 MiB,
+    // 16 MiB + 3): the close line says how many, and a time for them.
+    unsigned long long timed = 0;
+    double timed_us = 0;
+    if (!Plugin::sendCounts(&eager_sends, &direct, &rts, nullptr, nullptr, &timed, &timed_us) ||
+        timed != static_cast<unsigned long long>(std::count_if(
+                     kSizes.begin(), kSizes.end(), [](int n) { return n >= (128 << 10); })) ||
+        timed_us <= 0) {
+        std::fprintf(stderr, "timed sends: %llu, %.1f us on average\n", timed, timed_us);
+        return 44;
     }
     return 0;
 }

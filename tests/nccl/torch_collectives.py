@@ -348,6 +348,22 @@ def plugin_paths(logs: list) -> dict:
     if matched < closes:
         print(f"warning: {closes - matched} of the plugin's close lines did not parse (has their "
               f"format changed?)", file=sys.stderr)
+    # Where a big step's time goes: sends of 128 KiB and more from tl_write to their end, and
+    # CTS'd receive entries of that size from their CTS until their bytes were in (means over
+    # both ranks' comms, weighted by their counts).
+    timed = ((re.compile(r"send comm \d+ to \S+ closed: .*?; (\d+) writes of 128 KiB and more "
+                         r"took ([\d.]+) us on average"), "big_sends", "big_send_us"),
+             (re.compile(r"recv comm \d+ from \S+ closed: .*?; (\d+) entries of 128 KiB and "
+                         r"more landed ([\d.]+) us on average after their CTS"),
+              "big_recvs", "big_recv_after_cts_us"))
+    for pattern, count_key, mean_key in timed:
+        n = weighted = 0.0
+        for text in logs:
+            for m in pattern.finditer(text):
+                n += float(m.group(1))
+                weighted += float(m.group(1)) * float(m.group(2))
+        total[count_key] = n
+        total[mean_key] = weighted / n if n else 0.0
     return {k: round(v, 3) for k, v in total.items()}
 
 

@@ -28,6 +28,17 @@ constexpr auto kRtsAfter = std::chrono::milliseconds(2);
 /// 512 KiB; its LL and LL128 ones, and the eager slots, are at most 64 KiB).
 constexpr size_t kSplitCopyBytes = 256 << 10;
 
+uint64_t nanosSince(Clock::time_point from, Clock::time_point to) {
+    return static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(to - from).count());
+}
+
+/// The mean of a comm's timed sends or entries, in microseconds (0 with none).
+double meanMicros(const Comm::Counts &k) {
+    return k.timed == 0 ? 0.0
+                        : static_cast<double>(k.timed_ns) / 1e3 / static_cast<double>(k.timed);
+}
+
 uint64_t randomNonce() {
     uint64_t n = 0;
     while (n == 0) {
@@ -351,7 +362,8 @@ void Net::release(Comm *c) {
         log(NCCL_LOG_INFO,
             "send comm %llu to %s closed: %llu sends eager, %llu into a CTS, %llu RTS, %llu "
             "CTS crossed by an eager send; %llu sends waited %.3f ms in all; copied %.1f MiB "
-            "in %.3f ms",
+            "in %.3f ms; %llu writes of 128 KiB and more took %.1f us on average from tl_write "
+            "to their end",
             static_cast<unsigned long long>(c->id), c->peer_node.c_str(),
             static_cast<unsigned long long>(c->counts.eager),
             static_cast<unsigned long long>(c->counts.direct),
@@ -360,12 +372,14 @@ void Net::release(Comm *c) {
             static_cast<unsigned long long>(c->counts.waited),
             static_cast<double>(c->counts.wait_ns) / 1e6,
             static_cast<double>(c->counts.copy_bytes) / (1 << 20),
-            static_cast<double>(c->counts.copy_ns) / 1e6);
+            static_cast<double>(c->counts.copy_ns) / 1e6,
+            static_cast<unsigned long long>(c->counts.timed), meanMicros(c->counts));
     } else if (c->kind == 'R') {
         log(NCCL_LOG_INFO,
             "recv comm %llu from %s closed: %llu eager messages (%llu kept for a later receive, "
             "%llu crossing a CTS, %llu copied into GPU memory), %llu entries sent a CTS (%llu "
-            "on an RTS); copied %.1f MiB in %.3f ms",
+            "on an RTS); copied %.1f MiB in %.3f ms; %llu entries of 128 KiB and more landed "
+            "%.1f us on average after their CTS",
             static_cast<unsigned long long>(c->id), c->peer_node.c_str(),
             static_cast<unsigned long long>(c->counts.eager),
             static_cast<unsigned long long>(c->counts.kept),
@@ -374,7 +388,8 @@ void Net::release(Comm *c) {
             static_cast<unsigned long long>(c->counts.direct),
             static_cast<unsigned long long>(c->counts.rts),
             static_cast<double>(c->counts.copy_bytes) / (1 << 20),
-            static_cast<double>(c->counts.copy_ns) / 1e6);
+            static_cast<double>(c->counts.copy_ns) / 1e6,
+            static_cast<unsigned long long>(c->counts.timed), meanMicros(c->counts));
     }
     if (c->kind != 'L') {
         // Where NCCL's proxy thread goes: the plugin's calls hold the lock for all their work.
@@ -782,6 +797,7 @@ ncclResult_t Net::irecv(void *recv_comm, int n, void **data, const uint64_t *siz
         r->posted[i] = sizes[i];
         r->sizes[i] = 0;
         r->landed[i] = false;
+        r->cts_at[i] = {};
         r->tags[i] = tags[i];
         r->seqs[i] = seq;
         const Comm::Key key{tags[i], seq};
@@ -796,6 +812,9 @@ ncclResult_t Net::irecv(void *recv_comm, int n, void **data, const uint64_t *siz
         if (cts) {
             wanted[nwanted++] = static_cast<uint32_t>(i);
             ++c->counts.direct;
+            if (static_cast<uint64_t>(sizes[i]) >= kTimedFrom) {
+                r->cts_at[i] = Clock::now();
+            }
         }
     }
     if (nwanted > 0 && !sendCts(c, *r, wanted, nwanted)) {
@@ -965,6 +984,7 @@ ncclResult_t Net::isend(void *send_comm, void *data, uint64_t size, int tag, voi
     r->free = false;
     r->ticket = t;
     r->size = size;
+    r->written = !eager && size >= kTimedFrom ? Clock::now() : Clock::time_point{};
     ++r->generation;
     if (trace_) {
         r->since = Clock::now();
@@ -1004,6 +1024,10 @@ ncclResult_t Net::test(void *request, int *done, int *sizes) {
             *sizes = static_cast<int>(r->size);
         }
         c->last_progress = Clock::now();
+        if (r->written != Clock::time_point{}) {
+            ++c->counts.timed;
+            c->counts.timed_ns += nanosSince(r->written, c->last_progress);
+        }
         r->free = true;
         return ncclSuccess;
     }
@@ -1337,6 +1361,10 @@ void Net::landed(Comm *c, uint32_t slot, uint32_t generation, uint32_t index, ui
     if (status != TL_OK) {
         fail(c, std::string("a write into a posted receive failed: ") + tl_status_str(status));
         return;
+    }
+    if (r.cts_at[index] != Clock::time_point{}) {
+        ++c->counts.timed;
+        c->counts.timed_ns += nanosSince(r.cts_at[index], Clock::now());
     }
     Mr *mr = r.mrs[index];
     if (mr->shadow != nullptr && size != 0) {

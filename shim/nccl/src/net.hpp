@@ -60,6 +60,8 @@ namespace tensorlane::nccl {
 inline constexpr uint32_t kWireMagic = 0x434e4c54u;  // "TLNC"
 inline constexpr uint32_t kWireVersion = 2;          // 2: sequence numbers, the eager ring
 inline constexpr int kMaxRecvs = 8;  // buffers of one grouped irecv (one CTS payload)
+/// Sends into a CTS and CTS'd receive entries of this size and more are timed (Comm::counts).
+inline constexpr uint64_t kTimedFrom = 128 << 10;
 
 /// What listen() hands NCCL to give the connecting rank (at most NCCL_NET_HANDLE_MAXSIZE).
 struct Handle {
@@ -187,6 +189,10 @@ struct Request {
     uint64_t posted[kMaxRecvs] = {};
     int32_t tags[kMaxRecvs] = {};
     uint32_t seqs[kMaxRecvs] = {};
+    // send of kTimedFrom bytes and more: when its write was posted (0: not timed)
+    std::chrono::steady_clock::time_point written{};
+    // recv: when each entry of kTimedFrom bytes and more sent its CTS (0: not timed)
+    std::chrono::steady_clock::time_point cts_at[kMaxRecvs] = {};
     // trace: when it was posted, and whether a stall was already told
     std::chrono::steady_clock::time_point since{};
     bool stall_told = false;
@@ -258,6 +264,12 @@ struct Comm {
         uint64_t wait_ns = 0;     ///< send: how long those waited in all
         uint64_t copy_bytes = 0;  ///< bytes memcpy'd by the plugin (shadows, eager slots)
         uint64_t copy_ns = 0;     ///< and how long that took (NCCL's proxy thread's time)
+        /// send: writes of kTimedFrom bytes and more, and their time from tl_write until test()
+        /// saw them end; recv: entries of that size that sent a CTS, and their time from the
+        /// CTS until their bytes were in (test() saw the notification). Where a step's time goes
+        /// (docs/nccl.md).
+        uint64_t timed = 0;
+        uint64_t timed_ns = 0;
     } counts;
     std::map<uint32_t, tl_remote> remote_mrs;  ///< the receiver's MRs, looked up once each
     // listen: CONNECTs not yet accepted
