@@ -62,20 +62,19 @@ std::vector<std::string> peerLogLines() {
     return logRing()->last_formatted();
 }
 
-bool peerLogHas(const std::vector<std::string> &parts) {
+size_t peerLogCount(const std::vector<std::string> &parts) {
+    size_t n = 0;
     for (const auto &line : peerLogLines()) {
-        bool all = true;
-        for (const auto &p : parts) {
-            if (line.find(p) == std::string::npos) {
-                all = false;
-                break;
-            }
-        }
-        if (all) {
-            return true;
-        }
+        n += std::all_of(parts.begin(), parts.end(),
+                         [&](const std::string &p) { return line.find(p) != std::string::npos; })
+                 ? 1
+                 : 0;
     }
-    return false;
+    return n;
+}
+
+bool peerLogHas(const std::vector<std::string> &parts) {
+    return peerLogCount(parts) > 0;
 }
 
 uint16_t freePort() {

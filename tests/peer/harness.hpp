@@ -247,6 +247,9 @@ uint64_t nextOpId();
 std::vector<std::string> peerLogLines();
 /// True when a peer log line contains every one of `parts`.
 bool peerLogHas(const std::vector<std::string> &parts);
+/// How many peer log lines so far contain every one of `parts` (the history is the process's,
+/// so a test compares the counts from before and after what it did).
+size_t peerLogCount(const std::vector<std::string> &parts);
 
 /// `peer`'s entry in `n`'s status document (`peers[]`); null when it has none.
 nlohmann::json peerStatus(Node &n, const std::string &peer);
