@@ -733,7 +733,25 @@ TEST_F(PeerTcp, AWriterChangingItsSourceMidWriteHurtsNoOtherWrite) {
         EXPECT_EQ(peerLogCount({"authentication tag"}), drops)
             << "a writer's own buffer changes failed a frame's tag and dropped the session";
         // The changes did reach chunks on the way (else this test proved nothing).
-        EXPECT_GE(peerStatus(node(1), "node-a")["chunks_data_changed"].get<uint64_t>(), 1u);
+        const uint64_t changed = peerStatus(node(1), "node-a")["chunks_data_changed"];
+        EXPECT_GE(changed, 1u);
+        // Every write ended exactly once; the changed ones failed, saying why, and only those
+        // were not notified.
+        size_t failed = 0;
+        for (uint64_t op : messy_ops) {
+            auto done = a.sink.completion(op, 1s);
+            ASSERT_TRUE(done.has_value());
+            if (done->code != Code::kOk) {
+                ++failed;
+                EXPECT_EQ(done->code, Code::kInvalid) << done->reason;
+                EXPECT_NE(done->reason.find("did not match its tag"), std::string::npos);
+            }
+        }
+        EXPECT_GE(failed, 1u);
+        EXPECT_LE(failed, changed);
+        EXPECT_EQ(a.sink.count(Event::Kind::kCompleted), messy_ops.size() + clean_ops.size());
+        EXPECT_EQ(node(1).sink.count(Event::Kind::kArrived),
+                  messy_ops.size() + clean_ops.size() - failed);
     }
 }
 
