@@ -709,18 +709,30 @@ TEST_F(PeerTcp, AWriterChangingItsSourceMidWriteHurtsNoOtherWrite) {
                 }
             }
         }
+        // It runs once its first change is seen (word 1 changes on its first pass).
+        const auto *seen = reinterpret_cast<volatile uint64_t *>(messy.src->base);
+        const uint64_t before = seen[1];
+        for (int i = 0; i < 50000 && seen[1] == before; ++i) {
+            std::this_thread::sleep_for(100us);
+        }
+        ASSERT_NE(seen[1], before) << "the scribbler never ran";
         const size_t drops = peerLogCount({"authentication tag"});
         std::vector<uint64_t> messy_ops, clean_ops;
-        for (int round = 0; round < 6; ++round) {
+        // Rounds of one changing write and one innocent one side by side, until changed chunks
+        // have arrived (a loaded machine may not schedule the scribbler at once).
+        for (int round = 0; round < 30; ++round) {
             auto [ms, mop] = a.post("node-b", messy.src, 0, messy.remote.id, 0, kBytes, 1);
             ASSERT_TRUE(ms.isOk()) << ms.message();
             messy_ops.push_back(mop);
             auto [cs, cop] = a.post("node-b", clean.src, 0, clean.remote.id, 0, kBytes, 2);
             ASSERT_TRUE(cs.isOk()) << cs.message();
             clean_ops.push_back(cop);
-        }
-        for (uint64_t op : messy_ops) {
-            ASSERT_TRUE(a.sink.completion(op, 30s).has_value()) << "a changed write never ended";
+            ASSERT_TRUE(a.sink.completion(mop, 30s).has_value()) << "a changed write never ended";
+            ASSERT_TRUE(a.sink.completion(cop, 30s).has_value());
+            if (round >= 2 &&
+                peerStatus(node(1), "node-a")["chunks_data_changed"].get<uint64_t>() > 0) {
+                break;
+            }
         }
         scribbler.stop();
         for (uint64_t op : clean_ops) {
