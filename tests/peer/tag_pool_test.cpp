@@ -50,9 +50,7 @@ std::vector<uint8_t> randomBytes(size_t n, uint64_t seed) {
 std::shared_ptr<TagJob> jobFor(FrameAuth &auth, const uint8_t *head, const std::vector<uint8_t> &d,
                                bool verify) {
     auto job = std::make_shared<TagJob>();
-    const FrameAuth::ChunkKeys keys = auth.nextChunkKeys();
-    job->otk = keys.data;
-    job->head_otk = keys.head;
+    job->takeKeys(auth);
     std::memcpy(job->head.data(), head, kChunkFrameOverhead);
     job->head_len = static_cast<uint32_t>(kChunkFrameOverhead);
     job->data = d.data();

@@ -967,8 +967,7 @@ ncclResult_t Net::isend(void *send_comm, void *data, uint64_t size, int tag, voi
     c->rts_sent.erase(Comm::Key{tag, seq});
     if (auto w = c->waiting_since.find(Comm::Key{tag, seq}); w != c->waiting_since.end()) {
         ++c->counts.waited;
-        c->counts.wait_ns += static_cast<uint64_t>(
-            std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - w->second).count());
+        c->counts.wait_ns += nanosSince(w->second, Clock::now());
         c->waiting_since.erase(w);
     }
     const uint32_t entry_index = have_cts ? cts->second.entry.index : 0;
@@ -1376,8 +1375,7 @@ void Net::landed(Comm *c, uint32_t slot, uint32_t generation, uint32_t index, ui
 void Net::copy(Comm *c, void *to, const void *from, uint64_t bytes) {
     const auto t0 = Clock::now();
     pool_->copy(to, from, bytes);  // (made by init(), before any comm that copies exists)
-    c->counts.copy_ns += static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+    c->counts.copy_ns += nanosSince(t0, Clock::now());
     c->counts.copy_bytes += bytes;
 }
 

@@ -224,10 +224,7 @@ void Connection::queueChunk(const uint8_t *head, const uint8_t *data, uint32_t l
             // The frame number is taken now, in queue order; a worker computes the tag while
             // the socket takes the headers and the data.
             auto job = std::make_shared<TagJob>();
-            FrameAuth::ChunkKeys keys = tx_auth_.nextChunkKeys();
-            job->otk = keys.data;
-            job->head_otk = keys.head;
-            sodium_memzero(&keys, sizeof keys);
+            job->takeKeys(tx_auth_);
             std::copy(head, head + kChunkFrameOverhead, job->head.begin());
             job->head_len = static_cast<uint32_t>(kChunkFrameOverhead);
             job->data = data;

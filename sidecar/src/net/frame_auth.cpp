@@ -124,25 +124,26 @@ FrameAuth &FrameAuth::operator=(FrameAuth &&other) noexcept {
     return *this;
 }
 
-FrameMac::OneTimeKey FrameAuth::nextKey() {
+void FrameAuth::nextBlock(uint8_t *out, size_t n) {
     // RFC 8439 2.6: the Poly1305 key is the first 32 bytes of the ChaCha20 keystream for this
     // nonce. The nonce is the frame number, little-endian, in its first 8 of 12 bytes.
     uint8_t nonce[crypto_stream_chacha20_ietf_NONCEBYTES] = {};
     std::memcpy(nonce, &counter_, sizeof counter_);
     ++counter_;
+    crypto_stream_chacha20_ietf(out, n, nonce, key_.data());
+}
+
+FrameMac::OneTimeKey FrameAuth::nextKey() {
     FrameMac::OneTimeKey otk;
-    crypto_stream_chacha20_ietf(otk.data(), otk.size(), nonce, key_.data());
+    nextBlock(otk.data(), otk.size());
     return otk;
 }
 
 FrameAuth::ChunkKeys FrameAuth::nextChunkKeys() {
-    // As nextKey(), with the block's second half kept: RFC 8439's AEAD never uses it for
-    // anything (its encryption starts at block counter 1), so it is a key of its own.
-    uint8_t nonce[crypto_stream_chacha20_ietf_NONCEBYTES] = {};
-    std::memcpy(nonce, &counter_, sizeof counter_);
-    ++counter_;
+    // The block's second half as well: RFC 8439's AEAD never uses it for anything (its
+    // encryption starts at block counter 1), so it is a key of its own.
     uint8_t block[64];
-    crypto_stream_chacha20_ietf(block, sizeof block, nonce, key_.data());
+    nextBlock(block, sizeof block);
     ChunkKeys k;
     std::memcpy(k.data.data(), block, k.data.size());
     std::memcpy(k.head.data(), block + k.data.size(), k.head.size());

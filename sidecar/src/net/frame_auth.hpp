@@ -142,6 +142,10 @@ public:
     uint64_t frames() const { return counter_; }
 
 private:
+    /// The first `n` (at most 64) bytes of the next frame's ChaCha20 key block (consumes its
+    /// number).
+    void nextBlock(uint8_t *out, size_t n);
+
     Key key_{};
     bool enabled_ = false;
     uint64_t counter_ = 0;

@@ -4,7 +4,7 @@
 // worker threads that sign outgoing chunks and verify incoming ones while the engine goes on
 // with the socket (docs/peers.md, "Frame integrity").
 //
-// The engine thread takes each frame's one-time key in wire order (FrameAuth::nextKey()), hands
+// The engine thread takes each frame's one-time keys in wire order (TagJob::takeKeys()), hands
 // the job over, and picks the result up later: a sender's flush stops before the tag bytes of a
 // frame whose tag is not there yet; a receiver counts a chunk only once its tag has verified,
 // and a host chunk, checked in its receive buffer, is copied into its region by the worker only
@@ -76,6 +76,13 @@ struct TagJob {
     /// the peer closed the stream).
     size_t read_bytes = 0;
     int read_error = 0;
+    /// Takes the next chunk frame's keys from `auth` (its number, in wire order).
+    void takeKeys(FrameAuth &auth) {
+        FrameAuth::ChunkKeys keys = auth.nextChunkKeys();
+        otk = keys.data;
+        head_otk = keys.head;
+        sodium_memzero(&keys, sizeof keys);
+    }
     /// With `read_fd`: whether data and tag are whole.
     bool readComplete() const { return have == len && tag_have == kChunkTrailerBytes; }
     /// With `read_fd`: the frame's Poly1305 goes on as its bytes are read (`tagged` of the data

@@ -717,10 +717,7 @@ int InLink::beginChunk(Connection &c, std::string *error) {
             verifying_.size() < kMaxVerifying) {
             job = std::make_shared<TagJob>();
             job->verify = true;
-            FrameAuth::ChunkKeys keys = c.rxAuth().nextChunkKeys();
-            job->otk = keys.data;
-            job->head_otk = keys.head;
-            sodium_memzero(&keys, sizeof keys);
+            job->takeKeys(c.rxAuth());
             std::copy(c.bufferedData(), c.bufferedData() + kChunkFrameOverhead, job->head.begin());
             job->head_len = static_cast<uint32_t>(kChunkFrameOverhead);
             job->len = chunk_len;
@@ -871,7 +868,16 @@ void InLink::landStaged(Connection &c, RxWrite &w) {
     rx_bufs_.erase(it);
 }
 
-void InLink::dataChanged(RxWrite &w) {
+bool InLink::tagVerdict(bool good, bool header_good, RxWrite &w, std::string *error) {
+    if (good) {
+        return true;
+    }
+    if (!header_good) {
+        // Not this connection's next frame: nothing of it reached the region (it is in a
+        // staging buffer or slot), nobody is told, and the session is dropped.
+        *error = "a chunk fails its authentication tag (injected or corrupted on the way)";
+        return false;
+    }
     // Only the data changed (its header tag held): the writer changed its source while it was
     // sent, or the path altered it. Nothing of the chunk reaches its target (the caller counts
     // it without landing it), the write fails, and the stream goes on.
@@ -880,6 +886,23 @@ void InLink::dataChanged(RxWrite &w) {
         w.code = Code::kInvalid;
         w.changed = true;
     }
+    return true;
+}
+
+InLink::Verifying InLink::takeChunk(Connection &c) {
+    Verifying v;
+    v.job = std::move(c.rx.job);
+    v.write = static_cast<RxWrite *>(c.rx.write);
+    v.len = c.rx.length - packedTableBytes(c.rx.pieces);  // the write's bytes in it
+    if (auto rs = rx_slots_.find(&c); rs != rx_slots_.end()) {
+        v.slot = rs->second;
+        rx_slots_.erase(rs);
+    }
+    if (auto rb = rx_bufs_.find(&c); rb != rx_bufs_.end()) {
+        v.buf = std::move(rb->second);
+        rx_bufs_.erase(rb);
+    }
+    return v;
 }
 
 void InLink::countChunk(RxWrite &w, uint64_t len, const RxSlot *slot) {
@@ -940,19 +963,7 @@ int InLink::collectTags(int64_t now_ms, std::string *error, std::vector<Connecti
             // connection reads the next frame (the chunk counts once the check is done, below).
             it = pooled_.erase(it);
             tags_->releaseSocket();
-            Verifying v;
-            v.job = std::move(c.rx.job);
-            v.write = static_cast<RxWrite *>(c.rx.write);
-            v.len = c.rx.length - packedTableBytes(c.rx.pieces);
-            if (auto rs = rx_slots_.find(&c); rs != rx_slots_.end()) {
-                v.slot = rs->second;
-                rx_slots_.erase(rs);
-            }
-            if (auto rb = rx_bufs_.find(&c); rb != rx_bufs_.end()) {
-                v.buf = std::move(rb->second);  // its host check (poolRead()) goes with it
-                rx_bufs_.erase(rb);
-            }
-            verifying_.push_back(std::move(v));
+            verifying_.push_back(takeChunk(c));  // its host check (poolRead()) goes with it
             c.rx = ChunkRx{};
             c.setWantRead(true);
             resume->push_back(&c);
@@ -971,16 +982,12 @@ int InLink::collectTags(int64_t now_ms, std::string *error, std::vector<Connecti
             ++it;  // the socket ran dry: more is read (by a worker again) once epoll says so
             continue;
         }
-        if (!job.good && !job.header_good) {
-            *error = "a chunk fails its authentication tag (injected or corrupted on the way)";
+        auto *w = static_cast<RxWrite *>(c.rx.write);
+        if (!tagVerdict(job.good, job.header_good, *w, error)) {
             return EPROTO;
         }
         it = pooled_.erase(it);
         tags_->releaseSocket();
-        auto *w = static_cast<RxWrite *>(c.rx.write);
-        if (!job.good) {
-            dataChanged(*w);  // nothing of it landed; it counts, and the write fails
-        }
         const uint64_t len = c.rx.length - packedTableBytes(c.rx.pieces);
         if (auto rs = rx_slots_.find(&c); rs != rx_slots_.end()) {
             // A GPU chunk, authenticated in its slot: now copied into device memory.
@@ -1006,15 +1013,11 @@ int InLink::collectTags(int64_t now_ms, std::string *error, std::vector<Connecti
             ++it;
             continue;
         }
-        if (!it->job->good && !it->job->header_good) {
-            *error = "a chunk fails its authentication tag (injected or corrupted on the way)";
+        if (!tagVerdict(it->job->good, it->job->header_good, *it->write, error)) {
             return EPROTO;  // nothing of it counts; the session goes (the destructor cleans up)
         }
         Verifying v = std::move(*it);
         it = verifying_.erase(it);
-        if (!v.job->good) {
-            dataChanged(*v.write);  // nothing of it landed; it counts, and the write fails
-        }
         if (v.buf) {
             if (!v.job->landed && v.write->code == Code::kOk) {
                 v.write->code = Code::kNotFound;  // a packed chunk's bad table: nothing landed
@@ -1071,17 +1074,11 @@ int InLink::finishChunk(Connection &c, int64_t now_ms, std::string *error) {
         }
         if (c.rx.job) {
             // The pool checks it while we read on; it counts in collectTags().
-            Verifying v;
-            v.job = std::move(c.rx.job);
-            std::copy(c.bufferedData(), c.bufferedData() + kChunkTrailerBytes, v.job->tag.begin());
+            std::copy(c.bufferedData(), c.bufferedData() + kChunkTrailerBytes,
+                      c.rx.job->tag.begin());
             c.consume(kChunkTrailerBytes);
-            v.write = static_cast<RxWrite *>(c.rx.write);
-            v.len = c.rx.length - packedTableBytes(c.rx.pieces);  // the write's bytes in it
-            if (auto rs = rx_slots_.find(&c); rs != rx_slots_.end()) {
-                v.slot = rs->second;
-                rx_slots_.erase(rs);
-            }
-            if (auto rb = rx_bufs_.find(&c); rb != rx_bufs_.end()) {
+            Verifying v = takeChunk(c);
+            if (v.buf) {
                 // The worker copies it into the region once the tag verified. Revoked since
                 // (on this thread, so not between this check and the submit): only checked.
                 if (v.write->code == Code::kOk &&
@@ -1093,8 +1090,6 @@ int InLink::finishChunk(Connection &c, int64_t now_ms, std::string *error) {
                     v.job->pieces = c.rx.pieces;
                     v.job->region_bytes = v.write->region->bytes;
                 }
-                v.buf = std::move(rb->second);
-                rx_bufs_.erase(rb);
             }
             tags_->submit(v.job);
             verifying_.push_back(std::move(v));
@@ -1106,14 +1101,8 @@ int InLink::finishChunk(Connection &c, int64_t now_ms, std::string *error) {
                                              c.rx.head_otk, c.rx.head.data(), kChunkFrameOverhead,
                                              c.bufferedData() + kFrameTagBytes);
         c.consume(kChunkTrailerBytes);
-        if (!header_good) {
-            // Nothing of it reached the region (it is in a staging buffer or slot), and nobody
-            // is told: the write never completes and the session is dropped.
-            *error = "a chunk fails its authentication tag (injected or corrupted on the way)";
+        if (!tagVerdict(good, header_good, *static_cast<RxWrite *>(c.rx.write), error)) {
             return EPROTO;
-        }
-        if (!good) {
-            dataChanged(*static_cast<RxWrite *>(c.rx.write));  // lands nothing, counts
         }
     }
     auto *w = static_cast<RxWrite *>(c.rx.write);

@@ -222,7 +222,7 @@ public:
     void quiesceRegion(RegionId r, const std::vector<Connection *> &conns);
 
     uint64_t writesReceived() const { return writes_received_; }
-    /// Chunks whose data failed its tag while their header tag held (dataChanged()).
+    /// Chunks whose data failed its tag while their header tag held (tagVerdict()).
     uint64_t chunksChanged() const { return chunks_changed_; }
     uint64_t bytesReceived() const { return bytes_received_; }
 
@@ -243,7 +243,7 @@ private:
         uint32_t imm = 0;
         uint32_t flags = 0;  ///< ChunkFlag bits of its first chunk
         Code code = Code::kOk;
-        /// A chunk's data failed its tag (dataChanged()): the ACK says so.
+        /// A chunk's data failed its tag (tagVerdict()): the ACK says so.
         bool changed = false;
         /// kChunkMessage: the message's bytes (total of them), read here, never into the region.
         std::vector<uint8_t> message;
@@ -283,9 +283,12 @@ private:
     int beginChunk(Connection &c, std::string *error);
     /// The chunk's data all came: check its tag (authenticated connections) and count it.
     int finishChunk(Connection &c, int64_t now_ms, std::string *error);
-    /// A chunk's data failed its tag while its header tag held: the write fails (kInvalid,
-    /// `changed`); the caller counts the chunk without landing it.
-    void dataChanged(RxWrite &w);
+    /// A checked chunk's fate: true to count it (a good tag; or data that failed its tag while
+    /// the header tag held, which fails its write, kInvalid and `changed`, and lands nothing);
+    /// false, with `*error`, when the session must go.
+    bool tagVerdict(bool good, bool header_good, RxWrite &w, std::string *error);
+    /// The chunk connection `c` holds (its job, write, slot or buffer) as a check in flight.
+    Verifying takeChunk(Connection &c);
     /// An authenticated chunk's bytes are all in: count them (host), or start their copy into
     /// the GPU (`slot` set).
     void countChunk(RxWrite &w, uint64_t len, const RxSlot *slot);

@@ -118,7 +118,7 @@ private:
     /// An ACK's payload: the write's status (le32), then 4 reserved bytes.
     static constexpr size_t kAckPayloadBytes = 8;
     /// An ACK's second word: the write failed because a chunk's data did not match its tag
-    /// while its headers did (InLink::dataChanged()).
+    /// while its headers did (InLink::tagVerdict()).
     static constexpr uint32_t kAckDataChanged = 1;
     /// Reads the ACKs on one of our data connections (0; any other frame, or anything on the
     /// others, is a protocol error).
