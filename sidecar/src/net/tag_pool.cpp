@@ -303,11 +303,7 @@ void TagPool::signAndSend(FrameMac &mac, TagJob &job) {
             room = sendUpTo(job, job.head_len + done, /*wait=*/false);
         }
     }
-    mac.final(job.tag.data());
-    FrameAuth::headerTag(job.head_otk, job.head.data(), job.head_len,
-                         job.tag.data() + kFrameTagBytes);
-    job.tag_ready = true;
-    wipeKeys(job);
+    finishSign(mac, job);
     if (job.write_error == 0) {
         writeRest(job);
     }
@@ -334,6 +330,10 @@ void TagPool::compute(FrameMac &mac, TagJob &job) {
         checkAndLand(mac, job);
         return;
     }
+    finishSign(mac, job);
+}
+
+void TagPool::finishSign(FrameMac &mac, TagJob &job) {
     mac.final(job.tag.data());
     FrameAuth::headerTag(job.head_otk, job.head.data(), job.head_len,
                          job.tag.data() + kFrameTagBytes);

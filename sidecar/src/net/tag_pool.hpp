@@ -226,6 +226,8 @@ private:
     /// verify: checks the frame's tag (and, if it failed, its header tag) and lands the chunk
     /// where it is good.
     static void checkAndLand(FrameMac &mac, TagJob &job);
+    /// sign: the frame's trailer (its tag from `mac`, then its header tag), then the keys wiped.
+    static void finishSign(FrameMac &mac, TagJob &job);
     static void wipeKeys(TagJob &job);
     /// A reading job: reads the rest, then checks the tag and lands the chunk.
     void readAndCheck(FrameMac &mac, TagJob &job);
