@@ -329,8 +329,9 @@ TEST(ExampleWorker, ANodeThatIsNoPeerFailsAtOnceAndAWaitSaysWhatItWaitsFor) {
     // node-b is configured but down: worth waiting for, and said while waiting.
     // The note comes every 2 s between lookups; a lookup of a peer that is down may itself
     // wait for the next connection attempt (up to 2 x connect_timeout_ms, the first try then
-    // answers at 2-4 s), so the first note says 2, 3 or 4 s.
-    const auto [wait, wait_s] = runFor(exe + " --peer node-b", 5);
+    // answers at 2-4 s), so the first note says 2, 3 or 4 s. The cap leaves room for a loaded
+    // machine (CI's two cores running other tests: one run there printed nothing in 5 s).
+    const auto [wait, wait_s] = runFor(exe + " --peer node-b", 9);
     const std::string note = "waiting for node-b's worker to expose demo-recv (";
     const size_t at = wait.find(note);
     ASSERT_NE(at, std::string::npos) << wait;

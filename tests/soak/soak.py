@@ -163,6 +163,7 @@ def _check_shard(path: str, sessions: dict, dropped: int, st: dict[str, Any],
     recv: dict[tuple[int, int, int], list[tuple[int, int, str]]] = {}
     sweeps: set[tuple] = set()
     superseded: set[tuple] = set()  # (r, rinc, w, seq)
+    landed_in_failed_group: set[tuple] = set()  # (w, winc, seq): its own status OK
 
     def bad(kind: str, text: str) -> None:
         v.setdefault(kind, []).append(text)
@@ -180,6 +181,8 @@ def _check_shard(path: str, sessions: dict, dropped: int, st: dict[str, Any],
                 e.append(x[5])
                 if len(e) == 1:
                     e.append((float(x[2]), float(x[6])))
+                if len(x) > 7 and x[7] == "landed":
+                    landed_in_failed_group.add((me, int(x[3]), int(x[4])))
             elif k == "R":
                 res = x[7]
                 if res == "superseded":
@@ -233,6 +236,10 @@ def _check_shard(path: str, sessions: dict, dropped: int, st: dict[str, Any],
             st["failed"] += 1
             if "ok" in results:
                 st["failed_but_landed"] += 1
+            if key in landed_in_failed_group:
+                # The group failed (the target was told so, or died): no OK notification was
+                # promised, though this entry's bytes went in.
+                st["group_failed_entry_landed"] = st.get("group_failed_entry_landed", 0) + 1
             continue
         st["ok"] += 1
         st["bytes_ok"] += nbytes

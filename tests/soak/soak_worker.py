@@ -13,7 +13,9 @@ Ledger lines (time is time.time()):
   W  t inc seq kind target tinc slot bytes a write submitted (kind: s single, b batch entry,
                                            g group entry, m message, L big write, q a single
                                            write stream-ordered from GPU memory)
-  E  t inc seq status latency_ms           that write ended (status: OK, TL_EPEER, ...)
+  E  t inc seq status latency_ms [landed]  that write ended (status: OK, TL_EPEER, ...; a group
+                                           entry takes its ticket's failure, and "landed" when
+                                           its own status was OK)
   R  t inc w winc seq result               a notification here (result: ok, superseded,
                                            corrupt, nodata, dup, groupfail:<status>)
   S  t inc w winc seq                      found intact in place by the sweep after the
@@ -338,9 +340,12 @@ class Worker:
         # Log-uniform from the header's 32 bytes to a slot.
         return int(math.exp(self.rng.uniform(math.log(HDR.size), math.log(self.a.slot))))
 
-    def end(self, seq: int, t0: float, st: str) -> None:
-        self.ledger.line("E", time.time(), self.session_inc, seq, st,
-                         f"{(time.monotonic() - t0) * 1000:.3f}")
+    def end(self, seq: int, t0: float, st: str, note: Optional[str] = None) -> None:
+        ms = f"{(time.monotonic() - t0) * 1000:.3f}"
+        if note is None:
+            self.ledger.line("E", time.time(), self.session_inc, seq, st, ms)
+        else:
+            self.ledger.line("E", time.time(), self.session_inc, seq, st, ms, note)
 
     def wait_all(self, tickets: list, seqs: list, t0: float,
                  slots: list[tuple[int, int, int]]) -> None:
@@ -466,10 +471,15 @@ class Worker:
                     st = e.status.c_name
                 statuses = gt.entry_status or []
                 for i, seq in enumerate(seqs):
-                    est = st if st in ("HANG", "TL_ECONN") or i >= len(statuses) else \
-                        ("OK" if statuses[i] == Status.OK else statuses[i].c_name)
-                    self.end(seq, t0, est)
-                    self.slot_last[keys[i]] = (seq, est == "OK")
+                    # The target is promised one notification, OK, only when the ticket is OK:
+                    # a group whose ticket failed (its end record lost with the peer, say) is
+                    # failed at both ends even where an entry of it landed ("landed" says so).
+                    own = None if i >= len(statuses) else statuses[i]
+                    if st != "OK" or own is None:
+                        self.end(seq, t0, st, "landed" if own == Status.OK else None)
+                    else:
+                        self.end(seq, t0, "OK" if own == Status.OK else own.c_name)
+                    self.slot_last[keys[i]] = (seq, st == "OK" and own == Status.OK)
                 if st == "TL_ECONN":
                     raise tensorlane.SidecarGoneError("sidecar gone", call="tl_wait")
             else:

@@ -86,6 +86,28 @@ def test_an_ok_write_lost_by_a_crashed_sidecar_is_reported_unless_the_sweep_foun
     assert led["stats"]["ok_found_by_sweep"] == 1
 
 
+def test_a_landed_entry_of_a_failed_group_is_not_owed_a_notification(tmp_path):
+    # The group's entries landed, then its end record was lost with the peer: the ticket
+    # failed, the target was told the group failed (a failnote) and no OK notification came.
+    write(tmp_path, 0, [("B", 1.0, 1), ("W", 1.0, 1, 1, "g", 1, 1, 0, 538),
+                        ("W", 1.0, 1, 2, "g", 1, 1, 1, 3846),
+                        ("E", 1.2, 1, 1, "TL_EPEER", 0.5, "landed"),
+                        ("E", 1.2, 1, 2, "TL_EPEER", 0.5, "landed"), ("X", 2.0, 1, "exit")])
+    write(tmp_path, 1, [("B", 1.0, 1), ("R", 1.3, 1, -1, -1, 7, "failnote:TL_EPEER"),
+                        ("X", 2.0, 1, "exit")])
+    led = check_ledgers(str(tmp_path), {}, [])
+    assert led["violations"] == {}
+    assert led["stats"]["group_failed_entry_landed"] == 2
+    assert led["stats"]["failed"] == 2
+    # The same entries with an OK ticket are owed their notification.
+    (tmp_path / "ledger-w0.log").unlink()
+    write(tmp_path, 0, [("B", 1.0, 1), ("W", 1.0, 1, 1, "g", 1, 1, 0, 538),
+                        ("W", 1.0, 1, 2, "g", 1, 1, 1, 3846), ("E", 1.2, 1, 1, "OK", 0.5),
+                        ("E", 1.2, 1, 2, "OK", 0.5), ("X", 2.0, 1, "exit")])
+    led = check_ledgers(str(tmp_path), {}, [])
+    assert list(led["violations"]) == ["OK write never notified"]
+
+
 def test_a_line_cut_by_kill_is_ignored_and_a_killed_writer_is_not_a_loss(tmp_path):
     write(tmp_path, 0, [("B", 1.0, 1), ("W", 1.0, 1, 1, "s", 1, 1, 0, 4096)])
     with open(tmp_path / "ledger-w0.log", "a", encoding="utf-8") as f:
