@@ -18,6 +18,10 @@
 //   nccl_plugin_bench [--sizes 64,4096,65536,1048576] [--iters 2000] [--rounds 5]
 //                     [--poll-mode adaptive|busy|event] [--chunk BYTES] [--integrity mac|none]
 //                     [--eager-bytes N] (TENSORLANE_NCCL_EAGER_BYTES of both ranks; 0: off)
+//                     [--eager-slots N] (TENSORLANE_NCCL_EAGER_SLOTS of both ranks)
+//                     [--log-closes 1] (the plugin's comm close lines to stderr)
+//                     [--posted BYTES] (the exchange's receives: at least this size; default
+//                     64 KiB, NCCL's LL step; 1048576 is NCCL's Simple slice)
 //                     [--stream MIB] [--step BYTES] [--copy-threads N] (--sizes none: the
 //                     stream alone)
 //                     (TENSORLANE_NCCL_COPY_THREADS of both ranks)
@@ -51,6 +55,7 @@
 #include <array>
 #include <cerrno>
 #include <chrono>
+#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -74,6 +79,21 @@ using Clock = std::chrono::steady_clock;
 constexpr size_t kMax = 4 << 20;
 constexpr int kTag = 7;
 constexpr size_t kStreamDepth = 8;  // NCCL_STEPS: a connection's steps in flight
+/// --posted: the exchange's receives are of this size when bigger than the message (NCCL's
+/// Simple receives are a slice, 1 MiB with its default buffers, whatever the step sends).
+size_t g_posted = 64 << 10;
+/// --log-closes 1: the plugin's comm close lines (which path each message took) to stderr.
+bool g_log_closes = false;
+void logCloses(ncclDebugLogLevel, unsigned long, const char *, int, const char *fmt, ...) {
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    std::vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (std::strstr(line, "closed") != nullptr) {
+        std::fprintf(stderr, "%s\n", line);
+    }
+}
 
 [[noreturn]] void die(const std::string &why) {
     std::fprintf(stderr, "nccl_plugin_bench: %s\n", why.c_str());
@@ -104,6 +124,15 @@ struct Pipe {
 /// region.
 class Rank {
 public:
+    /// Closes the comms (their close lines say which path each message took: --log-closes).
+    ~Rank() {
+        if (g_log_closes && net_ != nullptr) {
+            net_->closeSend(send_);
+            net_->closeRecv(recv_);
+        }
+    }
+    Rank(const Rank &) = delete;
+    Rank &operator=(const Rank &) = delete;
     /// `in_place`: NCCL's host buffers are memory the sidecar reaches (as NCCL's cuMem host
     /// buffers are on a GPU machine; here ranges of the plugin's own tl_alloc_host buffers), so
     /// the plugin registers them in place; else private memory, which it shadows.
@@ -116,7 +145,7 @@ public:
             die(std::string("dlopen: ") + ::dlerror());
         }
         net_ = static_cast<ncclNet_v8_t *>(::dlsym(lib, "ncclNetPlugin_v8"));
-        if (net_ == nullptr || net_->init(nullptr) != ncclSuccess) {
+        if (net_ == nullptr || net_->init(g_log_closes ? &logCloses : nullptr) != ncclSuccess) {
             die("the plugin's init failed");
         }
         // Each listens, swaps handles over the pipes, connects and accepts.
@@ -198,9 +227,10 @@ public:
         waitDone(req);
     }
     /// A collective's step: a fresh receive, a send, both waited for. The receive is of NCCL's
-    /// LL step (64 KiB: 512 KiB of LL buffer over NCCL_STEPS), or of the message if bigger.
+    /// LL step (64 KiB: 512 KiB of LL buffer over NCCL_STEPS; --posted), or of the message if
+    /// bigger.
     void exchange(size_t bytes) {
-        void *recv = postRecv(std::max<size_t>(bytes, 64 << 10));
+        void *recv = postRecv(std::max<size_t>(bytes, g_posted));
         sendAndWait(bytes);
         waitDone(recv);
     }
@@ -627,6 +657,12 @@ int main(int argc, char **argv) {
         } else if (a == "--copy-threads") {
             ::setenv("TENSORLANE_NCCL_COPY_THREADS", std::to_string(std::stoul(v)).c_str(), 1);
             copy_threads = v;
+        } else if (a == "--log-closes") {
+            g_log_closes = v != "0";
+        } else if (a == "--posted") {
+            g_posted = std::min<size_t>(std::stoull(v), kMax);
+        } else if (a == "--eager-slots") {
+            ::setenv("TENSORLANE_NCCL_EAGER_SLOTS", std::to_string(std::stoul(v)).c_str(), 1);
         } else if (a == "--eager-bytes") {
             ::setenv("TENSORLANE_NCCL_EAGER_BYTES", std::to_string(std::stoul(v)).c_str(), 1);
             eager = v;
