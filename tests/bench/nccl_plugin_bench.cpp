@@ -20,6 +20,8 @@
 //                     [--eager-bytes N] (TENSORLANE_NCCL_EAGER_BYTES of both ranks; 0: off)
 //                     [--eager-slots N] (TENSORLANE_NCCL_EAGER_SLOTS of both ranks)
 //                     [--log-closes 1] (the plugin's comm close lines to stderr)
+//                     [--yield 1] (a waiting rank yields its CPU between calls: for machines
+//                     of few CPUs, where spinning ranks starve the sidecars)
 //                     [--posted BYTES] (the exchange's receives: at least this size; default
 //                     64 KiB, NCCL's LL step; 1048576 is NCCL's Simple slice)
 //                     [--stream MIB] [--step BYTES] [--copy-threads N] (--sizes none: the
@@ -46,6 +48,7 @@
 #include <dlfcn.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -82,6 +85,9 @@ constexpr size_t kStreamDepth = 8;  // NCCL_STEPS: a connection's steps in fligh
 /// --posted: the exchange's receives are of this size when bigger than the message (NCCL's
 /// Simple receives are a slice, 1 MiB with its default buffers, whatever the step sends).
 size_t g_posted = 64 << 10;
+/// --yield 1: a rank waiting in the exchange's and round trips' loops yields its CPU after each
+/// call that found nothing (on a machine of few CPUs the sidecars' threads then get theirs).
+bool g_yield = false;
 /// --log-closes 1: the plugin's comm close lines (which path each message took) to stderr.
 bool g_log_closes = false;
 void logCloses(ncclDebugLogLevel, unsigned long, const char *, int, const char *fmt, ...) {
@@ -223,6 +229,9 @@ public:
         void *req = nullptr;
         while (req == nullptr) {
             check(net_->isend(send_, sbuf_, static_cast<int>(bytes), kTag, smr_, &req), "isend");
+            if (req == nullptr && g_yield) {
+                ::sched_yield();
+            }
         }
         waitDone(req);
     }
@@ -308,6 +317,9 @@ public:
         int done = 0, size = 0;
         while (done == 0) {
             check(net_->test(req, &done, &size), "test");
+            if (done == 0 && g_yield) {
+                ::sched_yield();
+            }
         }
     }
     /// The baseline: one tl_write_msg of `bytes` into the other rank's region.
@@ -657,6 +669,8 @@ int main(int argc, char **argv) {
         } else if (a == "--copy-threads") {
             ::setenv("TENSORLANE_NCCL_COPY_THREADS", std::to_string(std::stoul(v)).c_str(), 1);
             copy_threads = v;
+        } else if (a == "--yield") {
+            g_yield = v != "0";
         } else if (a == "--log-closes") {
             g_log_closes = v != "0";
         } else if (a == "--posted") {
