@@ -229,8 +229,8 @@ public:
         void *req = nullptr;
         while (req == nullptr) {
             check(net_->isend(send_, sbuf_, static_cast<int>(bytes), kTag, smr_, &req), "isend");
-            if (req == nullptr && g_yield) {
-                ::sched_yield();
+            if (req == nullptr) {
+                idle();
             }
         }
         waitDone(req);
@@ -317,9 +317,15 @@ public:
         int done = 0, size = 0;
         while (done == 0) {
             check(net_->test(req, &done, &size), "test");
-            if (done == 0 && g_yield) {
-                ::sched_yield();
+            if (done == 0) {
+                idle();
             }
+        }
+    }
+    /// A wait loop's call found nothing: --yield gives the CPU to the sidecars' threads.
+    static void idle() {
+        if (g_yield) {
+            ::sched_yield();
         }
     }
     /// The baseline: one tl_write_msg of `bytes` into the other rank's region.

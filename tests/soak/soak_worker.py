@@ -341,11 +341,8 @@ class Worker:
         return int(math.exp(self.rng.uniform(math.log(HDR.size), math.log(self.a.slot))))
 
     def end(self, seq: int, t0: float, st: str, note: Optional[str] = None) -> None:
-        ms = f"{(time.monotonic() - t0) * 1000:.3f}"
-        if note is None:
-            self.ledger.line("E", time.time(), self.session_inc, seq, st, ms)
-        else:
-            self.ledger.line("E", time.time(), self.session_inc, seq, st, ms, note)
+        self.ledger.line("E", time.time(), self.session_inc, seq, st,
+                         f"{(time.monotonic() - t0) * 1000:.3f}", *([note] if note else []))
 
     def wait_all(self, tickets: list, seqs: list, t0: float,
                  slots: list[tuple[int, int, int]]) -> None:
