@@ -194,9 +194,10 @@ TEST_P(VerbsLoss, EveryWriteArrivesOnceIntact) {
     TempDir dir;
     const std::string key = dir.file("peer.key");
     writeFile(key, keyText('e'), 0600);
-    // Short retransmission timer (4.096 us * 2^12 = 17 ms) and the full 7 retries: at 10% loss
-    // a packet lost 8 times in a row is a 1e-8 event.
-    const std::string fabric = "timeout = 12\nretry_cnt = 7\n";
+    // Retransmission timer 4.096 us * 2^14 = 67 ms and the full 7 retries: at 10% loss a packet
+    // lost 8 times in a row is a 1e-8 event, and the 0.5 s the retries span outlast the stalls of
+    // a loaded CI machine (a timer of 17 ms gave up there once: 8 x 17 ms is a short stall).
+    const std::string fabric = "timeout = 14\nretry_cnt = 7\n";
     SidecarOptions oa{.name = "node-a",
                       .listen = net.addressA() + ":18515",
                       .peers = {{"node-b", net.addressB() + ":18515"}},
@@ -251,9 +252,17 @@ TEST_P(VerbsLoss, EveryWriteArrivesOnceIntact) {
             ASSERT_EQ(x.post(i * kEach, kEach, base + static_cast<uint32_t>(i), &tickets[i]), TL_OK)
                 << tl_last_error();
         }
+        bool failed = false;
         for (size_t i = 0; i < kWrites; ++i) {
-            EXPECT_EQ(tl_wait(x.a(), tickets[i], 60000), TL_OK) << i << ": " << tl_last_error();
+            const tl_status s = tl_wait(x.a(), tickets[i], 60000);
+            EXPECT_EQ(s, TL_OK) << i << ": " << tl_last_error();
+            failed = failed || s != TL_OK;
         }
+        // Why a write failed is in the sidecars' logs (a verbs session that gave up, its
+        // retries spent, says so there).
+        ASSERT_FALSE(failed) << "round " << rounds << "\nnode-a's log:\n"
+                             << a.log() << "\nnode-b's log:\n"
+                             << b.log();
         const auto got = x.notifications(kWrites, 20s);
         EXPECT_EQ(got.size(), kWrites);
         for (const auto &[imm, n] : got) {
