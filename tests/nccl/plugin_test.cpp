@@ -6,7 +6,9 @@
 // receives matched by tag in any order, requests tested out of order, and a peer killed
 // mid-transfer ending every request with an error instead of a hang.
 #include <dlfcn.h>
+#include <elf.h>
 #include <gtest/gtest.h>
+#include <link.h>
 #include <poll.h>
 #include <signal.h>
 #include <unistd.h>
@@ -583,6 +585,72 @@ TEST_P(NcclPlugin, EverySizeGroupedAndOutOfOrderArriveWhole) {
             EXPECT_EQ(waitChild(r), 0) << nodes.logs();
         }
     }
+}
+
+/// Whether the loaded plugin's dynamic section says DF_1_NODELETE (linked -z nodelete).
+bool markedNoDelete() {
+    bool marked = false;
+    ::dl_iterate_phdr(
+        [](dl_phdr_info *info, size_t, void *out) {
+            if (info->dlpi_name == nullptr ||
+                std::strstr(info->dlpi_name, "libnccl-net-tensorlane") == nullptr) {
+                return 0;
+            }
+            for (int i = 0; i < info->dlpi_phnum; ++i) {
+                if (info->dlpi_phdr[i].p_type != PT_DYNAMIC) {
+                    continue;
+                }
+                const auto *d = reinterpret_cast<const ElfW(Dyn) *>(info->dlpi_addr +
+                                                                    info->dlpi_phdr[i].p_vaddr);
+                for (; d->d_tag != DT_NULL; ++d) {
+                    if (d->d_tag == DT_FLAGS_1 && (d->d_un.d_val & DF_1_NODELETE) != 0) {
+                        *static_cast<bool *>(out) = true;
+                    }
+                }
+            }
+            return 1;
+        },
+        &marked);
+    return marked;
+}
+
+// NCCL unloads the plugin (dlclose) when its last communicator is destroyed, and loads it
+// again for the next. The plugin's threads (the trace's watchdog, which wakes once a second; the
+// copy helpers) outlive the unload, so the library must stay mapped: it is linked -z nodelete.
+// (On the GPU machine, NCCL 2.28 with TENSORLANE_NCCL_TRACE=1, a rank died of SIGSEGV within a
+// second of NCCL's "Unloading plugin tensorlane"; code run from unmapped pages is the likely
+// cause. Here glibc happens to keep the library anyway, for its STB_GNU_UNIQUE symbols, which a
+// build with another libstdc++ may lack, so the flag itself is checked too.) Loaded again, the
+// plugin is the same one, its sidecar client still connected, and takes new comms.
+TEST(NcclPluginLoad, UnloadedWithItsThreadsRunningAndLoadedAgain) {
+    Pair nodes("tcp");
+    ASSERT_TRUE(nodes.ready()) << nodes.logs();
+    const pid_t child = forkClient([&] {
+        ::setenv("TENSORLANE_NCCL_TRACE", "1", 1);  // starts the watchdog
+        ::setenv("TENSORLANE_NCCL_COPY_THREADS", "2", 1);
+        for (int round = 0; round < 2; ++round) {
+            Plugin p;
+            if (!p.open(nodes.a->socket())) {
+                return 10 + round;
+            }
+            char handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+            void *listen_comm = nullptr;
+            if (p.v8->listen(0, handle, &listen_comm) != ncclSuccess ||
+                p.v8->closeListen(listen_comm) != ncclSuccess) {
+                return 20 + round;
+            }
+            if (round == 0 && !markedNoDelete()) {
+                return 40;  // glibc may keep it anyway (STB_GNU_UNIQUE symbols); not every build
+            }
+            if (::dlclose(p.lib) != 0) {
+                return 30 + round;
+            }
+            // Past the watchdog's next wake-up.
+            std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        }
+        return 0;
+    });
+    EXPECT_EQ(waitChild(child), 0) << "128 + a signal's number: the child died of that signal";
 }
 
 // Host buffers the sidecar can reach (NCCL's cuMem host buffers on a GPU machine; here ranges
