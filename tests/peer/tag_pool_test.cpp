@@ -446,6 +446,46 @@ TEST(TagPool, AWorkerReadingAChunkTagsItAcrossRunsAndNeverReadsTheNextFrame) {
     }
 }
 
+TEST(TagPool, SocketJobsLeaveAWorkerForTagsAndAnEmptySocketIsHandedBack) {
+    // Socket jobs take every worker but one (a pool of one: its one).
+    for (const unsigned workers : {1u, 2u, 4u}) {
+        TagPool pool(workers);
+        const unsigned places = workers > 1 ? workers - 1 : 1;
+        for (unsigned i = 0; i < places; ++i) {
+            EXPECT_TRUE(pool.reserveSocket()) << workers << " workers, place " << i;
+        }
+        EXPECT_FALSE(pool.reserveSocket()) << workers << " workers: every one took a socket";
+        pool.releaseSocket();
+        EXPECT_TRUE(pool.reserveSocket());
+    }
+    // A worker in a read of a socket that has nothing for it hands the socket back (to the
+    // engine's epoll) with nothing read and nothing counted, and runs a job queued meanwhile.
+    // (How soon is a matter of microseconds, kSocketWaitUs at most: not asserted, since a
+    // loaded machine delays wake-ups by milliseconds.)
+    TagPool pool(1);
+    FrameAuth tx(keyOf(21)), rx(keyOf(21));
+    uint8_t head[kChunkFrameOverhead];
+    std::memset(head, 0x3c, sizeof head);
+    const std::vector<uint8_t> data = randomBytes(4096, 90);
+    SocketPair sp;
+    std::vector<uint8_t> buf(256u << 10);
+    auto reading = jobFor(rx, head, buf, true);
+    reading->read_fd = sp.ours;
+    reading->read_to = buf.data();
+    pool.submit(reading);
+    auto sign = jobFor(tx, head, data, false);
+    pool.submit(sign);
+    waitDone(*sign);
+    waitDone(*reading);
+    EXPECT_TRUE(sign->tag_ready);
+    EXPECT_EQ(reading->read_error, 0);
+    EXPECT_EQ(reading->have, 0u);
+    EXPECT_FALSE(reading->readComplete());
+    EXPECT_FALSE(reading->read_done.load()) << "an empty socket's chunk counted as read";
+    EXPECT_FALSE(reading->good);
+    ::close(sp.ours);
+}
+
 /// What `queue` makes a connection put on the wire, read from the other end.
 std::vector<uint8_t> wireOf(TagPool *pool, const std::vector<std::vector<uint8_t>> &chunks) {
     Poller poller;

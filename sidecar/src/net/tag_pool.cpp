@@ -114,7 +114,8 @@ bool TagPool::waitIfRunning(TagJob &job) {
 }
 
 bool TagPool::reserveSocket() {
-    const auto limit = static_cast<unsigned>(workers_.size());
+    const auto workers = static_cast<unsigned>(workers_.size());
+    const unsigned limit = workers > 1 ? workers - 1 : workers;
     unsigned n = sockets_.load(std::memory_order_relaxed);
     do {
         if (!socketIo() || n >= limit) {
@@ -171,13 +172,18 @@ int waitFor(int fd, short events, std::chrono::steady_clock::time_point until) {
 
 /// After a read or write of `fd` that moved nothing (errno set): whether to try again, having
 /// waited (briefly) for `events` where the socket would block. False: stop, with `*error` set
-/// where it failed (0: it stayed blocked).
-bool tryAgain(int fd, short events, std::chrono::steady_clock::time_point until, int *error) {
+/// where it failed (0: it stayed blocked, or `others_waiting`: jobs are queued for a worker,
+/// and this one would only sit in the wait while they do).
+bool tryAgain(int fd, short events, std::chrono::steady_clock::time_point until,
+              bool others_waiting, int *error) {
     if (errno == EINTR) {
         return true;
     }
     if (errno != EAGAIN && errno != EWOULDBLOCK) {
         *error = errno;
+        return false;
+    }
+    if (others_waiting) {
         return false;
     }
     const int ready = waitFor(fd, events, until);
@@ -220,7 +226,7 @@ void TagPool::readRest(TagJob &job, FrameMac &mac) {
         }
         // Drained: the sender is still at it, or stopped. Wait a little for more, then hand the
         // rest back to the engine, whose epoll waits for it without holding a worker.
-        if (!tryAgain(job.read_fd, POLLIN, until, &job.read_error)) {
+        if (!tryAgain(job.read_fd, POLLIN, until, othersWaiting(), &job.read_error)) {
             return;
         }
     }
@@ -268,7 +274,7 @@ bool TagPool::sendUpTo(TagJob &job, size_t limit, bool wait) {
             }
             return false;
         }
-        if (!tryAgain(job.write_fd, POLLOUT, until, &job.write_error)) {
+        if (!tryAgain(job.write_fd, POLLOUT, until, othersWaiting(), &job.write_error)) {
             job.write_stalled = job.write_error == 0;
             return false;
         }

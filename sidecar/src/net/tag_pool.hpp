@@ -148,9 +148,13 @@ public:
     static constexpr size_t kReadFrom = 64 * 1024;
     /// How long a worker reading or writing a socket waits for it at a time, and works on it in
     /// all, before it hands the rest back (the engine submits it again when epoll sees the
-    /// socket ready): a peer that stops mid-chunk holds a worker for at most this long.
-    static constexpr unsigned kSocketWaitUs = 500;
-    static constexpr unsigned kSocketRunUs = 4000;
+    /// socket ready): a peer that stops mid-chunk holds a worker for at most this long. A
+    /// worker whose socket would block hands it back at once while other jobs are queued, so a
+    /// job waits for a worker at most one wait (kSocketWaitUs), never a whole run.
+    /// (Until 2026-12-07: 500 us and 4 ms, and no look at the queue: with traffic both ways the
+    /// tag jobs that send the next bytes could wait behind workers waiting for the peer's.)
+    static constexpr unsigned kSocketWaitUs = 50;
+    static constexpr unsigned kSocketRunUs = 1000;
     /// A chunk frame with at least this much data left to send is written to its socket by a
     /// worker (TagJob::write_fd), the one that signs it when it is the queue's head by then.
     static constexpr size_t kWriteFrom = 64 * 1024;
@@ -192,9 +196,9 @@ public:
     /// Waits for `job` if a worker runs it now. False when it is still queued (left there).
     bool waitIfRunning(TagJob &job);
 
-    /// Takes one of the places for jobs that read or write a socket (one per worker: a job
-    /// queued behind them waits at most kSocketRunUs); false when all are taken. Give it back
-    /// with releaseSocket().
+    /// Takes one of the places for jobs that read or write a socket (one per worker but one,
+    /// so a pool of two or more always has a worker for tags alone); false when all are taken.
+    /// Give it back with releaseSocket().
     bool reserveSocket();
     void releaseSocket();
     /// Makes sure `job` is done, with its real result: computes it on the calling thread if it
@@ -222,7 +226,10 @@ private:
     void compute(FrameMac &mac, TagJob &job);
     /// Reads what a reading job still lacks from its socket (TagJob::read_fd), adding the data
     /// to `mac` as it comes.
-    static void readRest(TagJob &job, FrameMac &mac);
+    void readRest(TagJob &job, FrameMac &mac);
+    /// Whether jobs are queued for a worker (a worker whose socket would block hands it back
+    /// rather than wait while they do).
+    bool othersWaiting() const { return queued_.load(std::memory_order_acquire) != 0; }
     /// verify: checks the frame's tag (and, if it failed, its header tag) and lands the chunk
     /// where it is good.
     static void checkAndLand(FrameMac &mac, TagJob &job);
