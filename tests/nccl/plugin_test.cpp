@@ -16,9 +16,11 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cmath>
 #include <cstdarg>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <initializer_list>
 #include <memory>
@@ -95,10 +97,18 @@ struct Plugin {
         if (level <= NCCL_LOG_WARN) {
             std::fprintf(stderr, "%s\n", line);
         }
+        if (std::strstr(line, "trace: ") != nullptr) {
+            ++traceLines();
+        }
         if (std::strstr(line, " closed: ") != nullptr ||
             std::strstr(line, "process totals: ") != nullptr) {
             closed().push_back(line);  // the comm's counts (which path each send took)
         }
+    }
+    /// The trace lines NCCL's log got in this process so far (TENSORLANE_NCCL_TRACE=1).
+    static int &traceLines() {
+        static int n = 0;
+        return n;
     }
     /// The plugin's "... comm N ... closed: counts" lines in this process so far.
     static std::vector<std::string> &closed() {
@@ -651,6 +661,50 @@ TEST(NcclPluginLoad, UnloadedWithItsThreadsRunningAndLoadedAgain) {
         return 0;
     });
     EXPECT_EQ(waitChild(child), 0) << "128 + a signal's number: the child died of that signal";
+}
+
+// TENSORLANE_NCCL_TRACE_FILE=PREFIX keeps the trace's lines in memory, each with the wall
+// clock's microseconds, and writes them to PREFIX.PID when the process exits (after NCCL
+// unloaded the plugin too): nothing goes to NCCL's log meanwhile.
+TEST(NcclPluginLoad, ATraceFileGetsEveryStepWithItsTimeAtExit) {
+    Pair nodes("tcp");
+    ASSERT_TRUE(nodes.ready()) << nodes.logs();
+    TempDir dir;
+    const std::string prefix = dir.file("trace");
+    const pid_t child = ::fork();
+    if (child == 0) {
+        ::setenv("TENSORLANE_NCCL_TRACE_FILE", prefix.c_str(), 1);
+        Plugin p;
+        char handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+        void *listen_comm = nullptr;
+        if (!p.open(nodes.a->socket()) || p.v8->listen(0, handle, &listen_comm) != ncclSuccess ||
+            p.v8->closeListen(listen_comm) != ncclSuccess || ::dlclose(p.lib) != 0) {
+            ::_exit(10);
+        }
+        std::exit(Plugin::traceLines() != 0 ? 11 : 0);  // exit(): the trace is written at exit
+    }
+    ASSERT_EQ(waitChild(child), 0) << "11: a trace line went to NCCL's log";
+    std::ifstream in(prefix + "." + std::to_string(child));
+    ASSERT_TRUE(in.good()) << "no " << prefix << "." << child;
+    std::string line;
+    bool closed = false;
+    while (std::getline(in, line)) {
+        double t = 0;
+        char comm = 0;
+        unsigned long long id = 0;
+        if (std::sscanf(line.c_str(), "%lf close comm %c%llu", &t, &comm, &id) == 3 &&
+            comm == 'L') {
+            // Within a minute of now: the wall clock's seconds, microseconds after the point.
+            const double now =
+                std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+                    .count();
+            EXPECT_LT(std::abs(now - t), 60.0) << line;
+            EXPECT_EQ(line.find('.'), line.find(' ') - 7)
+                << "not six digits of microseconds: " << line;
+            closed = true;
+        }
+    }
+    EXPECT_TRUE(closed) << "no 'close comm L...' line in the trace file";
 }
 
 // Host buffers the sidecar can reach (NCCL's cuMem host buffers on a GPU machine; here ranges

@@ -5,11 +5,13 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <cerrno>
 #include <climits>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <thread>
 
 namespace tensorlane::nccl {
@@ -256,6 +258,69 @@ void Net::log(ncclDebugLogLevel level, const char *fmt, ...) const {
     }
 }
 
+/// TENSORLANE_NCCL_TRACE_FILE's lines: formatted at once, kept in memory, written at exit.
+struct Net::TraceLines {
+    static constexpr size_t kLines = 1 << 18;  // 44 MiB at most; a 1 MiB all_reduce: ~35 a call
+    static constexpr size_t kBytes = 168;
+    struct Line {
+        std::atomic<uint32_t> len{0};  ///< set last: a line being written is skipped
+        char text[kBytes];
+    };
+    std::string path;
+    std::unique_ptr<Line[]> lines = std::make_unique<Line[]>(kLines);
+    std::atomic<size_t> next{0};
+
+    void add(const char *fmt, va_list ap) {
+        const size_t i = next.fetch_add(1, std::memory_order_relaxed);
+        if (i >= kLines) {
+            return;  // counted: the file says how many did not fit
+        }
+        timespec ts{};
+        ::clock_gettime(CLOCK_REALTIME, &ts);  // one clock for every process of the host
+        Line &l = lines[i];
+        int n = std::snprintf(l.text, kBytes, "%lld.%06ld ", static_cast<long long>(ts.tv_sec),
+                              ts.tv_nsec / 1000);
+        if (n > 0 && static_cast<size_t>(n) < kBytes) {
+            const int m = std::vsnprintf(l.text + n, kBytes - static_cast<size_t>(n), fmt, ap);
+            n = m < 0 ? n : std::min<int>(n + m, static_cast<int>(kBytes) - 1);
+        }
+        l.len.store(static_cast<uint32_t>(std::max(n, 0)), std::memory_order_release);
+    }
+    void write() const {
+        const std::string file = path + "." + std::to_string(::getpid());
+        FILE *f = std::fopen(file.c_str(), "w");
+        if (f == nullptr) {
+            std::fprintf(stderr, "NET/tensorlane : trace file %s: %s\n", file.c_str(),
+                         std::strerror(errno));
+            return;
+        }
+        const size_t n = next.load(std::memory_order_acquire);
+        for (size_t i = 0; i < std::min(n, kLines); ++i) {
+            const uint32_t len = lines[i].len.load(std::memory_order_acquire);
+            if (len != 0) {
+                std::fprintf(f, "%.*s\n", static_cast<int>(len), lines[i].text);
+            }
+        }
+        if (n > kLines) {
+            std::fprintf(f, "# %zu more lines did not fit\n", n - kLines);
+        }
+        std::fclose(f);
+    }
+};
+
+void Net::trace(const char *fmt, ...) const {
+    va_list ap;
+    va_start(ap, fmt);
+    if (trace_lines_ != nullptr) {
+        trace_lines_->add(fmt, ap);
+    } else {
+        char text[1024];
+        std::vsnprintf(text, sizeof(text), fmt, ap);
+        log(NCCL_LOG_INFO, "trace: %s", text);
+    }
+    va_end(ap);
+}
+
 ncclResult_t Net::init(ncclDebugLogger_t logger) {
     Guard lock(*this, __func__);
     logger_ = logger;
@@ -281,6 +346,14 @@ ncclResult_t Net::init(ncclDebugLogger_t logger) {
     pci_path_ = nicPciPath(status);
     const char *trace = std::getenv("TENSORLANE_NCCL_TRACE");
     trace_ = trace != nullptr && std::strcmp(trace, "1") == 0;
+    const char *trace_file = std::getenv("TENSORLANE_NCCL_TRACE_FILE");
+    if (trace_file != nullptr && *trace_file != '\0' && trace_lines_ == nullptr) {
+        trace_ = true;
+        trace_lines_ = new TraceLines();
+        trace_lines_->path = trace_file;
+        // The library stays mapped (-z nodelete), so this runs at exit even after NCCL closed it.
+        std::atexit([] { Net::get().trace_lines_->write(); });
+    }
     eager_bytes_ = envNumber("TENSORLANE_NCCL_EAGER_BYTES", 64 << 10, 0, 4 << 20);
     eager_slots_ = envNumber("TENSORLANE_NCCL_EAGER_SLOTS", 16, 1, 256);
     const char *prefer = std::getenv("TENSORLANE_NCCL_EAGER_PREFER");
@@ -732,8 +805,7 @@ ncclResult_t Net::deregMr(void *comm, void *mhandle) {
         return ncclInvalidArgument;
     }
     if (trace_) {
-        log(NCCL_LOG_INFO, "trace: deregMr comm %c%llu mr %u", c->kind,
-            static_cast<unsigned long long>(c->id), mr->id);
+        trace("deregMr comm %c%llu mr %u", c->kind, static_cast<unsigned long long>(c->id), mr->id);
     }
     recv_regions_.erase(mr->region);
     doomed_.push_back(mr->region);  // deregistered once the lock is let go (Guard)
@@ -831,8 +903,8 @@ ncclResult_t Net::irecv(void *recv_comm, int n, void **data, const uint64_t *siz
     if (trace_) {
         r->since = Clock::now();
         r->stall_told = false;
-        log(NCCL_LOG_INFO,
-            "trace: comm R%llu irecv slot %u gen %u n %d size0 %llu tag0 %d seq0 %u (%d already "
+        trace(
+            "comm R%llu irecv slot %u gen %u n %d size0 %llu tag0 %d seq0 %u (%d already "
             "here eagerly)",
             static_cast<unsigned long long>(c->id), r->slot, r->generation, n,
             static_cast<unsigned long long>(sizes[0]), tags[0], r->seqs[0], nready);
@@ -988,11 +1060,11 @@ ncclResult_t Net::isend(void *send_comm, void *data, uint64_t size, int tag, voi
     if (trace_) {
         r->since = Clock::now();
         r->stall_told = false;
-        log(NCCL_LOG_INFO,
-            "trace: comm S%llu isend slot %u size %llu tag %d seq %u %s %u ticket %llu",
-            static_cast<unsigned long long>(c->id), r->slot, static_cast<unsigned long long>(size),
-            tag, seq, eager ? "eagerly into ring slot" : "into its CTS, entry",
-            eager ? eager_slot : entry_index, static_cast<unsigned long long>(t));
+        trace("comm S%llu isend slot %u size %llu tag %d seq %u %s %u ticket %llu",
+              static_cast<unsigned long long>(c->id), r->slot,
+              static_cast<unsigned long long>(size), tag, seq,
+              eager ? "eagerly into ring slot" : "into its CTS, entry",
+              eager ? eager_slot : entry_index, static_cast<unsigned long long>(t));
     }
     *request = r;
     return ncclSuccess;
@@ -1173,8 +1245,8 @@ void Net::dispatch(const tl_message &m) {
         auto r = recv_regions_.find(m.ex.n.region);
         if (r == recv_regions_.end()) {
             if (trace_) {
-                log(NCCL_LOG_INFO, "trace: a data write into region %llu of no receive comm",
-                    static_cast<unsigned long long>(m.ex.n.region));
+                trace("a data write into region %llu of no receive comm",
+                      static_cast<unsigned long long>(m.ex.n.region));
             }
             return;  // an MR deregistered meanwhile
         }
@@ -1247,8 +1319,8 @@ void Net::dispatch(const tl_message &m) {
                 c->cts[Comm::Key{e.tag, e.seq}] = Comm::Cts{h.from, cb.request, cb.generation, e};
             }
             if (trace_) {
-                log(NCCL_LOG_INFO,
-                    "trace: comm S%llu CTS from R%llu slot %u gen %u n %d (%d stale) size0 %llu "
+                trace(
+                    "comm S%llu CTS from R%llu slot %u gen %u n %d (%d stale) size0 %llu "
                     "tag0 %d seq0 %u credit %llu",
                     static_cast<unsigned long long>(c->id), static_cast<unsigned long long>(h.from),
                     cb.request, cb.generation, h.count, stale,
@@ -1349,8 +1421,8 @@ void Net::landed(Comm *c, uint32_t slot, uint32_t generation, uint32_t index, ui
     if (r.free || r.send || (r.generation & kMask) != (generation & kMask) ||
         static_cast<int>(index) >= r.n || r.landed[index] || size > r.posted[index]) {
         if (trace_) {
-            log(NCCL_LOG_INFO,
-                "trace: comm R%llu dropped a landing: slot %u gen %u (has %u, free %d) entry %u "
+            trace(
+                "comm R%llu dropped a landing: slot %u gen %u (has %u, free %d) entry %u "
                 "size %llu",
                 static_cast<unsigned long long>(c->id), slot, generation, r.generation,
                 r.free ? 1 : 0, index, static_cast<unsigned long long>(size));
@@ -1385,9 +1457,9 @@ void Net::markLanded(Comm *c, Request &r, uint32_t index, uint64_t size) {
     r.landed[index] = true;
     ++r.done;
     if (trace_) {
-        log(NCCL_LOG_INFO, "trace: comm R%llu slot %u entry %u landed %llu bytes",
-            static_cast<unsigned long long>(c->id), r.slot, index,
-            static_cast<unsigned long long>(size));
+        trace("comm R%llu slot %u entry %u landed %llu bytes",
+              static_cast<unsigned long long>(c->id), r.slot, index,
+              static_cast<unsigned long long>(size));
     }
     c->last_progress = Clock::now();
 }
@@ -1455,9 +1527,8 @@ void Net::eagerArrived(Comm *c, const EagerBody &e, const tl_message &m) {
             ++c->counts.crossed;
         }
         if (trace_) {
-            log(NCCL_LOG_INFO,
-                "trace: comm R%llu eager slot %u tag %d seq %u into slot %u entry %u",
-                static_cast<unsigned long long>(c->id), e.slot, e.tag, e.seq, r.slot, index);
+            trace("comm R%llu eager slot %u tag %d seq %u into slot %u entry %u",
+                  static_cast<unsigned long long>(c->id), e.slot, e.tag, e.seq, r.slot, index);
         }
         eagerConsume(c, r, index, e.slot, e.size);
         return;
@@ -1469,9 +1540,9 @@ void Net::eagerArrived(Comm *c, const EagerBody &e, const tl_message &m) {
         return;
     }
     if (trace_) {
-        log(NCCL_LOG_INFO, "trace: comm R%llu eager slot %u tag %d seq %u kept (%llu bytes)",
-            static_cast<unsigned long long>(c->id), e.slot, e.tag, e.seq,
-            static_cast<unsigned long long>(e.size));
+        trace("comm R%llu eager slot %u tag %d seq %u kept (%llu bytes)",
+              static_cast<unsigned long long>(c->id), e.slot, e.tag, e.seq,
+              static_cast<unsigned long long>(e.size));
     }
     c->early[key] = Comm::Arrival{e.slot, e.size};
     ++c->counts.kept;
@@ -1603,8 +1674,7 @@ ncclResult_t Net::close(void *comm) {
         return ncclInvalidArgument;
     }
     if (trace_) {
-        log(NCCL_LOG_INFO, "trace: close comm %c%llu", c->kind,
-            static_cast<unsigned long long>(c->id));
+        trace("close comm %c%llu", c->kind, static_cast<unsigned long long>(c->id));
     }
     release(c);
     return ncclSuccess;

@@ -316,7 +316,14 @@ private:
     Net() = default;
     void log(ncclDebugLogLevel level, const char *fmt, ...) const;
     /// TENSORLANE_NCCL_TRACE=1: every request's steps at INFO (a hang's diagnosis).
+    /// TENSORLANE_NCCL_TRACE_FILE=PREFIX: the same steps kept in memory instead, each with the
+    /// wall clock's microseconds, and written to PREFIX.PID when the process exits: timings
+    /// NCCL's logger (a file write under its lock per line) does not distort.
     bool trace_ = false;
+    /// One step of the trace (trace_): to NCCL's log, or into the kept lines.
+    void trace(const char *fmt, ...) const __attribute__((format(printf, 2, 3)));
+    struct TraceLines;
+    TraceLines *trace_lines_ = nullptr;  ///< TENSORLANE_NCCL_TRACE_FILE's (leaked, as Net)
     ncclResult_t fail(Comm *c, const std::string &why);
     /// isend()'s eager choice: a grant, a free slot, `size` fitting one, the ring looked up.
     bool eagerFits(Comm *c, uint64_t size);
