@@ -260,7 +260,8 @@ void Net::log(ncclDebugLogLevel level, const char *fmt, ...) const {
 
 /// TENSORLANE_NCCL_TRACE_FILE's lines: formatted at once, kept in memory, written at exit.
 struct Net::TraceLines {
-    static constexpr size_t kLines = 1 << 18;  // 44 MiB at most; a 1 MiB all_reduce: ~35 a call
+    // 44 MiB, taken when tracing starts (a 1 MiB all_reduce makes about 35 lines a rank).
+    static constexpr size_t kLines = 1 << 18;
     static constexpr size_t kBytes = 168;
     struct Line {
         std::atomic<uint32_t> len{0};  ///< set last: a line being written is skipped
