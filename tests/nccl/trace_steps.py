@@ -72,20 +72,24 @@ def main():
             key = slot_msg.get((pid, int(m[1]), int(m[4])))
             if key is not None and key not in landed:
                 landed[key] = t
+    # Landings by (comm R<r>, tag, seq): the receiving process's and its time.
+    landings = collections.defaultdict(list)
+    for (rpid, rr, rtag, rseq), t_land in landed.items():
+        landings[(rr, rtag, rseq)].append((rpid, t_land))
     rows = collections.defaultdict(lambda: collections.defaultdict(list))
     for (pid, s, tag, seq), (t, size, eager) in isend.items():
         r = pair.get((pid, s))
         if r is None:
             continue
         # The receiver: the other process whose comm R<r> posted this (tag, seq).
-        for (rpid, rr, rtag, rseq), t_land in landed.items():
-            if rr == r and rtag == tag and rseq == seq and rpid != pid:
+        for rpid, t_land in landings.get((r, tag, seq), ()):
+            if rpid != pid:
                 row = rows[size]
                 row["send->land"].append(t_land - t)
                 c = cts.get((pid, s, tag, seq))
                 if c is not None:
                     row["cts-send"].append(c - t)
-                    p = posted.get((rpid, rr, rtag, rseq))
+                    p = posted.get((rpid, r, tag, seq))
                     if p is not None:
                         row["post->cts"].append(c - p)
                 row["eager"].append(1 if eager else 0)
