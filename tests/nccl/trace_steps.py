@@ -9,8 +9,14 @@ size the medians and 90th percentiles of
   send->land   isend at the sender until the bytes were in at the receiver
   post->cts    the receive posted until its CTS reached the sender (the CTS's trip)
   cts-send     the CTS's arrival minus the isend (< 0: the CTS was there first)
+  send->done   isend until NCCL's test() of the send said done (the sidecar's ACK came back)
+  land->rdone  the landing until NCCL's test() of the receive said done (the copy out of a
+               shadow buffer, and NCCL's next test())
 
-Usage: tests/nccl/trace_steps.py PREFIX   (e.g. $OUT/tltrace, for $OUT/tltrace.1234 ...)
+With --timeline N: also the first N messages after the middle of the run, in isend order,
+each step's time relative to the first isend listed (us).
+
+Usage: tests/nccl/trace_steps.py [--timeline N] PREFIX   (e.g. $OUT/tltrace, for $OUT/tltrace.1234 ...)
 (docs/nccl.md, "Diagnosing a hang" and "What moves the 1 MiB all_reduce").
 """
 import collections
@@ -19,7 +25,10 @@ import re
 import statistics
 import sys
 
-ISEND = re.compile(r"comm S(\d+) isend slot \d+ size (\d+) tag (-?\d+) seq (\d+) (eagerly|into)")
+ISEND = re.compile(r"comm S(\d+) isend slot \d+ size (\d+) tag (-?\d+) seq (\d+) (eagerly|into)"
+                   r".* ticket (\d+)")
+SEND_DONE = re.compile(r"comm S(\d+) send done slot \d+ ticket (\d+)")
+RECV_DONE = re.compile(r"comm R(\d+) recv done slot (\d+)")
 CTS = re.compile(r"comm S(\d+) CTS from R(\d+) slot \d+ gen \d+ n \d+ \(\d+ stale\) size0 \d+ "
                  r"tag0 (-?\d+) seq0 (\d+)")
 IRECV = re.compile(r"comm R(\d+) irecv slot (\d+) gen \d+ n \d+ size0 \d+ tag0 (-?\d+) seq0 (\d+)")
@@ -45,18 +54,34 @@ def load(prefix):
 
 
 def main():
-    if len(sys.argv) != 2:
+    args = sys.argv[1:]
+    timeline = 0
+    if len(args) == 3 and args[0] == "--timeline" and args[1].isdigit():
+        timeline = int(args[1])
+        args = args[2:]
+    if len(args) != 1:
         print(__doc__.strip().splitlines()[-2], file=sys.stderr)
         return 2
-    events = load(sys.argv[1])
+    events = load(args[0])
     if not events:
-        print(f"no trace lines in {sys.argv[1]}.*", file=sys.stderr)
+        print(f"no trace lines in {args[0]}.*", file=sys.stderr)
         return 1
     isend, cts, posted, landed, pair = {}, {}, {}, {}, {}
     slot_msg = {}
+    ticket_msg, send_done, recv_done = {}, {}, {}
     for t, pid, step in events:
         if m := ISEND.match(step):
-            isend[(pid, int(m[1]), int(m[3]), int(m[4]))] = (t, int(m[2]), m[5] == "eagerly")
+            key = (pid, int(m[1]), int(m[3]), int(m[4]))
+            isend[key] = (t, int(m[2]), m[5] == "eagerly")
+            ticket_msg[(pid, int(m[1]), int(m[6]))] = key
+        elif m := SEND_DONE.match(step):
+            key = ticket_msg.get((pid, int(m[1]), int(m[2])))
+            if key is not None and key not in send_done:
+                send_done[key] = t
+        elif m := RECV_DONE.match(step):
+            key = slot_msg.get((pid, int(m[1]), int(m[2])))
+            if key is not None and key not in recv_done:
+                recv_done[key] = t
         elif m := CTS.match(step):
             cts[(pid, int(m[1]), int(m[3]), int(m[4]))] = t
             pair[(pid, int(m[1]))] = int(m[2])
@@ -77,6 +102,7 @@ def main():
     for (rpid, rr, rtag, rseq), t_land in landed.items():
         landings[(rr, rtag, rseq)].append((rpid, t_land))
     rows = collections.defaultdict(lambda: collections.defaultdict(list))
+    lines = []  # (isend time, text) for --timeline
     for (pid, s, tag, seq), (t, size, eager) in isend.items():
         r = pair.get((pid, s))
         if r is None:
@@ -87,23 +113,43 @@ def main():
                 row = rows[size]
                 row["send->land"].append(t_land - t)
                 c = cts.get((pid, s, tag, seq))
+                p = posted.get((rpid, r, tag, seq))
                 if c is not None:
                     row["cts-send"].append(c - t)
-                    p = posted.get((rpid, r, tag, seq))
                     if p is not None:
                         row["post->cts"].append(c - p)
+                d = send_done.get((pid, s, tag, seq))
+                if d is not None:
+                    row["send->done"].append(d - t)
+                rd = recv_done.get((rpid, r, tag, seq))
+                if rd is not None:
+                    row["land->rdone"].append(rd - t_land)
                 row["eager"].append(1 if eager else 0)
+                lines.append((t, pid, size, tag, seq, p, c, t_land, rd, d))
                 break
     print(f"{len(events)} steps from {len({e[1] for e in events})} processes")
     for size in sorted(rows):
         row = rows[size]
         parts = [f"size {size:>9}: {len(row['send->land']):5d} messages, {sum(row['eager'])} eager"]
-        for k in ("send->land", "post->cts", "cts-send"):
+        for k in ("send->land", "post->cts", "cts-send", "send->done", "land->rdone"):
             v = sorted(row[k])
             if v:
                 p90 = v[min(len(v) - 1, int(0.9 * len(v)))]
                 parts.append(f"{k} {statistics.median(v):8.1f} / {p90:8.1f} us")
         print(";  ".join(parts))
+    if timeline > 0 and lines:
+        lines.sort(key=lambda x: x[0])
+        part = lines[len(lines) // 2:len(lines) // 2 + timeline]
+        t0 = part[0][0]
+
+        def rel(x):
+            return f"{x - t0:9.1f}" if x is not None else f"{'-':>9}"
+
+        print(f"{'sender':>8} {'bytes':>8} {'tag':>4} {'seq':>5} {'posted':>9} {'isend':>9} "
+              f"{'cts':>9} {'landed':>9} {'rdone':>9} {'sdone':>9}")
+        for t, pid, size, tag, seq, p, c, t_land, rd, d in part:
+            print(f"{pid:>8} {size:>8} {tag:>4} {seq:>5} {rel(p)} {rel(t)} {rel(c)} "
+                  f"{rel(t_land)} {rel(rd)} {rel(d)}")
     return 0
 
 

@@ -1095,6 +1095,11 @@ ncclResult_t Net::test(void *request, int *done, int *sizes) {
         if (sizes != nullptr) {
             *sizes = static_cast<int>(r->size);
         }
+        if (trace_) {
+            trace("comm S%llu send done slot %u ticket %llu",
+                  static_cast<unsigned long long>(c->id), r->slot,
+                  static_cast<unsigned long long>(r->ticket));
+        }
         c->last_progress = Clock::now();
         if (r->written != Clock::time_point{}) {
             ++c->counts.timed;
@@ -1118,6 +1123,10 @@ ncclResult_t Net::test(void *request, int *done, int *sizes) {
         if (sizes != nullptr) {
             sizes[i] = static_cast<int>(r->sizes[i]);
         }
+    }
+    if (trace_) {
+        trace("comm R%llu recv done slot %u gen %u", static_cast<unsigned long long>(c->id),
+              r->slot, r->generation);
     }
     r->free = true;
     return ncclSuccess;
