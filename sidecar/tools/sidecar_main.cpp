@@ -2,6 +2,7 @@
 // the engine in the foreground (systemd and Kubernetes run it so), log to stderr.
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -15,6 +16,7 @@
 #include "tensorlane/sidecar/engine.hpp"
 #include "tensorlane/sidecar/metrics.hpp"
 #include "tensorlane/sidecar/startup.hpp"
+#include "tensorlane/sidecar/trace.hpp"
 #include "tensorlane/sidecar/version.hpp"
 
 namespace {
@@ -196,6 +198,8 @@ int main(int argc, char **argv) {
         std::cerr << "tensorlane-sidecar: refusing to start: " << report.status().message() << "\n";
         return 1;
     }
+    // Before the engine's threads start; said in the log once the engine's logger is up.
+    const std::string trace = tensorlane::sidecar::startTrace(parsed.config->node.name);
     tensorlane::sidecar::Status st;
     auto engine = tensorlane::sidecar::Engine::create(*parsed.config, &st);
     if (!engine) {
@@ -207,6 +211,9 @@ int main(int argc, char **argv) {
         std::cerr << "tensorlane-sidecar: " << st.message() << "\n";
         return 1;
     }
+    if (!trace.empty()) {
+        spdlog::get("tensorlane.sidecar")->info("tracing steps into {}.{}", trace, ::getpid());
+    }
     g_engine = engine.get();
     struct sigaction sa {};
     sa.sa_handler = onSignal;
@@ -217,6 +224,7 @@ int main(int argc, char **argv) {
     g_engine = nullptr;
     spdlog::get("tensorlane.sidecar")->info("stopped");
     engine.reset();
+    tensorlane::sidecar::writeTrace();
     spdlog::shutdown();  // writes out what the asynchronous loggers still hold
     return 0;
 }

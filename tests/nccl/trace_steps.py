@@ -16,6 +16,23 @@ size the medians and 90th percentiles of
 With --timeline N: also the first N messages after the middle of the run, in isend order,
 each step's time relative to the first isend listed (us).
 
+Where the sidecars traced too (TENSORLANE_TRACE_FILE set to the same PREFIX: their files start
+with "sidecar node NAME", the plugin's with "plugin node NAME"), each send of the plugin is
+matched to its write in its node's sidecar (the next write posted there of the same size) and to
+the target sidecar's steps of that write, and a second table splits send->land into stages
+(medians / 90th percentiles, us):
+
+  isend->post      the plugin's isend until the sidecar's tcp transport took the write (the
+                   isend's line is written after the plugin posted it: may be < 0)
+  post->queued     until its first chunk was queued on a connection
+  queued->sent     until its last chunk was written into a socket
+  sent->begun      the last chunk's send until the target began reading the write's last chunk
+  begun->checked   until the write's last chunk was checked (tag) and landed
+  checked->deliv   until the target sidecar delivered the write (notification, ACK queued)
+  deliv->land      until the receiving rank's plugin saw it
+  deliv->acked     until the writer's sidecar had the ACK
+  acked->sdone     until NCCL's test() of the send said done
+
 Usage: tests/nccl/trace_steps.py [--timeline N] PREFIX   (e.g. $OUT/tltrace, for $OUT/tltrace.1234 ...)
 (docs/nccl.md, "Diagnosing a hang" and "What moves the 1 MiB all_reduce").
 """
@@ -29,6 +46,10 @@ ISEND = re.compile(r"comm S(\d+) isend slot \d+ size (\d+) tag (-?\d+) seq (\d+)
                    r".* ticket (\d+)")
 SEND_DONE = re.compile(r"comm S(\d+) send done slot \d+ ticket (\d+)")
 RECV_DONE = re.compile(r"comm R(\d+) recv done slot (\d+)")
+WHO = re.compile(r"(sidecar|plugin) node (\S+)$")
+SC_OUT = re.compile(r"out (\S+) seq (\d+) (post bytes (\d+)( message)?|chunk at \d+ len \d+|chunk sent|"
+                    r"acked)")
+SC_IN = re.compile(r"in (\S+) seq (\d+) (chunk begun|chunk checked|delivered)")
 CTS = re.compile(r"comm S(\d+) CTS from R(\d+) slot \d+ gen \d+ n \d+ \(\d+ stale\) size0 \d+ "
                  r"tag0 (-?\d+) seq0 (\d+)")
 IRECV = re.compile(r"comm R(\d+) irecv slot (\d+) gen \d+ n \d+ size0 \d+ tag0 (-?\d+) seq0 (\d+)")
@@ -51,6 +72,93 @@ def load(prefix):
                     pass  # "# N more lines did not fit"
     events.sort()
     return events
+
+
+def sidecar_stages(events, isend, landed, send_done, recv_done, pair, landings):
+    """The second table: each plugin send through both sidecars (see the module's text)."""
+    who = {}
+    for _, pid, step in events:
+        if m := WHO.match(step):
+            who[pid] = (m[1], m[2])
+    if not any(w[0] == "sidecar" for w in who.values()):
+        return
+    # Per sidecar write (writer node, target node, seq): its steps' times.
+    posts = collections.defaultdict(list)  # writer node -> [(t, target, seq, bytes)]
+    out = collections.defaultdict(dict)    # (writer, target, seq) -> step -> time(s)
+    for t, pid, step in events:
+        role = who.get(pid)
+        if role is None or role[0] != "sidecar":
+            continue
+        node = role[1]
+        if m := SC_OUT.match(step):
+            key = (node, m[1], int(m[2]))
+            if m[4] is not None:
+                if m[5] is None:
+                    posts[node].append((t, m[1], int(m[2]), int(m[4])))
+                out[key]["post"] = t
+            elif m[3].startswith("chunk at"):
+                out[key].setdefault("queued", t)
+            elif m[3] == "chunk sent":
+                out[key]["sent"] = t
+            else:
+                out[key]["acked"] = t
+        elif m := SC_IN.match(step):
+            key = (m[1], node, int(m[2]))
+            name = {"chunk begun": "begun", "chunk checked": "checked", "delivered": "deliv"}[m[3]]
+            if name == "deliv":
+                out[key].setdefault(name, t)
+            else:
+                out[key][name] = t
+    # Plugin sends (not eager) matched in time order to their node's posts of the same size.
+    sends = sorted((t, key[0], key, size) for key, (t, size, eager) in isend.items()
+                   if not eager and who.get(key[0], ("", ""))[0] == "plugin")
+    cursor = collections.defaultdict(int)
+    used = set()
+    stages = collections.defaultdict(lambda: collections.defaultdict(list))
+    for t, pid, key, size in sends:
+        node = who[pid][1]
+        plist = posts[node]
+        i = cursor[node]
+        # (The isend's line is written once its write was posted: the sidecar may take it first.)
+        while i < len(plist) and plist[i][0] < t - 1000:
+            i += 1
+        j = i
+        while j < len(plist) and (plist[j][3] != size or (node, plist[j][1], plist[j][2]) in used):
+            j += 1
+        if j == len(plist):
+            continue
+        if j == i:
+            cursor[node] = i + 1
+        else:
+            cursor[node] = i
+        w = (node, plist[j][1], plist[j][2])
+        used.add(w)
+        st = dict(out[w])
+        st["isend"] = t
+        pid_, s_, tag, seq = key
+        r = pair.get((pid_, s_))
+        for rpid, t_land in landings.get((r, tag, seq), ()) if r is not None else ():
+            if rpid != pid_:
+                st["land"] = t_land
+                break
+        if key in send_done:
+            st["sdone"] = send_done[key]
+        row = stages[size]
+        for name, a, b in (("isend->post", "isend", "post"), ("post->queued", "post", "queued"),
+                           ("queued->sent", "queued", "sent"), ("sent->begun", "sent", "begun"),
+                           ("begun->checked", "begun", "checked"),
+                           ("checked->deliv", "checked", "deliv"), ("deliv->land", "deliv", "land"),
+                           ("deliv->acked", "deliv", "acked"), ("acked->sdone", "acked", "sdone")):
+            if a in st and b in st:
+                row[name].append(st[b] - st[a])
+    for size in sorted(stages):
+        row = stages[size]
+        n = max((len(v) for v in row.values()), default=0)
+        print(f"size {size:>9}: {n:5d} sends through the sidecars")
+        for name, v in row.items():
+            v = sorted(v)
+            p90 = v[min(len(v) - 1, int(0.9 * len(v)))]
+            print(f"    {name:15} {statistics.median(v):8.1f} / {p90:8.1f} us")
 
 
 def main():
@@ -128,6 +236,7 @@ def main():
                 lines.append((t, pid, size, tag, seq, p, c, t_land, rd, d))
                 break
     print(f"{len(events)} steps from {len({e[1] for e in events})} processes")
+    sidecar_stages(events, isend, landed, send_done, recv_done, pair, landings)
     for size in sorted(rows):
         row = rows[size]
         parts = [f"size {size:>9}: {len(row['send->land']):5d} messages, {sum(row['eager'])} eager"]

@@ -45,6 +45,53 @@ class TraceSteps(unittest.TestCase):
             # receive done 280, send done 270).
             self.assertIn("   -50.0       0.0     -10.0     250.0     280.0     270.0", text)
 
+    def test_a_send_is_split_into_its_stages_through_both_sidecars(self):
+        with tempfile.TemporaryDirectory() as d:
+            prefix = os.path.join(d, "t")
+            # Rank 100 (node-a) sends 131072 bytes to rank 200 (node-b); node-a's sidecar (pid
+            # 300) posts it as its write 9 (a CTS message, write 8, of the same size is not it),
+            # node-b's (pid 400) receives it.
+            with open(prefix + ".100", "w") as f:
+                f.write("1000.000000 plugin node node-a\n")
+                f.write("1000.000140 comm S2 CTS from R3 slot 0 gen 1 n 1 (0 stale) size0 1048576 "
+                        "tag0 7 seq0 5 credit 0\n")
+                f.write("1000.000150 comm S2 isend slot 0 size 131072 tag 7 seq 5 into its CTS, "
+                        "entry 0 ticket 9\n")
+                f.write("1000.000600 comm S2 send done slot 0 ticket 9\n")
+            with open(prefix + ".200", "w") as f:
+                f.write("1000.000000 plugin node node-b\n")
+                f.write("1000.000100 comm R3 irecv slot 0 gen 1 n 1 size0 1048576 tag0 7 seq0 5 "
+                        "(0 already here eagerly)\n")
+                f.write("1000.000500 comm R3 slot 0 entry 0 landed 131072 bytes\n")
+            with open(prefix + ".300", "w") as f:
+                f.write("1000.000000 sidecar node node-a\n")
+                f.write("1000.000145 out node-b seq 8 post bytes 131072 message\n")
+                f.write("1000.000148 out node-b seq 9 post bytes 131072\n")
+                f.write("1000.000155 out node-b seq 9 chunk at 0 len 65536 conn 0\n")
+                f.write("1000.000160 out node-b seq 9 chunk at 65536 len 65536 conn 1\n")
+                f.write("1000.000170 out node-b seq 9 chunk sent conn 0\n")
+                f.write("1000.000200 out node-b seq 9 chunk sent conn 1\n")
+                f.write("1000.000560 out node-b seq 9 acked code 0\n")
+            with open(prefix + ".400", "w") as f:
+                f.write("1000.000000 sidecar node node-b\n")
+                f.write("1000.000210 in node-a seq 9 chunk begun at 0 len 65536\n")
+                f.write("1000.000260 in node-a seq 9 chunk begun at 65536 len 65536\n")
+                f.write("1000.000300 in node-a seq 9 chunk checked len 65536\n")
+                f.write("1000.000320 in node-a seq 9 chunk checked len 65536\n")
+                f.write("1000.000330 in node-a seq 9 delivered code 0\n")
+            sys.argv = ["trace_steps.py", prefix]
+            out = io.StringIO()
+            with redirect_stdout(out):
+                self.assertEqual(trace_steps.main(), 0)
+            text = out.getvalue()
+            self.assertIn("size    131072:     1 sends through the sidecars", text)
+            for stage, us in (("isend->post", -2.0), ("post->queued", 7.0),
+                              ("queued->sent", 45.0), ("sent->begun", 60.0),
+                              ("begun->checked", 60.0), ("checked->deliv", 10.0),
+                              ("deliv->land", 170.0), ("deliv->acked", 230.0),
+                              ("acked->sdone", 40.0)):
+                self.assertRegex(text, rf"{stage} +{us:.1f} /")
+
     def test_no_files_is_an_error(self):
         with tempfile.TemporaryDirectory() as d:
             sys.argv = ["trace_steps.py", os.path.join(d, "none")]

@@ -258,57 +258,6 @@ void Net::log(ncclDebugLogLevel level, const char *fmt, ...) const {
     }
 }
 
-/// TENSORLANE_NCCL_TRACE_FILE's lines: formatted at once, kept in memory, written at exit.
-struct Net::TraceLines {
-    // 44 MiB, taken when tracing starts (a 1 MiB all_reduce makes about 35 lines a rank).
-    static constexpr size_t kLines = 1 << 18;
-    static constexpr size_t kBytes = 168;
-    struct Line {
-        std::atomic<uint32_t> len{0};  ///< set last: a line being written is skipped
-        char text[kBytes];
-    };
-    std::string path;
-    std::unique_ptr<Line[]> lines = std::make_unique<Line[]>(kLines);
-    std::atomic<size_t> next{0};
-
-    void add(const char *fmt, va_list ap) {
-        const size_t i = next.fetch_add(1, std::memory_order_relaxed);
-        if (i >= kLines) {
-            return;  // counted: the file says how many did not fit
-        }
-        timespec ts{};
-        ::clock_gettime(CLOCK_REALTIME, &ts);  // one clock for every process of the host
-        Line &l = lines[i];
-        int n = std::snprintf(l.text, kBytes, "%lld.%06ld ", static_cast<long long>(ts.tv_sec),
-                              ts.tv_nsec / 1000);
-        if (n > 0 && static_cast<size_t>(n) < kBytes) {
-            const int m = std::vsnprintf(l.text + n, kBytes - static_cast<size_t>(n), fmt, ap);
-            n = m < 0 ? n : std::min<int>(n + m, static_cast<int>(kBytes) - 1);
-        }
-        l.len.store(static_cast<uint32_t>(std::max(n, 0)), std::memory_order_release);
-    }
-    void write() const {
-        const std::string file = path + "." + std::to_string(::getpid());
-        FILE *f = std::fopen(file.c_str(), "w");
-        if (f == nullptr) {
-            std::fprintf(stderr, "NET/tensorlane : trace file %s: %s\n", file.c_str(),
-                         std::strerror(errno));
-            return;
-        }
-        const size_t n = next.load(std::memory_order_acquire);
-        for (size_t i = 0; i < std::min(n, kLines); ++i) {
-            const uint32_t len = lines[i].len.load(std::memory_order_acquire);
-            if (len != 0) {
-                std::fprintf(f, "%.*s\n", static_cast<int>(len), lines[i].text);
-            }
-        }
-        if (n > kLines) {
-            std::fprintf(f, "# %zu more lines did not fit\n", n - kLines);
-        }
-        std::fclose(f);
-    }
-};
-
 void Net::trace(const char *fmt, ...) const {
     va_list ap;
     va_start(ap, fmt);
@@ -350,10 +299,11 @@ ncclResult_t Net::init(ncclDebugLogger_t logger) {
     const char *trace_file = std::getenv("TENSORLANE_NCCL_TRACE_FILE");
     if (trace_file != nullptr && *trace_file != '\0' && trace_lines_ == nullptr) {
         trace_ = true;
-        trace_lines_ = new TraceLines();
-        trace_lines_->path = trace_file;
+        trace_lines_ = new ipc::TraceLines(trace_file);
         // The library stays mapped (-z nodelete), so this runs at exit even after NCCL closed it.
-        std::atexit([] { Net::get().trace_lines_->write(); });
+        std::atexit([] { Net::get().trace_lines_->write("NET/tensorlane"); });
+        this->trace("plugin node %s",
+                    node_.c_str());  // whose sidecar's trace to join (trace_steps.py)
     }
     eager_bytes_ = envNumber("TENSORLANE_NCCL_EAGER_BYTES", 64 << 10, 0, 4 << 20);
     eager_slots_ = envNumber("TENSORLANE_NCCL_EAGER_SLOTS", 16, 1, 256);

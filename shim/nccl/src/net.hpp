@@ -52,6 +52,7 @@
 #include <vector>
 
 #include "copy_pool.hpp"
+#include "tensorlane/ipc/trace_lines.hpp"
 #include "tensorlane/nccl_net.h"
 #include "tensorlane/tensorlane.h"
 
@@ -322,8 +323,7 @@ private:
     bool trace_ = false;
     /// One step of the trace (trace_): to NCCL's log, or into the kept lines.
     void trace(const char *fmt, ...) const __attribute__((format(printf, 2, 3)));
-    struct TraceLines;
-    TraceLines *trace_lines_ = nullptr;  ///< TENSORLANE_NCCL_TRACE_FILE's (leaked, as Net)
+    ipc::TraceLines *trace_lines_ = nullptr;  ///< TENSORLANE_NCCL_TRACE_FILE's (leaked, as Net)
     ncclResult_t fail(Comm *c, const std::string &why);
     /// isend()'s eager choice: a grant, a free slot, `size` fitting one, the ring looked up.
     bool eagerFits(Comm *c, uint64_t size);

@@ -59,6 +59,13 @@ Status OutLink::post(const WriteOp &op, int64_t now_ms, bool send_now) {
         }
     }
     inflight_.push_back(InFlight{next_seq_++, op, 0, 0});
+    if (tracing()) {
+        traceStep(
+            "out %s seq %llu post bytes %llu%s", peer_name_.c_str(),
+            static_cast<unsigned long long>(inflight_.back().seq),
+            static_cast<unsigned long long>(op.message.empty() ? op.bytes : op.message.size()),
+            op.message.empty() ? "" : " message");
+    }
     // Send at once from the caller's thread: a small write then costs one sendmsg and no
     // wake-up. A socket error here is also reported by epoll (EPOLLERR), where the session is
     // failed. An op with more to follow waits for them (WriteOp::more): one sendmsg for all.
@@ -382,6 +389,11 @@ int OutLink::pump(int64_t now_ms) {
                     : nullptr;
             conn->queueChunk(head, from, len, w.seq, w.op.extents != nullptr, std::move(gather),
                              gather_to);
+            if (tracing()) {
+                traceStep("out %s seq %llu chunk at %llu len %u conn %zu", peer_name_.c_str(),
+                          static_cast<unsigned long long>(w.seq),
+                          static_cast<unsigned long long>(h.chunk_offset), len, indexOf(*conn));
+            }
             conn_slots_[indexOf(*conn)].push_back(std::move(queued));
             w.cut += advance;
             ++w.unsent;
@@ -425,6 +437,10 @@ int OutLink::pump(int64_t now_ms) {
 void OutLink::noteSent(Connection &c) {
     const size_t ci = indexOf(c);
     for (uint64_t seq : c.takeSent()) {
+        if (tracing()) {
+            traceStep("out %s seq %llu chunk sent conn %zu", peer_name_.c_str(),
+                      static_cast<unsigned long long>(seq), ci);
+        }
         if (ci < conn_slots_.size() && !conn_slots_[ci].empty()) {
             Queued &q = conn_slots_[ci].front();
             staging_.give(q.slot);
@@ -446,6 +462,10 @@ bool OutLink::onAck(uint64_t seq, Code code, bool changed, std::vector<Completio
         return false;
     }
     InFlight &f = inflight_.front();
+    if (tracing()) {
+        traceStep("out %s seq %llu acked code %d", peer_name_.c_str(),
+                  static_cast<unsigned long long>(seq), static_cast<int>(code));
+    }
     if (f.cut == f.op.bytes && f.unsent != 0) {
         // A worker may have written its last chunk and not yet said so: the target can read,
         // check and acknowledge it first. Its word is waited for (a run ends within
@@ -619,6 +639,7 @@ int InLink::beginChunk(Connection &c, std::string *error) {
             *error = "write of 0 bytes";
             return EPROTO;
         }
+        fresh.seq = seq;
         fresh.region_id = ch.region;
         fresh.offset = ch.write_offset;
         fresh.total = ch.total_bytes;
@@ -733,6 +754,12 @@ int InLink::beginChunk(Connection &c, std::string *error) {
         w = &it->second;
     }
     w->claimed += payload;
+    if (tracing()) {
+        traceStep("in %s seq %llu chunk begun at %llu len %llu", peer_name_.c_str(),
+                  static_cast<unsigned long long>(seq),
+                  static_cast<unsigned long long>(ch.chunk_offset),
+                  static_cast<unsigned long long>(chunk_len));
+    }
     c.rx.active = true;
     c.rx.write = w;
     c.rx.remaining = chunk_len;
@@ -906,6 +933,10 @@ InLink::Verifying InLink::takeChunk(Connection &c) {
 }
 
 void InLink::countChunk(RxWrite &w, uint64_t len, const RxSlot *slot) {
+    if (tracing()) {
+        traceStep("in %s seq %llu chunk checked len %llu", peer_name_.c_str(),
+                  static_cast<unsigned long long>(w.seq), static_cast<unsigned long long>(len));
+    }
     if (slot != nullptr) {
         // Revoked since its bytes came (the owner has heard so, on this thread): nothing of it
         // reaches device memory.

@@ -16,6 +16,7 @@
 #include "net/connection.hpp"
 #include "tensorlane/sidecar/region.hpp"
 #include "tensorlane/sidecar/status.hpp"
+#include "tensorlane/sidecar/trace.hpp"
 #include "tensorlane/sidecar/transport.hpp"
 #include "transport/set.hpp"
 #include "transport/tcp/staging.hpp"
@@ -45,6 +46,9 @@ public:
     OutLink(std::vector<Connection *> data, uint32_t chunk_bytes, size_t window,
             TcpStaging &staging);
     ~OutLink() override;
+
+    /// The target's node name, for the step trace (tensorlane/sidecar/trace.hpp).
+    void setPeerName(std::string name) { peer_name_ = std::move(name); }
 
     /// Queues `op` (its remote_region resolved) and starts sending unless `send_now` is false
     /// (the caller pumps soon: the next post, or its own pump()). kAgain when `window` writes are
@@ -144,6 +148,7 @@ private:
     uint32_t chunk_bytes_;
     size_t window_;
     TcpStaging &staging_;
+    std::string peer_name_;
     uint64_t next_seq_ = 1;
     size_t next_conn_ = 0;
     size_t last_conn_ = SIZE_MAX;  ///< index in data_ of the connection of the last chunk
@@ -235,6 +240,7 @@ public:
 private:
     struct RxWrite {
         std::shared_ptr<Region> region;  ///< keeps the memory mapped while bytes land
+        uint64_t seq = 0;                ///< its sequence number (the trace's)
         uint64_t region_id = 0;
         uint64_t offset = 0;
         uint64_t total = 0;
@@ -346,6 +352,10 @@ size_t InLink::deliver(EventSink &sink, AckFn &&ack) {
                 bytes_received_ += w.total;
             }
             ++writes_received_;
+        }
+        if (tracing()) {
+            traceStep("in %s seq %llu delivered code %d", peer_name_.c_str(),
+                      static_cast<unsigned long long>(it->first), static_cast<int>(code));
         }
         ack(it->first, code, w.changed);
         pending_.erase(it);

@@ -291,6 +291,7 @@ void TcpTransport::adoptChannel(PeerId id, SessionSide side, uint32_t index,
     p.out->link =
         std::make_unique<OutLink>(std::move(conns), cfg_.tcp.chunk_bytes,
                                   std::min<size_t>(cfg_.tcp.window, kMaxWindow), send_staging_);
+    p.out->link->setPeerName(p.out->info.peer_name);
     link_->sessionReady(id);
 }
 
