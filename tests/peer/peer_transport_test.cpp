@@ -9,11 +9,13 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
 
 #include "harness.hpp"
+#include "tensorlane/sidecar/trace.hpp"
 #include "transport/tcp/tcp_transport.hpp"
 
 namespace tensorlane::peertest {
@@ -405,6 +407,70 @@ TEST_F(PeerTcp, LargeWriteIsChunkedAcrossConnections) {
     EXPECT_GE(total, kBytes);
     EXPECT_LT(total, kBytes + (1u << 20));  // 64 chunks of framing and tags, no more
     EXPECT_EQ(peerStatus(b, "node-a")["data_connections"], 4);
+}
+
+// TENSORLANE_TRACE_FILE (tensorlane/sidecar/trace.hpp): a write's steps at both ends, as
+// tests/nccl/trace_steps.py reads them: posted, each chunk queued and sent, acknowledged at the
+// writer; each chunk begun and checked, the write delivered at the target. (Both nodes run in
+// this process, so their steps share one file.)
+TEST_F(PeerTcp, TheStepTraceFollowsAWriteThroughBothEnds) {
+    ASSERT_FALSE(sidecar::tracing());
+    const std::string prefix = dir_.path() + "/steps";
+    ::setenv("TENSORLANE_TRACE_FILE", prefix.c_str(), 1);
+    ASSERT_EQ(sidecar::startTrace("test"), prefix);
+    ::unsetenv("TENSORLANE_TRACE_FILE");
+    ASSERT_TRUE(sidecar::tracing());
+    startNodes(2, [](config::Config &c) {
+        c.tcp.connections_per_peer = 2;
+        c.tcp.chunk_bytes = 256u << 10;
+    });
+    constexpr size_t kBytes = 1u << 20;
+    Linked l;
+    ASSERT_NO_FATAL_FAILURE(link(kBytes, "traced", 9, &l));
+    auto [ps, op] = node(0).post("node-b", l.src, 0, l.remote.id, 0, kBytes, 5);
+    ASSERT_TRUE(ps.isOk()) << ps.message();
+    auto done = node(0).sink.completion(op, 10s);
+    ASSERT_TRUE(done.has_value());
+    ASSERT_EQ(done->code, Code::kOk) << done->reason;
+    ASSERT_TRUE(sidecar::writeTrace());
+
+    std::ifstream in(prefix + "." + std::to_string(::getpid()));
+    ASSERT_TRUE(in.good());
+    std::string line;
+    unsigned long long seq = 0;
+    std::map<std::string, int> steps;  // the write's steps, counted
+    bool node_line = false;
+    while (std::getline(in, line)) {
+        double t = 0;
+        char what[128] = {};
+        unsigned long long s = 0, bytes = 0;
+        node_line = node_line || line.find(" sidecar node test") != std::string::npos;
+        if (std::sscanf(line.c_str(), "%lf out node-b seq %llu post bytes %llu", &t, &s, &bytes) ==
+                3 &&
+            bytes == kBytes) {
+            seq = s;
+        }
+        if (seq == 0) {
+            continue;
+        }
+        const std::string ours = " seq " + std::to_string(seq) + " ";
+        if (const size_t at = line.find(ours); at != std::string::npos) {
+            std::sscanf(line.c_str() + at + ours.size(), "%127[a-z ]", what);
+            std::string step = line.substr(line.find(' ') + 1, 3) + " " + what;
+            while (!step.empty() && step.back() == ' ') {
+                step.pop_back();
+            }
+            ++steps[step];
+        }
+    }
+    EXPECT_TRUE(node_line);
+    ASSERT_NE(seq, 0u) << "no post of the write";
+    // 1 MiB in 256 KiB chunks: four of each chunk step, one of each write step.
+    const std::map<std::string, int> want = {
+        {"out post bytes", 1},    {"out chunk at", 4},       {"out chunk sent conn", 4},
+        {"out acked code", 1},    {"in  chunk begun at", 4}, {"in  chunk checked len", 4},
+        {"in  delivered code", 1}};
+    EXPECT_EQ(steps, want);
 }
 
 // Small chunks cut in one pump ride the connection of the chunk before them
