@@ -6,6 +6,7 @@
 // tests/nccl/trace_steps.py reads both.
 #pragma once
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -56,13 +57,21 @@ public:
     }
 
     /// Writes the lines so far to `path`.PID (a line still being written is left out); `who`
-    /// names the writer in its message on failure. Returns whether the file was written.
+    /// names the writer in its message on failure. Returns whether the file was written. The
+    /// file must not exist yet: a sidecar runs as root, and a name that is already there (a
+    /// symbolic link planted in a shared directory, say) is refused rather than followed or
+    /// overwritten.
     bool write(const char *who) const {
         const std::string file = path_ + "." + std::to_string(::getpid());
-        FILE *f = std::fopen(file.c_str(), "w");
+        const int fd =
+            ::open(file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+        FILE *f = fd >= 0 ? ::fdopen(fd, "w") : nullptr;
         if (f == nullptr) {
             std::fprintf(stderr, "%s: trace file %s: %s\n", who, file.c_str(),
                          std::strerror(errno));
+            if (fd >= 0) {
+                ::close(fd);
+            }
             return false;
         }
         const size_t n = next_.load(std::memory_order_acquire);
