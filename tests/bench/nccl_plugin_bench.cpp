@@ -36,9 +36,19 @@
 //                     [--modes 1,2,5,4,3,6,7,8] (only these of the round-trip and exchange
 //                     measures, e.g. 4,5 to profile write_imm against msg; the others print 0:
 //                     1 plugin, 2 msg+ack, 5 msg, 4 write_imm, 3 tcp, 6-8 the exchange's)
+//                     [--allreduce BYTES,...] [--ring-step BYTES] (the ring, above)
 //                     [--cpu 1] (with --stream: each sidecar thread's CPU time over the
 //                     tl_write stream, from /proc/PID/task/TID/schedstat, as a share of the
 //                     stream's wall time: which thread is the bottleneck)
+//
+// A fourth table with --allreduce BYTES[,BYTES...], the ring: the traffic of NCCL's 2-rank ring
+// all_reduce of BYTES (what each rank sends: BYTES / 2 of reduce-scatter, then BYTES / 2 of
+// all-gather, in messages of --ring-step bytes, 128 KiB by default as NCCL sends at 1 MiB), every
+// receive posted ahead, and each all-gather message sent as soon as the reduce-scatter message
+// it follows from has landed (without the GPU's reduction between); us per all_reduce and the
+// algbw it would give, against the same pattern over one full-duplex loopback TCP connection
+// (NCCL's Socket transport without the GPU). The plugin's and the sidecars' part of the
+// collective's critical path, measured without the GPU's turns.
 //
 // Two sidecars over tcp on loopback; this process is rank 0, a forked child rank 1, each
 // beside its own sidecar with the plugin dlopen'ed (host memory: NCCL's LL buffers). Prints
@@ -85,6 +95,8 @@ constexpr size_t kStreamDepth = 8;  // NCCL_STEPS: a connection's steps in fligh
 /// --posted: the exchange's receives are of this size when bigger than the message (NCCL's
 /// Simple receives are a slice, 1 MiB with its default buffers, whatever the step sends).
 size_t g_posted = 64 << 10;
+/// --ring-step: the ring's message size (NCCL sends 128 KiB messages in a 1 MiB all_reduce).
+size_t g_ring_step = 128 << 10;
 /// --yield 1: a rank waiting in the exchange's and round trips' loops yields its CPU after each
 /// call that found nothing (on a machine of few CPUs the sidecars' threads then get theirs).
 bool g_yield = false;
@@ -283,6 +295,60 @@ public:
             }
         }
     }
+    /// The ring's all_reduce of `bytes` (see the file's head): 2k receives of `step` posted
+    /// ahead, k reduce-scatter sends, and all-gather send i once reduce-scatter receive i is in.
+    void ringPlugin(size_t bytes, size_t step) {
+        const size_t k = std::max<size_t>(1, bytes / 2 / step);
+        const size_t n = 2 * k;
+        const size_t slot = kMax / n;  // each receive's room (NCCL's slices are bigger still)
+        const size_t posted = std::max(step, std::min(g_posted, slot));
+        std::vector<void *> recvs(n, nullptr), sends(n, nullptr);
+        std::vector<bool> recv_done(n, false), send_done(n, false);
+        for (size_t i = 0; i < n; ++i) {
+            void *data = rbuf_ + i * slot;
+            int size = static_cast<int>(posted), tag = kTag;
+            while (recvs[i] == nullptr) {
+                check(net_->irecv(recv_, 1, &data, &size, &tag, &rmr_, &recvs[i]), "irecv");
+            }
+        }
+        size_t sent = 0, recvs_left = n, sends_left = n;
+        while (recvs_left > 0 || sends_left > 0) {
+            // Reduce-scatter messages go at once; all-gather message i after receive i landed.
+            while (sent < n && (sent < k || recv_done[sent - k])) {
+                void *req = nullptr;
+                check(net_->isend(send_, sbuf_ + (sent % k) * step, static_cast<int>(step), kTag,
+                                  smr_, &req),
+                      "isend");
+                if (req == nullptr) {
+                    break;
+                }
+                sends[sent++] = req;
+            }
+            bool progress = false;
+            for (size_t i = 0; i < n; ++i) {
+                int done = 0, size = 0;
+                if (!recv_done[i] && recvs[i] != nullptr) {
+                    check(net_->test(recvs[i], &done, &size), "test");
+                    if (done != 0) {
+                        recv_done[i] = true;
+                        --recvs_left;
+                        progress = true;
+                    }
+                }
+                if (!send_done[i] && sends[i] != nullptr) {
+                    check(net_->test(sends[i], &done, &size), "test");
+                    if (done != 0) {
+                        send_done[i] = true;
+                        --sends_left;
+                        progress = true;
+                    }
+                }
+            }
+            if (!progress) {
+                idle();
+            }
+        }
+    }
     /// The same bulk as tl_write + immediate into the other rank's region, window kStreamDepth,
     /// and the other rank's `n` notifications taken.
     void streamWrite(size_t step, int n) {
@@ -462,6 +528,37 @@ public:
             }
         }
     }
+    /// The ring's all_reduce of `bytes` over this connection: the reduce-scatter's bytes go at
+    /// once, each all-gather message once the reduce-scatter message it follows from is in.
+    void ring(unsigned char *out, unsigned char *in, size_t bytes, size_t step) const {
+        const size_t k = std::max<size_t>(1, bytes / 2 / step);
+        const size_t total = 2 * k * step;
+        size_t sent = 0, got = 0;
+        while (sent < total || got < total) {
+            // Sendable: the reduce-scatter, and an all-gather message per one received.
+            const size_t allowed = k * step + std::min(got / step, k) * step;
+            if (sent < allowed) {
+                const ssize_t n =
+                    ::send(fd_, out + sent % (k * step),
+                           std::min(allowed - sent, k * step - sent % (k * step)), MSG_DONTWAIT);
+                if (n > 0) {
+                    sent += static_cast<size_t>(n);
+                } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+                    die("tcp send");
+                }
+            }
+            if (got < total) {
+                const ssize_t n =
+                    ::recv(fd_, in + got % (k * step),
+                           std::min(total - got, k * step - got % (k * step)), MSG_DONTWAIT);
+                if (n > 0) {
+                    got += static_cast<size_t>(n);
+                } else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
+                    die("tcp recv");
+                }
+            }
+        }
+    }
     void recv(unsigned char *p, size_t n) const {
         while (n > 0) {
             const ssize_t k = ::recv(fd_, p, n, 0);
@@ -489,7 +586,8 @@ private:
 struct Command {
     int mode;  // 0 stop, 1 plugin, 2 write_msg + ticket, 3 tcp, 4 write + immediate, 5 write_msg,
                // 6 plugin exchange, 7 write_msg exchange, 8 tcp exchange, 9 plugin stream,
-               // 10 write stream, 11 tcp stream (bytes: the step; iters: steps)
+               // 10 write stream, 11 tcp stream (bytes: the step; iters: steps), 12 plugin ring,
+               // 13 tcp ring (bytes: the all_reduce's; iters: all_reduces)
     uint64_t bytes;
     int iters;
 };
@@ -533,6 +631,16 @@ void echo(Rank &r, const Tcp &tcp, const Pipe &commands, const Pipe &acks) {
         } else if (c.mode >= 9 && c.mode <= 11) {
             acks.put(&c, 1);
             runStream(r, tcp, c, buf);
+        } else if (c.mode == 12 || c.mode == 13) {
+            acks.put(&c, 1);
+            std::vector<unsigned char> out(kMax, 9);
+            for (int i = 0; i < c.iters; ++i) {
+                if (c.mode == 12) {
+                    r.ringPlugin(c.bytes, g_ring_step);
+                } else {
+                    tcp.ring(out.data(), buf.data(), c.bytes, g_ring_step);
+                }
+            }
         } else if (c.mode == 6) {
             acks.put(&c, 1);
             for (int i = 0; i < c.iters; ++i) {
@@ -639,6 +747,7 @@ int main(int argc, char **argv) {
     std::string tag_threads, connections;
     bool cpu = false, in_place = false;
     uint64_t stream_mib = 0, step = 512 << 10;
+    std::vector<uint64_t> ring_sizes;
     std::vector<uint64_t> modes = {1, 2, 5, 4, 3, 6, 7, 8};
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string a = argv[i], v = argv[i + 1];
@@ -672,6 +781,10 @@ int main(int argc, char **argv) {
             stream_mib = std::stoull(v);
         } else if (a == "--step") {
             step = std::stoull(v);
+        } else if (a == "--allreduce") {
+            ring_sizes = parseSizes(v);
+        } else if (a == "--ring-step") {
+            g_ring_step = std::stoull(v);
         } else if (a == "--copy-threads") {
             ::setenv("TENSORLANE_NCCL_COPY_THREADS", std::to_string(std::stoul(v)).c_str(), 1);
             copy_threads = v;
@@ -693,6 +806,12 @@ int main(int argc, char **argv) {
     for (uint64_t s : sizes) {
         if (s > kMax) {
             die("sizes up to " + std::to_string(kMax));
+        }
+    }
+    for (uint64_t s : ring_sizes) {
+        if (g_ring_step == 0 || s > kMax ||
+            std::max<uint64_t>(1, s / 2 / g_ring_step) * 2 * g_ring_step > kMax) {
+            die("--allreduce up to " + std::to_string(kMax) + " bytes, --ring-step from 1");
         }
     }
     if (step == 0 || step * kStreamDepth > kMax) {
@@ -846,6 +965,45 @@ int main(int argc, char **argv) {
         std::printf("%10llu %10.3f %10.3f %10.3f %7.2f %7.2f\n",
                     static_cast<unsigned long long>(step), p, w, t, w > 0 ? p / w : 0,
                     t > 0 ? p / t : 0);
+    }
+    if (!ring_sizes.empty()) {
+        std::printf(
+            "\n%10s %10s %10s %7s %10s %10s  (ring: NCCL's 2-rank all_reduce traffic in %zu-byte "
+            "messages, without the GPU; us per all_reduce, medians of %d rounds x %d; algbw "
+            "GB/s)\n",
+            "bytes", "plugin", "tcp", "/tcp", "plugin GB/s", "tcp GB/s", g_ring_step, rounds,
+            iters);
+        for (uint64_t bytes : ring_sizes) {
+            std::vector<double> got[14];
+            std::vector<unsigned char> out(kMax, 9);
+            for (int round = 0; round < rounds; ++round) {
+                for (int mode : {12, 13}) {
+                    Command c{mode, bytes, iters};
+                    commands.put(&c, sizeof(c));
+                    char ack = 0;
+                    acks.get(&ack, 1);
+                    std::vector<double> us;
+                    for (int i = 0; i < iters; ++i) {
+                        const auto t0 = Clock::now();
+                        if (mode == 12) {
+                            r.ringPlugin(bytes, g_ring_step);
+                        } else {
+                            tcp.ring(out.data(), buf.data(), bytes, g_ring_step);
+                        }
+                        us.push_back(
+                            std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+                    }
+                    acks.get(&ack, 1);
+                    got[mode].push_back(median(us));
+                }
+            }
+            const double p = median(got[12]), t = median(got[13]);
+            std::printf("%10llu %10.2f %10.2f %7.2f %10.3f %10.3f\n",
+                        static_cast<unsigned long long>(bytes), p, t, t > 0 ? p / t : 0,
+                        p > 0 ? static_cast<double>(bytes) / p / 1e3 : 0,
+                        t > 0 ? static_cast<double>(bytes) / t / 1e3 : 0);
+            std::fflush(stdout);
+        }
     }
     Command stop{0, 0, 0};
     commands.put(&stop, sizeof(stop));
