@@ -8,7 +8,7 @@ namespace tensorlane::sidecar {
 
 namespace {
 
-using OrderedJson = nlohmann::ordered_json;
+using DiagJson = nlohmann::ordered_json;
 
 FindingStatus worst(const std::vector<Finding> &findings) {
     FindingStatus w = FindingStatus::kOk;
@@ -21,7 +21,7 @@ FindingStatus worst(const std::vector<Finding> &findings) {
 }
 
 /// The selection's keys; null values when there is no selection.
-void putSelection(OrderedJson &j, const std::optional<FabricSelection> &s) {
+void putSelection(DiagJson &j, const std::optional<FabricSelection> &s) {
     if (!s) {
         for (const char *k : {"device", "port", "netdev", "gid_index", "gid", "gid_address",
                               "roce_version", "traffic_class", "traffic_class_source", "netdev_mtu",
@@ -49,30 +49,29 @@ void putSelection(OrderedJson &j, const std::optional<FabricSelection> &s) {
 
 std::string selectionJson(const std::optional<FabricSelection> &selection,
                           const std::string &error) {
-    OrderedJson j;
+    DiagJson j;
     if (!selection) {
         j["error"] = error;
-        return j.dump(2, ' ', false, OrderedJson::error_handler_t::replace);
+        return j.dump(2, ' ', false, DiagJson::error_handler_t::replace);
     }
     putSelection(j, selection);
     j["reasons"] = {{"device", selection->device_reason},
                     {"gid", selection->gid_reason},
                     {"mtu", selection->mtu_reason},
                     {"traffic_class", selection->tclass_reason}};
-    return j.dump(2, ' ', false, OrderedJson::error_handler_t::replace);
+    return j.dump(2, ' ', false, DiagJson::error_handler_t::replace);
 }
 
 std::string diagJson(const DiagReport &report) {
-    OrderedJson j;
+    DiagJson j;
     j["config"] = report.config_source;
     j["sysfs_root"] = report.sysfs_root;
     j["transport"] = config::toString(report.transport.kind);
     j["transport_reason"] = report.transport.reason;
     putSelection(j, report.selection);
-    j["selection_error"] =
-        report.selection ? OrderedJson(nullptr) : OrderedJson(report.selection_error);
+    j["selection_error"] = report.selection ? DiagJson(nullptr) : DiagJson(report.selection_error);
     j["status"] = toString(worst(report.findings));
-    OrderedJson findings = OrderedJson::array();
+    DiagJson findings = DiagJson::array();
     for (const Finding &f : report.findings) {
         findings.push_back({{"check", f.check},
                             {"status", toString(f.status)},
@@ -81,7 +80,7 @@ std::string diagJson(const DiagReport &report) {
     }
     j["findings"] = std::move(findings);
     // Replace invalid UTF-8 (a sysfs file can hold anything) instead of throwing.
-    return j.dump(2, ' ', false, OrderedJson::error_handler_t::replace);
+    return j.dump(2, ' ', false, DiagJson::error_handler_t::replace);
 }
 
 std::string diagText(const DiagReport &report) {
