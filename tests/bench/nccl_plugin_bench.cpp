@@ -295,29 +295,35 @@ public:
             }
         }
     }
-    /// The ring's all_reduce of `bytes` (see the file's head): 2k receives of `step` posted
-    /// ahead, k reduce-scatter sends, and all-gather send i once reduce-scatter receive i is in.
+    /// The ring's all_reduce of `bytes` (see the file's head): 2k messages of `step` each way,
+    /// receives posted ahead and sends in flight at most kStreamDepth (NCCL_STEPS) each, k
+    /// reduce-scatter sends at once and all-gather send i once reduce-scatter receive i is in.
     void ringPlugin(size_t bytes, size_t step) {
         const size_t k = std::max<size_t>(1, bytes / 2 / step);
         const size_t n = 2 * k;
-        const size_t slot = kMax / n;  // each receive's room (NCCL's slices are bigger still)
+        const size_t slot = kMax / kStreamDepth;  // each receive's room, reused in turn
         const size_t posted = std::max(step, std::min(g_posted, slot));
         std::vector<void *> recvs(n, nullptr), sends(n, nullptr);
-        std::vector<bool> recv_done(n, false), send_done(n, false);
-        for (size_t i = 0; i < n; ++i) {
-            void *data = rbuf_ + i * slot;
-            int size = static_cast<int>(posted), tag = kTag;
-            while (recvs[i] == nullptr) {
-                check(net_->irecv(recv_, 1, &data, &size, &tag, &rmr_, &recvs[i]), "irecv");
+        std::vector<bool> recv_done(n, false);
+        size_t next_recv = 0, recvs_done = 0, sent = 0, sends_done = 0;
+        while (recvs_done < n || sends_done < n) {
+            // Receives in order, at most kStreamDepth not yet done (NCCL posts a step's
+            // receive once its buffer slot is free).
+            while (next_recv < n && next_recv - recvs_done < kStreamDepth) {
+                void *data = rbuf_ + (next_recv % kStreamDepth) * slot;
+                int size = static_cast<int>(posted), tag = kTag;
+                check(net_->irecv(recv_, 1, &data, &size, &tag, &rmr_, &recvs[next_recv]), "irecv");
+                if (recvs[next_recv] == nullptr) {
+                    break;
+                }
+                ++next_recv;
             }
-        }
-        size_t sent = 0, recvs_left = n, sends_left = n;
-        while (recvs_left > 0 || sends_left > 0) {
             // Reduce-scatter messages go at once; all-gather message i after receive i landed.
-            while (sent < n && (sent < k || recv_done[sent - k])) {
+            while (sent < n && sent - sends_done < kStreamDepth &&
+                   (sent < k || recv_done[sent - k])) {
                 void *req = nullptr;
-                check(net_->isend(send_, sbuf_ + (sent % k) * step, static_cast<int>(step), kTag,
-                                  smr_, &req),
+                check(net_->isend(send_, sbuf_ + (sent % kStreamDepth) * step,
+                                  static_cast<int>(step), kTag, smr_, &req),
                       "isend");
                 if (req == nullptr) {
                     break;
@@ -325,23 +331,21 @@ public:
                 sends[sent++] = req;
             }
             bool progress = false;
-            for (size_t i = 0; i < n; ++i) {
-                int done = 0, size = 0;
-                if (!recv_done[i] && recvs[i] != nullptr) {
-                    check(net_->test(recvs[i], &done, &size), "test");
-                    if (done != 0) {
-                        recv_done[i] = true;
-                        --recvs_left;
-                        progress = true;
-                    }
+            // Both complete in order (one tag, one comm each way).
+            int done = 0, size = 0;
+            if (recvs_done < next_recv) {
+                check(net_->test(recvs[recvs_done], &done, &size), "test");
+                if (done != 0) {
+                    recv_done[recvs_done++] = true;
+                    progress = true;
                 }
-                if (!send_done[i] && sends[i] != nullptr) {
-                    check(net_->test(sends[i], &done, &size), "test");
-                    if (done != 0) {
-                        send_done[i] = true;
-                        --sends_left;
-                        progress = true;
-                    }
+            }
+            if (sends_done < sent) {
+                done = 0;
+                check(net_->test(sends[sends_done], &done, &size), "test");
+                if (done != 0) {
+                    ++sends_done;
+                    progress = true;
                 }
             }
             if (!progress) {
