@@ -14,17 +14,22 @@ bool g_on = false;
 
 namespace {
 std::unique_ptr<ipc::TraceLines> g_lines;
-}
+std::string g_prefix;  ///< the started trace's
+}  // namespace
 
 std::string startTrace(const std::string &node) {
-    const char *prefix = std::getenv("TENSORLANE_TRACE_FILE");
-    if (prefix == nullptr || *prefix == '\0' || g_lines != nullptr) {
-        return g_lines != nullptr ? std::string(prefix) : std::string();
+    if (g_lines != nullptr) {
+        return g_prefix;
     }
-    g_lines = std::make_unique<ipc::TraceLines>(prefix);
+    const char *prefix = std::getenv("TENSORLANE_TRACE_FILE");
+    if (prefix == nullptr || *prefix == '\0') {
+        return {};
+    }
+    g_prefix = prefix;
+    g_lines = std::make_unique<ipc::TraceLines>(g_prefix);
     trace_detail::g_on = true;
     traceStep("sidecar node %s", node.c_str());
-    return prefix;
+    return g_prefix;
 }
 
 void traceStep(const char *fmt, ...) {

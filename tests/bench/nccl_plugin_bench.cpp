@@ -512,55 +512,19 @@ public:
     void duplex(const unsigned char *out, unsigned char *in, size_t bytes, size_t step) const {
         size_t sent = 0, got = 0;
         while (sent < bytes || got < bytes) {
-            if (sent < bytes) {
-                const size_t n = std::min(step - sent % step, bytes - sent);
-                const ssize_t k = ::send(fd_, out + sent % step, n, MSG_DONTWAIT);
-                if (k > 0) {
-                    sent += static_cast<size_t>(k);
-                } else if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
-                    die("tcp send");
-                }
-            }
-            if (got < bytes) {
-                const size_t n = std::min(step - got % step, bytes - got);
-                const ssize_t k = ::recv(fd_, in + got % step, n, MSG_DONTWAIT);
-                if (k > 0) {
-                    got += static_cast<size_t>(k);
-                } else if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
-                    die("tcp recv");
-                }
-            }
+            duplexTurn(out, in, step, bytes, bytes, &sent, &got);
         }
     }
     /// The ring's all_reduce of `bytes` over this connection: the reduce-scatter's bytes go at
     /// once, each all-gather message once the reduce-scatter message it follows from is in.
-    void ring(unsigned char *out, unsigned char *in, size_t bytes, size_t step) const {
+    void ring(const unsigned char *out, unsigned char *in, size_t bytes, size_t step) const {
         const size_t k = std::max<size_t>(1, bytes / 2 / step);
         const size_t total = 2 * k * step;
         size_t sent = 0, got = 0;
         while (sent < total || got < total) {
             // Sendable: the reduce-scatter, and an all-gather message per one received.
             const size_t allowed = k * step + std::min(got / step, k) * step;
-            if (sent < allowed) {
-                const ssize_t n =
-                    ::send(fd_, out + sent % (k * step),
-                           std::min(allowed - sent, k * step - sent % (k * step)), MSG_DONTWAIT);
-                if (n > 0) {
-                    sent += static_cast<size_t>(n);
-                } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
-                    die("tcp send");
-                }
-            }
-            if (got < total) {
-                const ssize_t n =
-                    ::recv(fd_, in + got % (k * step),
-                           std::min(total - got, k * step - got % (k * step)), MSG_DONTWAIT);
-                if (n > 0) {
-                    got += static_cast<size_t>(n);
-                } else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
-                    die("tcp recv");
-                }
-            }
+            duplexTurn(out, in, k * step, allowed, total, &sent, &got);
         }
     }
     void recv(unsigned char *p, size_t n) const {
@@ -575,6 +539,29 @@ public:
     }
 
 private:
+    /// One non-blocking send (of at most `send_to` bytes in all) and one receive (of at most
+    /// `total`) of a full-duplex transfer whose buffers `out` and `in` repeat every `period`.
+    void duplexTurn(const unsigned char *out, unsigned char *in, size_t period, size_t send_to,
+                    size_t total, size_t *sent, size_t *got) const {
+        if (*sent < send_to) {
+            const size_t n = std::min(period - *sent % period, send_to - *sent);
+            const ssize_t k = ::send(fd_, out + *sent % period, n, MSG_DONTWAIT);
+            if (k > 0) {
+                *sent += static_cast<size_t>(k);
+            } else if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+                die("tcp send");
+            }
+        }
+        if (*got < total) {
+            const size_t n = std::min(period - *got % period, total - *got);
+            const ssize_t k = ::recv(fd_, in + *got % period, n, MSG_DONTWAIT);
+            if (k > 0) {
+                *got += static_cast<size_t>(k);
+            } else if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
+                die("tcp recv");
+            }
+        }
+    }
     void noDelay() const {
         int one = 1;
         ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));

@@ -74,7 +74,23 @@ def load(prefix):
     return events
 
 
-def sidecar_stages(events, isend, landed, send_done, recv_done, pair, landings):
+def summary(values):
+    """'median / 90th percentile us' of `values`."""
+    v = sorted(values)
+    p90 = v[min(len(v) - 1, int(0.9 * len(v)))]
+    return f"{statistics.median(v):8.1f} / {p90:8.1f} us"
+
+
+def landing(landings, r, tag, seq, sender):
+    """(receiving process, time) of message (tag, seq) into comm R<r>, or None: the other
+    process than `sender` whose comm R<r> posted it."""
+    for rpid, t_land in landings.get((r, tag, seq), ()) if r is not None else ():
+        if rpid != sender:
+            return rpid, t_land
+    return None
+
+
+def sidecar_stages(events, isend, send_done, pair, landings):
     """The second table: each plugin send through both sidecars (see the module's text)."""
     who = {}
     for _, pid, step in events:
@@ -135,12 +151,9 @@ def sidecar_stages(events, isend, landed, send_done, recv_done, pair, landings):
         used.add(w)
         st = dict(out[w])
         st["isend"] = t
-        pid_, s_, tag, seq = key
-        r = pair.get((pid_, s_))
-        for rpid, t_land in landings.get((r, tag, seq), ()) if r is not None else ():
-            if rpid != pid_:
-                st["land"] = t_land
-                break
+        _, s_, tag, seq = key
+        if got := landing(landings, pair.get((pid, s_)), tag, seq, pid):
+            st["land"] = got[1]
         if key in send_done:
             st["sdone"] = send_done[key]
         row = stages[size]
@@ -156,9 +169,7 @@ def sidecar_stages(events, isend, landed, send_done, recv_done, pair, landings):
         n = max((len(v) for v in row.values()), default=0)
         print(f"size {size:>9}: {n:5d} sends through the sidecars")
         for name, v in row.items():
-            v = sorted(v)
-            p90 = v[min(len(v) - 1, int(0.9 * len(v)))]
-            print(f"    {name:15} {statistics.median(v):8.1f} / {p90:8.1f} us")
+            print(f"    {name:15} {summary(v)}")
 
 
 def main():
@@ -213,38 +224,34 @@ def main():
     lines = []  # (isend time, text) for --timeline
     for (pid, s, tag, seq), (t, size, eager) in isend.items():
         r = pair.get((pid, s))
-        if r is None:
+        got = landing(landings, r, tag, seq, pid)
+        if got is None:
             continue
-        # The receiver: the other process whose comm R<r> posted this (tag, seq).
-        for rpid, t_land in landings.get((r, tag, seq), ()):
-            if rpid != pid:
-                row = rows[size]
-                row["send->land"].append(t_land - t)
-                c = cts.get((pid, s, tag, seq))
-                p = posted.get((rpid, r, tag, seq))
-                if c is not None:
-                    row["cts-send"].append(c - t)
-                    if p is not None:
-                        row["post->cts"].append(c - p)
-                d = send_done.get((pid, s, tag, seq))
-                if d is not None:
-                    row["send->done"].append(d - t)
-                rd = recv_done.get((rpid, r, tag, seq))
-                if rd is not None:
-                    row["land->rdone"].append(rd - t_land)
-                row["eager"].append(1 if eager else 0)
-                lines.append((t, pid, size, tag, seq, p, c, t_land, rd, d))
-                break
+        rpid, t_land = got
+        row = rows[size]
+        row["send->land"].append(t_land - t)
+        c = cts.get((pid, s, tag, seq))
+        p = posted.get((rpid, r, tag, seq))
+        if c is not None:
+            row["cts-send"].append(c - t)
+            if p is not None:
+                row["post->cts"].append(c - p)
+        d = send_done.get((pid, s, tag, seq))
+        if d is not None:
+            row["send->done"].append(d - t)
+        rd = recv_done.get((rpid, r, tag, seq))
+        if rd is not None:
+            row["land->rdone"].append(rd - t_land)
+        row["eager"].append(1 if eager else 0)
+        lines.append((t, pid, size, tag, seq, p, c, t_land, rd, d))
     print(f"{len(events)} steps from {len({e[1] for e in events})} processes")
-    sidecar_stages(events, isend, landed, send_done, recv_done, pair, landings)
+    sidecar_stages(events, isend, send_done, pair, landings)
     for size in sorted(rows):
         row = rows[size]
         parts = [f"size {size:>9}: {len(row['send->land']):5d} messages, {sum(row['eager'])} eager"]
         for k in ("send->land", "post->cts", "cts-send", "send->done", "land->rdone"):
-            v = sorted(row[k])
-            if v:
-                p90 = v[min(len(v) - 1, int(0.9 * len(v)))]
-                parts.append(f"{k} {statistics.median(v):8.1f} / {p90:8.1f} us")
+            if row[k]:
+                parts.append(f"{k} {summary(row[k])}")
         print(";  ".join(parts))
     if timeline > 0 and lines:
         lines.sort(key=lambda x: x[0])

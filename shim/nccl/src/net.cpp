@@ -302,8 +302,8 @@ ncclResult_t Net::init(ncclDebugLogger_t logger) {
         trace_lines_ = new ipc::TraceLines(trace_file);
         // The library stays mapped (-z nodelete), so this runs at exit even after NCCL closed it.
         std::atexit([] { Net::get().trace_lines_->write("NET/tensorlane"); });
-        this->trace("plugin node %s",
-                    node_.c_str());  // whose sidecar's trace to join (trace_steps.py)
+        // Whose sidecar's trace to join (tests/nccl/trace_steps.py).
+        this->trace("plugin node %s", node_.c_str());
     }
     eager_bytes_ = envNumber("TENSORLANE_NCCL_EAGER_BYTES", 64 << 10, 0, 4 << 20);
     eager_slots_ = envNumber("TENSORLANE_NCCL_EAGER_SLOTS", 16, 1, 256);
