@@ -19,6 +19,7 @@
 #include "net/cpus.hpp"
 #include "net/socket.hpp"
 #include "tensorlane/ipc/doorbell.hpp"
+#include "tensorlane/sidecar/trace.hpp"
 
 namespace tensorlane::sidecar {
 
@@ -66,6 +67,8 @@ std::vector<std::string> peerNames(const config::Config &cfg) {
 /// How long the loop sleeps at most when idle: bounds the latency of timers and of noticing a
 /// stop request even without a wake-up.
 constexpr int kIdleTickMs = 200;
+// A traced turn this long or longer is written down (TENSORLANE_TRACE_FILE).
+constexpr uint32_t kTraceTurnUs = 20;
 
 }  // namespace
 
@@ -408,6 +411,9 @@ void EngineImpl::run() {
         size_t work = 0;
         bool sleep = false;
         bool woke_by_tick = false;
+        // Traced: a turn of kTraceTurnUs or more says where it went (docs/nccl.md, "Diagnosing
+        // a hang"); "slept" is the epoll_wait of a sleeping engine.
+        TurnTimer turn("turn", kTraceTurnUs);
         if (mode != config::PollMode::kBusy) {
             bool idle_long = mode == config::PollMode::kEvent || Clock::now() - last_work >= spin;
             if (idle_long) {
@@ -425,6 +431,7 @@ void EngineImpl::run() {
                 timeout = static_cast<int>(std::clamp<int64_t>(left.count() + 1, 0, timeout));
             }
             work += pollEvents(timeout);
+            turn.mark("slept");
             disarmSleep();
             woke_by_tick = last_poll_events_ == 0;
         } else if ((++iteration & 1023) == 0 || mode != config::PollMode::kBusy) {
@@ -432,18 +439,24 @@ void EngineImpl::run() {
             // are rare, requests not, and an epoll_wait costs as much as several round trips.
             work += pollEvents(0);
         }
+        turn.mark("poll");
         if (control_->listenPaused()) {
             control_->resumeListener();
         }
         work += pipeline_->drainRequests();
+        turn.mark("drain");
         work += pipeline_->pollStreams();
         work += progressTransports();
+        turn.mark("transports");
         work += pipeline_->pollDeadlines();
         work += pipeline_->pumpQueues();
+        turn.mark("queues");
         work += pipeline_->publishAll();
+        turn.mark("publish");
         for (Transport *t : transports_.all()) {
             t->afterPublish();
         }
+        turn.mark("after");
         stats_.timeEnded();  // the end stamp of the writes that ended this turn, once published
         if (sessions_.anyClosed()) {
             control_->reapClosed();

@@ -1,6 +1,7 @@
 #include "tensorlane/sidecar/trace.hpp"
 
 #include <cstdarg>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 
@@ -40,6 +41,25 @@ void traceStep(const char *fmt, ...) {
     va_start(ap, fmt);
     g_lines->add(fmt, ap);
     va_end(ap);
+}
+
+void TurnTimer::end() {
+    if (start_ == 0) {
+        return;
+    }
+    const uint64_t total = nowNs() - start_;
+    start_ = 0;
+    if (total < uint64_t{min_us_} * 1000) {
+        return;
+    }
+    char line[512];
+    int at = std::snprintf(line, sizeof line, "%s us %llu", label_,
+                           static_cast<unsigned long long>(total / 1000));
+    for (int i = 0; i < n_ && at > 0 && static_cast<size_t>(at) < sizeof line; ++i) {
+        at += std::snprintf(line + at, sizeof line - static_cast<size_t>(at), " %s %llu",
+                            phases_[i].name, static_cast<unsigned long long>(phases_[i].ns / 1000));
+    }
+    traceStep("%s", line);
 }
 
 bool writeTrace() {

@@ -33,6 +33,13 @@ the target sidecar's steps of that write, and a second table splits send->land i
   deliv->acked     until the writer's sidecar had the ACK
   acked->sdone     until NCCL's test() of the send said done
 
+Then, per sidecar, where its threads' time went over the traffic (its first write posted to its
+last ACK): its engine's turns of 20 us and more ("turn" steps: their share of the window, and
+of it each phase's: slept, poll, drain = the rings' requests, transports, of which the tcp
+transport's events = reading and writing sockets, tags, deliver..., queues, publish), the tag
+workers' jobs (how many of each kind, how long each waited for a worker and ran) and the engine's
+waits for a worker.
+
 Usage: tests/nccl/trace_steps.py [--timeline N] PREFIX   (e.g. $OUT/tltrace, for $OUT/tltrace.1234 ...)
 (docs/nccl.md, "Diagnosing a hang" and "What moves the 1 MiB all_reduce").
 """
@@ -172,6 +179,66 @@ def sidecar_stages(events, isend, send_done, pair, landings):
             print(f"    {name:15} {summary(v)}")
 
 
+TURN = re.compile(r"(turn|tcp) us (\d+)((?: \w+ \d+)*)$")
+TAG_JOB = re.compile(r"tag (sign|send|verify) len (\d+) waited (-?\d+) ran (\d+)( read| write)?$")
+TAG_WAIT = re.compile(r"tag wait us (\d+)")
+
+
+def busy(events):
+    """Per sidecar: its engine's long turns, its tag jobs and its waits (see the module's text)."""
+    who = {}
+    for _, pid, step in events:
+        if m := WHO.match(step):
+            who[pid] = m[2] if m[1] == "sidecar" else None
+    for pid, node in sorted(who.items()):
+        if node is None:
+            continue
+        mine = [(t, step) for t, p, step in events if p == pid]
+        traffic = [t for t, step in mine
+                   if (SC_OUT.match(step) and ("post" in step or "acked" in step))]
+        if len(traffic) < 2:
+            continue
+        t0, t1 = min(traffic), max(traffic)
+        window = max(t1 - t0, 1.0)
+        phases = {"turn": collections.Counter(), "tcp": collections.Counter()}
+        count = collections.Counter()
+        jobs = collections.defaultdict(lambda: ([], []))
+        waits = []
+        for t, step in mine:
+            if not t0 <= t <= t1:
+                continue
+            if m := TURN.match(step):
+                count[m[1]] += 1
+                phases[m[1]]["total"] += int(m[2])
+                words = m[3].split()
+                for name, us in zip(words[::2], words[1::2]):
+                    phases[m[1]][name] += int(us)
+            elif m := TAG_JOB.match(step):
+                waited, ran = jobs[f"{m[1]}{(m[5] or '').rstrip()}"]
+                waited.append(int(m[3]))
+                ran.append(int(m[4]))
+            elif m := TAG_WAIT.match(step):
+                waits.append(int(m[1]))
+        turn, tcp = phases["turn"], phases["tcp"]
+        print(f"sidecar {node} ({pid}): {window:.0f} us of traffic; {count['turn']} engine turns "
+              f"of 20 us or more, {100 * turn['total'] / window:.0f}% of it")
+
+        def shares(c, skip):
+            return ", ".join(f"{k} {100 * v / window:.0f}%" for k, v in c.most_common()
+                             if k not in skip and 100 * v / window >= 0.5)
+
+        if count["turn"]:
+            print(f"    turns: {shares(turn, ('total',))}")
+        if count["tcp"]:
+            print(f"    tcp progress of 15 us or more ({count['tcp']}): {shares(tcp, ('total',))}")
+        for kind, (waited, ran) in sorted(jobs.items()):
+            print(f"    tag {kind:<12} {len(ran):6d} jobs, waited {summary(waited)}, "
+                  f"ran {summary(ran)}, {100 * sum(ran) / window:.0f}% of a worker")
+        if waits:
+            print(f"    the engine waited for a worker {len(waits)} times, "
+                  f"{100 * sum(waits) / window:.1f}% of the window")
+
+
 def main():
     args = sys.argv[1:]
     timeline = 0
@@ -246,6 +313,7 @@ def main():
         lines.append((t, pid, size, tag, seq, p, c, t_land, rd, d))
     print(f"{len(events)} steps from {len({e[1] for e in events})} processes")
     sidecar_stages(events, isend, send_done, pair, landings)
+    busy(events)
     for size in sorted(rows):
         row = rows[size]
         parts = [f"size {size:>9}: {len(row['send->land']):5d} messages, {sum(row['eager'])} eager"]

@@ -423,6 +423,7 @@ TEST_F(PeerTcp, TheStepTraceFollowsAWriteThroughBothEnds) {
     startNodes(2, [](config::Config &c) {
         c.tcp.connections_per_peer = 2;
         c.tcp.chunk_bytes = 256u << 10;
+        c.tcp.tag_threads = 2;  // the workers' jobs are traced too
     });
     constexpr size_t kBytes = 1u << 20;
     Linked l;
@@ -439,12 +440,22 @@ TEST_F(PeerTcp, TheStepTraceFollowsAWriteThroughBothEnds) {
     std::string line;
     unsigned long long seq = 0;
     std::map<std::string, int> steps;  // the write's steps, counted
+    std::map<std::string, int> jobs;   // the tag workers' jobs of 256 KiB, by kind
     bool node_line = false;
     while (std::getline(in, line)) {
         double t = 0;
         char what[128] = {};
         unsigned long long s = 0, bytes = 0;
         node_line = node_line || line.find(" sidecar node test") != std::string::npos;
+        char kind[16] = {};
+        long long waited = -1, ran = -1;
+        if (std::sscanf(line.c_str(), "%lf tag %15s len %llu waited %lld ran %lld", &t, kind,
+                        &bytes, &waited, &ran) == 5 &&
+            bytes == 256u << 10) {
+            EXPECT_GE(waited, 0) << line;
+            EXPECT_GE(ran, 0) << line;
+            ++jobs[kind];
+        }
         if (std::sscanf(line.c_str(), "%lf out node-b seq %llu post bytes %llu", &t, &s, &bytes) ==
                 3 &&
             bytes == kBytes) {
@@ -471,6 +482,59 @@ TEST_F(PeerTcp, TheStepTraceFollowsAWriteThroughBothEnds) {
         {"out acked code", 1},    {"in  chunk begun at", 4}, {"in  chunk checked len", 4},
         {"in  delivered code", 1}};
     EXPECT_EQ(steps, want);
+    // Each chunk signed once at the writer and verified at the target, by a worker (one
+    // process: both ends' jobs are in the one file). A verifying job that reads its socket may
+    // run more than once (a run ends when the socket is empty), and sends may be jobs of their
+    // own.
+    EXPECT_EQ(jobs["sign"], 4);
+    EXPECT_GE(jobs["verify"], 4);
+    for (const auto &[kind, n] : jobs) {
+        EXPECT_TRUE(kind == "sign" || kind == "verify" || kind == "send") << kind;
+    }
+}
+
+// A loop's turn says where its time went once it took at least its threshold, its phases in
+// order; a shorter one says nothing, and nothing is timed while the trace is off.
+TEST(StepTrace, ALongTurnSaysWhereItWent) {
+    {
+        sidecar::TurnTimer off("off", 0);
+        off.mark("a");
+    }
+    TempDir dir;
+    const std::string prefix = dir.path() + "/turns";
+    ::setenv("TENSORLANE_TRACE_FILE", prefix.c_str(), 1);
+    ASSERT_EQ(sidecar::startTrace("test"), prefix);
+    ::unsetenv("TENSORLANE_TRACE_FILE");
+    {
+        sidecar::TurnTimer longer("longer", 2000);
+        longer.mark("first");
+        std::this_thread::sleep_for(3ms);
+        longer.mark("second");
+        longer.mark("third");
+    }
+    {
+        sidecar::TurnTimer shorter("shorter", 1000000);
+        shorter.mark("first");
+    }
+    ASSERT_TRUE(sidecar::writeTrace());
+    std::ifstream in(prefix + "." + std::to_string(::getpid()));
+    ASSERT_TRUE(in.good());
+    std::string line;
+    std::vector<std::string> turns;
+    while (std::getline(in, line)) {
+        if (line.find(" sidecar node ") == std::string::npos) {
+            turns.push_back(line.substr(line.find(' ') + 1));
+        }
+    }
+    ASSERT_EQ(turns.size(), 1u) << "only the long turn";
+    unsigned long long total = 0, first = 0, second = 0, third = 0;
+    ASSERT_EQ(std::sscanf(turns[0].c_str(), "longer us %llu first %llu second %llu third %llu",
+                          &total, &first, &second, &third),
+              4)
+        << turns[0];
+    EXPECT_GE(second, 3000u);
+    EXPECT_GE(total, first + second + third);
+    EXPECT_LT(first, 3000u);
 }
 
 // Small chunks cut in one pump ride the connection of the chunk before them

@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "net/packed_chunk.hpp"
+#include "tensorlane/sidecar/trace.hpp"
 
 namespace tensorlane::sidecar {
 
@@ -79,6 +80,9 @@ std::shared_ptr<TagJob> TagPool::takeQueued(const TagJob &job) {
 
 void TagPool::submit(std::shared_ptr<TagJob> job) {
     bool wake = false;
+    if (tracing()) {
+        job->queued_at = std::chrono::steady_clock::now();
+    }
     {
         std::lock_guard lock(mutex_);
         queue_.push_back(std::move(job));
@@ -95,6 +99,7 @@ void TagPool::cancelOrWait(TagJob &job) {
     {
         std::unique_lock lock(mutex_);
         if (!takeQueued(job)) {
+            TurnTimer wait("tag wait", 0);  // traced: the owner's thread waits here
             done_cv_.wait(lock, [&] { return job.done.load(std::memory_order_acquire); });
             return;
         }
@@ -109,6 +114,7 @@ bool TagPool::waitIfRunning(TagJob &job) {
     if (findQueued(job) != queue_.end()) {
         return false;
     }
+    TurnTimer wait("tag wait", 0);  // traced: the owner's thread waits here
     done_cv_.wait(lock, [&] { return job.done.load(std::memory_order_acquire); });
     return true;
 }
@@ -138,6 +144,7 @@ void TagPool::finishNow(TagJob &job) {
     {
         std::unique_lock lock(mutex_);
         if (!takeQueued(job)) {
+            TurnTimer wait("tag wait", 0);  // traced: the owner's thread waits here
             done_cv_.wait(lock, [&] { return job.done.load(std::memory_order_acquire); });
             return;
         }
@@ -433,7 +440,24 @@ void TagPool::run() {
             queue_.pop_front();
             queued_.store(queue_.size(), std::memory_order_relaxed);
         }
-        compute(mac, *job);
+        if (tracing()) {
+            // Traced: how long the job waited for a worker and ran (TENSORLANE_TRACE_FILE).
+            const auto began = std::chrono::steady_clock::now();
+            // A job whose tag is there only sends ("send"), one that signs may send too.
+            const char *kind = job->verify ? "verify" : job->tag_ready ? "send" : "sign";
+            compute(mac, *job);
+            const auto us = [](auto d) {
+                return static_cast<long long>(
+                    std::chrono::duration_cast<std::chrono::microseconds>(d).count());
+            };
+            traceStep("tag %s len %zu waited %lld ran %lld%s", kind, job->len,
+                      us(began - job->queued_at), us(std::chrono::steady_clock::now() - began),
+                      job->read_fd >= 0    ? " read"
+                      : job->write_fd >= 0 ? " write"
+                                           : "");
+        } else {
+            compute(mac, *job);
+        }
         {
             // Under the lock, so cancelOrWait() cannot miss the notification.
             std::lock_guard lock(mutex_);

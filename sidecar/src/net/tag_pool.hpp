@@ -16,6 +16,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -116,6 +117,8 @@ struct TagJob {
     bool header_good = false;
     /// Taken back before a worker ran it (cancelOrWait()): `tag`/`good` mean nothing.
     bool cancelled = false;
+    /// When it was submitted (set only while the step trace is on).
+    std::chrono::steady_clock::time_point queued_at{};
     /// Set (release) when the worker has finished with the job: read `tag`/`good` after an
     /// acquire load of it.
     std::atomic<bool> done{false};

@@ -20,6 +20,8 @@ namespace {
 constexpr uint64_t kSendStagingToken = 1;
 constexpr uint64_t kRecvStagingToken = 2;
 constexpr uint64_t kTagToken = 3;
+/// A traced progress() this long or longer is written down (TENSORLANE_TRACE_FILE).
+constexpr uint32_t kTraceProgressUs = 15;
 
 std::atomic<size_t> g_test_read_budget{0};
 
@@ -653,7 +655,9 @@ void TcpTransport::resumeReads(int64_t now) {
 
 size_t TcpTransport::progress(EventSink &sink) {
     const int64_t now = monotonicMs();
+    TurnTimer turn("tcp", kTraceProgressUs);  // traced: where a long progress went
     sendHeld(now);
+    turn.mark("held");
     epoll_event evs[64];
     // Only data connections live in this set: with none (every peer on another transport)
     // there is nothing to ask. The sleeping modes ask only when the engine saw the set
@@ -672,15 +676,20 @@ size_t TcpTransport::progress(EventSink &sink) {
             onEvent(*c, evs[i].events, now);
         }
     }
+    turn.mark("events");
     if (tags_ended) {
         collectTags(now);
     }
+    turn.mark("tags");
     resumeReads(now);
+    turn.mark("resume");
     dispatchStaging(now);
     // Copies queued during this turn (chunks cut or landed) go to the stagers together.
     send_staging_.flush();
     recv_staging_.flush();
+    turn.mark("staging");
     size_t events = deliver(sink);
+    turn.mark("deliver");
     if (now - last_stall_check_ms_ >= 100) {
         last_stall_check_ms_ = now;
         checkStalls(now);
@@ -691,6 +700,7 @@ size_t TcpTransport::progress(EventSink &sink) {
     }
     events += done.size();
     reapDead();
+    turn.mark("done");
     return events;
 }
 
