@@ -214,7 +214,7 @@ def busy(events):
                 for name, us in zip(words[::2], words[1::2]):
                     phases[m[1]][name] += int(us)
             elif m := TAG_JOB.match(step):
-                waited, ran = jobs[f"{m[1]}{(m[5] or '').rstrip()}"]
+                waited, ran = jobs[m[1] + (m[5] or "").replace(" ", "-")]
                 waited.append(int(m[3]))
                 ran.append(int(m[4]))
             elif m := TAG_WAIT.match(step):

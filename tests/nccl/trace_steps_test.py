@@ -92,6 +92,39 @@ class TraceSteps(unittest.TestCase):
                               ("acked->sdone", 40.0)):
                 self.assertRegex(text, rf"{stage} +{us:.1f} /")
 
+    def test_a_sidecars_time_is_summed_by_turn_phase_and_worker_job(self):
+        with tempfile.TemporaryDirectory() as d:
+            prefix = os.path.join(d, "t")
+            # node-a's traffic runs from its post (1000.000100) to its ACK (1000.001100): 1000 us.
+            # Two long turns (300 us: slept 100, drain 50, transports 150), one long tcp
+            # progress (120 us: events 100, deliver 20), one outside the window (not counted),
+            # two verify jobs and one send job, one wait of the engine for a worker.
+            with open(prefix + ".300", "w") as f:
+                f.write("1000.000000 sidecar node node-a\n")
+                f.write("1000.000050 turn us 999 slept 999\n")
+                f.write("1000.000100 out node-b seq 9 post bytes 131072\n")
+                f.write("1000.000200 turn us 100 slept 100 poll 0 drain 0 transports 0\n")
+                f.write("1000.000300 tcp us 120 held 0 events 100 tags 0 deliver 20\n")
+                f.write("1000.000400 turn us 200 poll 0 drain 50 transports 150 queues 0\n")
+                f.write("1000.000500 tag verify len 32768 waited 4 ran 10 read\n")
+                f.write("1000.000600 tag verify len 32768 waited 6 ran 30 read\n")
+                f.write("1000.000700 tag send len 32768 waited 2 ran 20 write\n")
+                f.write("1000.000800 tag wait us 15\n")
+                f.write("1000.001100 out node-b seq 9 acked code 0\n")
+            sys.argv = ["trace_steps.py", prefix]
+            out = io.StringIO()
+            with redirect_stdout(out):
+                self.assertEqual(trace_steps.main(), 0)
+            text = out.getvalue()
+            self.assertIn("sidecar node-a (300): 1000 us of traffic; 2 engine turns of 20 us or "
+                          "more, 30% of it", text)
+            self.assertIn("turns: transports 15%, slept 10%, drain 5%", text)
+            self.assertIn("tcp progress of 15 us or more (1): events 10%, deliver 2%", text)
+            self.assertRegex(text, r"tag verify-read +2 jobs, waited +5.0 / +6.0 us, "
+                                   r"ran +20.0 / +30.0 us, 4% of a worker")
+            self.assertRegex(text, r"tag send-write +1 jobs")
+            self.assertIn("the engine waited for a worker 1 times, 1.5% of the window", text)
+
     def test_no_files_is_an_error(self):
         with tempfile.TemporaryDirectory() as d:
             sys.argv = ["trace_steps.py", os.path.join(d, "none")]
