@@ -493,6 +493,66 @@ TEST_F(PeerTcp, TheStepTraceFollowsAWriteThroughBothEnds) {
     }
 }
 
+// A mid-sized write alone on the link is cut into chunks of 32 KiB and more, two per connection,
+// so that its stages overlap; one posted while another is in flight goes whole (its stages
+// overlap the other's, and each chunk costs hand-offs: docs/peers.md, "Chunks"). Seen in the
+// step trace's "chunk at" lines, and every byte lands either way.
+TEST_F(PeerTcp, AWriteBesideAnotherGoesWholeAndALoneOneInChunks) {
+    const std::string prefix = dir_.path() + "/cuts";
+    ::setenv("TENSORLANE_TRACE_FILE", prefix.c_str(), 1);
+    ASSERT_EQ(sidecar::startTrace("test"), prefix);
+    ::unsetenv("TENSORLANE_TRACE_FILE");
+    startNodes(2, [](config::Config &c) {
+        c.tcp.connections_per_peer = 2;
+        c.tcp.chunk_bytes = 1u << 20;
+    });
+    constexpr uint64_t kPart = 128u << 10;
+    Linked l;
+    ASSERT_NO_FATAL_FAILURE(link(3 * kPart, "cuts", 11, &l));
+    std::vector<uint64_t> ids;
+    std::vector<WriteOp> two(2);
+    two[1].src_offset = two[1].dst_offset = kPart;
+    for (WriteOp &op : two) {
+        op.bytes = kPart;
+    }
+    // Both in one turn of the loop: the second is posted while the first is in flight.
+    ASSERT_TRUE(postAll(l, std::move(two), &ids).isOk());
+    std::vector<WriteOp> third(1);
+    third[0].src_offset = third[0].dst_offset = 2 * kPart;
+    third[0].bytes = kPart;
+    for (uint64_t id : ids) {
+        auto done = node(0).sink.completion(id, 10s);
+        ASSERT_TRUE(done.has_value());
+        ASSERT_EQ(done->code, Code::kOk) << done->reason;
+    }
+    ids.clear();
+    ASSERT_TRUE(postAll(l, std::move(third), &ids).isOk());  // alone: both have ended
+    auto done = node(0).sink.completion(ids.at(0), 10s);
+    ASSERT_TRUE(done.has_value());
+    ASSERT_EQ(done->code, Code::kOk) << done->reason;
+    EXPECT_EQ(0, std::memcmp(l.dst->base, l.src->base, 3 * kPart));
+    ASSERT_TRUE(sidecar::writeTrace());
+
+    std::ifstream in(prefix + "." + std::to_string(::getpid()));
+    ASSERT_TRUE(in.good());
+    std::string line;
+    std::map<unsigned long long, std::vector<unsigned long long>> chunks;  // seq: lengths
+    while (std::getline(in, line)) {
+        double t = 0;
+        unsigned long long seq = 0, at = 0, len = 0;
+        if (std::sscanf(line.c_str(), "%lf out node-b seq %llu chunk at %llu len %llu", &t, &seq,
+                        &at, &len) == 4) {
+            chunks[seq].push_back(len);
+        }
+    }
+    ASSERT_EQ(chunks.size(), 3u);
+    auto it = chunks.begin();
+    const std::vector<unsigned long long> four(4, 32u << 10), whole{kPart};
+    EXPECT_EQ(it->second, four) << "the first write, alone when posted";
+    EXPECT_EQ((++it)->second, whole) << "the second, posted beside the first";
+    EXPECT_EQ((++it)->second, four) << "the third, alone again";
+}
+
 // A loop's turn says where its time went once it took at least its threshold, its phases in
 // order; a shorter one says nothing, and nothing is timed while the trace is off.
 TEST(StepTrace, ALongTurnSaysWhereItWent) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "net/packed_chunk.hpp"
@@ -111,13 +112,21 @@ size_t OutLink::indexOf(const Connection &c) const {
     return data_.size();
 }
 
-uint64_t cutLength(uint64_t write_bytes, size_t connections, uint32_t chunk_bytes) {
+uint64_t cutLength(uint64_t write_bytes, size_t connections, uint32_t chunk_bytes, bool busy) {
     // A write of a few chunks' size goes as at least two chunks per connection (of 32 KiB and
     // more, page-rounded): its tags, socket copies, checks and landing copies overlap instead
     // of running one after the other, which is what one mid-sized write waits for (an NCCL
     // step is 512 KiB). Writes of 2 x connections x chunk_bytes and more are cut as before.
     // (From 64 KiB until 2026-12-07: a 64 KiB write went whole and took 209-224 us a round
     // trip on the GPU machine, 109-112 us cut in two; 128 KiB 173-178 against 135-143 us.)
+    // But only a write alone on the link: behind or beside others, its stages overlap theirs
+    // anyway, and each more chunk costs both engines and the tag workers a hand-off. NCCL's
+    // 2-rank ring (four 128 KiB messages each way in flight) took 1.6x as long cut in 32 KiB
+    // chunks as sent whole (nccl_plugin_bench --allreduce, GPU machine, 2026-12-07: 1065-1117
+    // against 671-697 us at 1 MiB, 3947-4014 against 2349-2395 us at 4 MiB).
+    if (busy) {
+        return chunk_bytes;
+    }
     constexpr uint64_t kMinSplit = 32 << 10;
     const uint64_t parts = 2 * std::max<uint64_t>(1, connections);
     const uint64_t even = ((write_bytes + parts - 1) / parts + 4095) & ~uint64_t{4095};
@@ -125,7 +134,8 @@ uint64_t cutLength(uint64_t write_bytes, size_t connections, uint32_t chunk_byte
 }
 
 uint64_t OutLink::cutBytes(const InFlight &w) const {
-    return cutLength(w.op.bytes, data_.size(), chunk_bytes_);
+    static const bool always = std::getenv("TENSORLANE_TCP_CUT_ALWAYS") != nullptr;  // A/B
+    return cutLength(w.op.bytes, data_.size(), chunk_bytes_, !always && inflight_.size() > 1);
 }
 
 void OutLink::nextPieces(InFlight &w, uint64_t room, std::vector<Piece> *out) {

@@ -24,9 +24,11 @@
 namespace tensorlane::sidecar {
 
 /// How long the chunks of a write of `write_bytes` are over `connections` connections:
-/// `chunk_bytes`, or less (at least 64 KiB) for a write of under 2 x connections chunks, so that
-/// its stages overlap.
-uint64_t cutLength(uint64_t write_bytes, size_t connections, uint32_t chunk_bytes);
+/// `chunk_bytes`, or less (at least 32 KiB) for a write of under 2 x connections chunks, so that
+/// its stages overlap. `busy`: other writes to the peer are in flight, whose stages the write's
+/// overlap already; then it goes in chunks of `chunk_bytes` (whole, when no longer).
+uint64_t cutLength(uint64_t write_bytes, size_t connections, uint32_t chunk_bytes,
+                   bool busy = false);
 
 /// The sender's half: sequence numbers, chunking, striping, in-flight bookkeeping.
 ///
