@@ -134,7 +134,9 @@ uint64_t cutLength(uint64_t write_bytes, size_t connections, uint32_t chunk_byte
 }
 
 uint64_t OutLink::cutBytes(const InFlight &w) const {
-    static const bool always = std::getenv("TENSORLANE_TCP_CUT_ALWAYS") != nullptr;  // A/B
+    // TENSORLANE_TCP_CUT_ALWAYS (an experiment's knob, docs/peers.md): every write cut as if
+    // alone, the policy before 2026-12-07, for A/B runs of one build.
+    static const bool always = std::getenv("TENSORLANE_TCP_CUT_ALWAYS") != nullptr;
     return cutLength(w.op.bytes, data_.size(), chunk_bytes_, !always && inflight_.size() > 1);
 }
 
