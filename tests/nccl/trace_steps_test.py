@@ -12,6 +12,14 @@ import trace_steps  # noqa: E402
 
 
 class TraceSteps(unittest.TestCase):
+    def run_on(self, *args):
+        """trace_steps.py's output for `args`, which it must accept."""
+        sys.argv = ["trace_steps.py", *args]
+        out = io.StringIO()
+        with redirect_stdout(out):
+            self.assertEqual(trace_steps.main(), 0)
+        return out.getvalue()
+
     def test_a_message_is_timed_from_its_isend_to_its_landing_across_ranks(self):
         with tempfile.TemporaryDirectory() as d:
             prefix = os.path.join(d, "t")
@@ -29,11 +37,7 @@ class TraceSteps(unittest.TestCase):
                         "entry 0 ticket 9\n")
                 f.write("1000.000420 comm S2 send done slot 0 ticket 9\n")
                 f.write("# 3 more lines did not fit\n")
-            sys.argv = ["trace_steps.py", "--timeline", "5", prefix]
-            out = io.StringIO()
-            with redirect_stdout(out):
-                self.assertEqual(trace_steps.main(), 0)
-            text = out.getvalue()
+            text = self.run_on("--timeline", "5", prefix)
             self.assertIn("6 steps from 2 processes", text)
             self.assertIn("size    131072:     1 messages, 0 eager", text)
             self.assertIn("send->land    250.0", text)
@@ -79,11 +83,7 @@ class TraceSteps(unittest.TestCase):
                 f.write("1000.000300 in node-a seq 9 chunk checked len 65536\n")
                 f.write("1000.000320 in node-a seq 9 chunk checked len 65536\n")
                 f.write("1000.000330 in node-a seq 9 delivered code 0\n")
-            sys.argv = ["trace_steps.py", prefix]
-            out = io.StringIO()
-            with redirect_stdout(out):
-                self.assertEqual(trace_steps.main(), 0)
-            text = out.getvalue()
+            text = self.run_on(prefix)
             self.assertIn("size    131072:     1 sends through the sidecars", text)
             for stage, us in (("isend->post", -2.0), ("post->queued", 7.0),
                               ("queued->sent", 45.0), ("sent->begun", 60.0),
@@ -111,11 +111,7 @@ class TraceSteps(unittest.TestCase):
                 f.write("1000.000700 tag send len 32768 waited 2 ran 20 write\n")
                 f.write("1000.000800 tag wait us 15\n")
                 f.write("1000.001100 out node-b seq 9 acked code 0\n")
-            sys.argv = ["trace_steps.py", prefix]
-            out = io.StringIO()
-            with redirect_stdout(out):
-                self.assertEqual(trace_steps.main(), 0)
-            text = out.getvalue()
+            text = self.run_on(prefix)
             self.assertIn("sidecar node-a (300): 1000 us of traffic; 2 engine turns of 20 us or "
                           "more, 30% of it", text)
             self.assertIn("turns: transports 15%, slept 10%, drain 5%", text)
