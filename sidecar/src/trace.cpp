@@ -33,6 +33,12 @@ std::string startTrace(const std::string &node) {
     return g_prefix;
 }
 
+void stopTraceForTests() {
+    trace_detail::g_on = false;
+    g_lines.reset();
+    g_prefix.clear();
+}
+
 void traceStep(const char *fmt, ...) {
     if (g_lines == nullptr) {
         return;

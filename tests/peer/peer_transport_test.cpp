@@ -414,6 +414,7 @@ TEST_F(PeerTcp, LargeWriteIsChunkedAcrossConnections) {
 // writer; each chunk begun and checked, the write delivered at the target. (Both nodes run in
 // this process, so their steps share one file.)
 TEST_F(PeerTcp, TheStepTraceFollowsAWriteThroughBothEnds) {
+    sidecar::stopTraceForTests();  // one started by an earlier test of this process
     ASSERT_FALSE(sidecar::tracing());
     const std::string prefix = dir_.path() + "/steps";
     ::setenv("TENSORLANE_TRACE_FILE", prefix.c_str(), 1);
@@ -498,6 +499,7 @@ TEST_F(PeerTcp, TheStepTraceFollowsAWriteThroughBothEnds) {
 // overlap the other's, and each chunk costs hand-offs: docs/peers.md, "Chunks"). Seen in the
 // step trace's "chunk at" lines, and every byte lands either way.
 TEST_F(PeerTcp, AWriteBesideAnotherGoesWholeAndALoneOneInChunks) {
+    sidecar::stopTraceForTests();
     const std::string prefix = dir_.path() + "/cuts";
     ::setenv("TENSORLANE_TRACE_FILE", prefix.c_str(), 1);
     ASSERT_EQ(sidecar::startTrace("test"), prefix);
@@ -556,6 +558,7 @@ TEST_F(PeerTcp, AWriteBesideAnotherGoesWholeAndALoneOneInChunks) {
 // A loop's turn says where its time went once it took at least its threshold, its phases in
 // order; a shorter one says nothing, and nothing is timed while the trace is off.
 TEST(StepTrace, ALongTurnSaysWhereItWent) {
+    sidecar::stopTraceForTests();
     {
         sidecar::TurnTimer off("off", 0);
         off.mark("a");

@@ -26,6 +26,10 @@ inline bool tracing() {
 /// first line names the node. Returns the file prefix, or "" when not tracing.
 std::string startTrace(const std::string &node);
 
+/// Ends the trace without writing it, so that the next startTrace() starts afresh: for tests
+/// that run one after another in one process. Only while no other thread can trace.
+void stopTraceForTests();
+
 /// Adds one step (printf format).
 void traceStep(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
