@@ -445,16 +445,17 @@ void TagPool::run() {
             const auto began = std::chrono::steady_clock::now();
             // A job whose tag is there only sends ("send"), one that signs may send too.
             const char *kind = job->verify ? "verify" : job->tag_ready ? "send" : "sign";
+            // Taken before the run: once a reading job's bytes are in, its owner may change it.
+            const char *io = job->read_fd >= 0 ? " read" : job->write_fd >= 0 ? " write" : "";
+            const size_t len = job->len;
+            const auto waited = began - job->queued_at;
             compute(mac, *job);
             const auto us = [](auto d) {
                 return static_cast<long long>(
                     std::chrono::duration_cast<std::chrono::microseconds>(d).count());
             };
-            traceStep("tag %s len %zu waited %lld ran %lld%s", kind, job->len,
-                      us(began - job->queued_at), us(std::chrono::steady_clock::now() - began),
-                      job->read_fd >= 0    ? " read"
-                      : job->write_fd >= 0 ? " write"
-                                           : "");
+            traceStep("tag %s len %zu waited %lld ran %lld%s", kind, len, us(waited),
+                      us(std::chrono::steady_clock::now() - began), io);
         } else {
             compute(mac, *job);
         }
