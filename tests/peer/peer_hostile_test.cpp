@@ -1052,8 +1052,11 @@ TEST(Integrity, MidSizedWritesAreCutSoTheirStagesOverlap) {
     // Two chunks per connection for a write of a few chunks (at least 32 KiB each, page-rounded),
     // chunk_bytes for big writes, never more than chunk_bytes.
     EXPECT_EQ(sidecar::cutLength(512u << 10, 2, 1u << 20), 128u << 10);  // an NCCL step
-    // Beside other writes in flight: chunks of chunk_bytes (whole, for a write no longer).
-    EXPECT_EQ(sidecar::cutLength(128u << 10, 2, 1u << 20, /*busy=*/true), 1u << 20);
+    // Beside other writes in flight: chunks of at least 256 KiB (a write no longer goes whole),
+    // never more than chunk_bytes, and big writes as alone.
+    EXPECT_EQ(sidecar::cutLength(128u << 10, 2, 1u << 20, /*busy=*/true), 256u << 10);
+    EXPECT_EQ(sidecar::cutLength(1u << 20, 2, 1u << 20, /*busy=*/true), 256u << 10);
+    EXPECT_EQ(sidecar::cutLength(128u << 10, 2, 64u << 10, /*busy=*/true), 64u << 10);
     EXPECT_EQ(sidecar::cutLength(64u << 20, 2, 1u << 20, /*busy=*/true), 1u << 20);
     EXPECT_EQ(sidecar::cutLength(1u << 20, 2, 1u << 20), 256u << 10);
     EXPECT_EQ(sidecar::cutLength(4u << 20, 2, 1u << 20), 1u << 20);

@@ -120,17 +120,20 @@ uint64_t cutLength(uint64_t write_bytes, size_t connections, uint32_t chunk_byte
     // (From 64 KiB until 2026-12-07: a 64 KiB write went whole and took 209-224 us a round
     // trip on the GPU machine, 109-112 us cut in two; 128 KiB 173-178 against 135-143 us.)
     // But only a write alone on the link: behind or beside others, its stages overlap theirs
-    // anyway, and each more chunk costs both engines and the tag workers a hand-off. NCCL's
+    // anyway, and each more chunk costs both engines and the tag workers a hand-off (and chunks
+    // under 64 KiB are copied to and from the sockets on the engine thread). NCCL's
     // 2-rank ring (four 128 KiB messages each way in flight) took 1.6x as long cut in 32 KiB
     // chunks as sent whole (nccl_plugin_bench --allreduce, GPU machine, 2026-12-07: 1065-1117
     // against 671-697 us at 1 MiB, 3947-4014 against 2349-2395 us at 4 MiB).
-    if (busy) {
-        return chunk_bytes;
-    }
+    // Not beyond 256 KiB for that, though: a chunk is read whole before it is checked and
+    // copied, and one of 1 MiB no longer does so from the cache (two sidecars' 1 MiB writes,
+    // 32 in flight, took a third longer in whole chunks than in 256 KiB ones on the vm).
     constexpr uint64_t kMinSplit = 32 << 10;
+    constexpr uint64_t kBusyCut = 256 << 10;
     const uint64_t parts = 2 * std::max<uint64_t>(1, connections);
     const uint64_t even = ((write_bytes + parts - 1) / parts + 4095) & ~uint64_t{4095};
-    return std::min<uint64_t>(chunk_bytes, std::max(kMinSplit, even));
+    const uint64_t alone = std::min<uint64_t>(chunk_bytes, std::max(kMinSplit, even));
+    return busy ? std::max(alone, std::min<uint64_t>(chunk_bytes, kBusyCut)) : alone;
 }
 
 uint64_t OutLink::cutBytes(const InFlight &w) const {

@@ -26,7 +26,8 @@ namespace tensorlane::sidecar {
 /// How long the chunks of a write of `write_bytes` are over `connections` connections:
 /// `chunk_bytes`, or less (at least 32 KiB) for a write of under 2 x connections chunks, so that
 /// its stages overlap. `busy`: other writes to the peer are in flight, whose stages the write's
-/// overlap already; then it goes in chunks of `chunk_bytes` (whole, when no longer).
+/// overlap already; then its chunks are at least 256 KiB (or `chunk_bytes`, if less): a write
+/// no longer goes whole.
 uint64_t cutLength(uint64_t write_bytes, size_t connections, uint32_t chunk_bytes,
                    bool busy = false);
 
