@@ -38,7 +38,7 @@ last ACK): its engine's turns of 20 us and more ("turn" steps: their share of th
 of it each phase's: slept, poll, drain = the rings' requests, transports, of which the tcp
 transport's events = reading and writing sockets, tags, deliver..., queues, publish), the tag
 workers' jobs (how many of each kind, how long each waited for a worker and ran) and the engine's
-waits for a worker.
+waits for a worker; and its writes by size with the number of chunks each was cut into.
 
 Usage: tests/nccl/trace_steps.py [--timeline N] PREFIX   (e.g. $OUT/tltrace, for $OUT/tltrace.1234 ...)
 (docs/nccl.md, "Diagnosing a hang" and "What moves the 1 MiB all_reduce").
@@ -204,7 +204,14 @@ def busy(events):
         count = collections.Counter()
         jobs = collections.defaultdict(lambda: ([], []))
         waits = []
+        posted = {}  # (peer, seq): "N bytes" or "message"
+        cuts = collections.Counter()  # (peer, seq): chunks cut
         for t, step in mine:
+            if m := SC_OUT.match(step):
+                if m[4] is not None:
+                    posted[(m[1], m[2])] = "message" if m[5] else int(m[4])
+                elif m[3].startswith("chunk at"):
+                    cuts[(m[1], m[2])] += 1
             if not t0 <= t <= t1:
                 continue
             if m := TURN.match(step):
@@ -237,6 +244,17 @@ def busy(events):
         if waits:
             print(f"    the engine waited for a worker {len(waits)} times, "
                   f"{100 * sum(waits) / window:.1f}% of the window")
+        # Its writes by size, and into how many chunks each was cut (messages: one chunk).
+        sizes = collections.defaultdict(collections.Counter)
+        for key, what in posted.items():
+            if what != "message":
+                sizes[what][cuts[key]] += 1
+        messages = sum(1 for what in posted.values() if what == "message")
+        parts = [f"{messages} messages"] + [
+            f"{size} B x{sum(c.values())} (" +
+            ", ".join(f"{n} in {k} chunk{'s' if k != 1 else ''}" for k, n in sorted(c.items())) +
+            ")" for size, c in sorted(sizes.items())]
+        print(f"    writes: {'; '.join(parts)}")
 
 
 def main():

@@ -103,6 +103,11 @@ class TraceSteps(unittest.TestCase):
                 f.write("1000.000000 sidecar node node-a\n")
                 f.write("1000.000050 turn us 999 slept 999\n")
                 f.write("1000.000100 out node-b seq 9 post bytes 131072\n")
+                f.write("1000.000101 out node-b seq 9 chunk at 0 len 131072 conn 0\n")
+                f.write("1000.000102 out node-b seq 10 post bytes 64 message\n")
+                f.write("1000.000103 out node-b seq 11 post bytes 131072\n")
+                for at in range(0, 131072, 32768):
+                    f.write(f"1000.000104 out node-b seq 11 chunk at {at} len 32768 conn 1\n")
                 f.write("1000.000200 turn us 100 slept 100 poll 0 drain 0 transports 0\n")
                 f.write("1000.000300 tcp us 120 held 0 events 100 tags 0 deliver 20\n")
                 f.write("1000.000400 turn us 200 poll 0 drain 50 transports 150 queues 0\n")
@@ -120,6 +125,7 @@ class TraceSteps(unittest.TestCase):
                                    r"ran +20.0 / +30.0 us, 4% of a worker")
             self.assertRegex(text, r"tag send-write +1 jobs")
             self.assertIn("the engine waited for a worker 1 times, 1.5% of the window", text)
+            self.assertIn("writes: 1 messages; 131072 B x2 (1 in 1 chunk, 1 in 4 chunks)", text)
 
     def test_no_files_is_an_error(self):
         with tempfile.TemporaryDirectory() as d:
