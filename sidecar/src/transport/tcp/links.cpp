@@ -125,9 +125,9 @@ uint64_t cutLength(uint64_t write_bytes, size_t connections, uint32_t chunk_byte
     // 2-rank ring (four 128 KiB messages each way in flight) took 1.6x as long cut in 32 KiB
     // chunks as sent whole (nccl_plugin_bench --allreduce, GPU machine, 2026-12-07: 1065-1117
     // against 671-697 us at 1 MiB, 3947-4014 against 2349-2395 us at 4 MiB).
-    // Not beyond 256 KiB for that, though: a chunk is read whole before it is checked and
-    // copied, and one of 1 MiB no longer does so from the cache (two sidecars' 1 MiB writes,
-    // 32 in flight, took a third longer in whole chunks than in 256 KiB ones on the vm).
+    // Not beyond 256 KiB for that, though: two sidecars' 1 MiB writes, 32 in flight, took a
+    // third longer in whole chunks than in 256 KiB ones on the vm (presumably the cache: a
+    // chunk is read whole before it is checked and copied).
     constexpr uint64_t kMinSplit = 32 << 10;
     constexpr uint64_t kBusyCut = 256 << 10;
     const uint64_t parts = 2 * std::max<uint64_t>(1, connections);
