@@ -495,9 +495,10 @@ TEST_F(PeerTcp, TheStepTraceFollowsAWriteThroughBothEnds) {
 }
 
 // A mid-sized write alone on the link is cut into chunks of 32 KiB and more, two per connection,
-// so that its stages overlap; one posted while another is in flight goes whole (its stages
-// overlap the other's, and each chunk costs hand-offs: docs/peers.md, "Chunks"). Seen in the
-// step trace's "chunk at" lines, and every byte lands either way.
+// so that its stages overlap; one posted while another write is in flight goes whole (its
+// stages overlap the other's, and each chunk costs hand-offs: docs/peers.md), one beside a
+// message only is cut as if alone. Seen in the step trace's "chunk at" lines, and every byte
+// lands either way.
 TEST_F(PeerTcp, AWriteBesideAnotherGoesWholeAndALoneOneInChunks) {
     sidecar::stopTraceForTests();
     const std::string prefix = dir_.path() + "/cuts";
@@ -532,6 +533,17 @@ TEST_F(PeerTcp, AWriteBesideAnotherGoesWholeAndALoneOneInChunks) {
     auto done = node(0).sink.completion(ids.at(0), 10s);
     ASSERT_TRUE(done.has_value());
     ASSERT_EQ(done->code, Code::kOk) << done->reason;
+    // A message in flight (one small chunk, an NCCL CTS say) does not make a write busy.
+    std::vector<WriteOp> beside_message(2);
+    beside_message[0].message.assign(64, 0x5a);
+    beside_message[1].bytes = kPart;
+    ids.clear();
+    ASSERT_TRUE(postAll(l, std::move(beside_message), &ids).isOk());
+    for (uint64_t id : ids) {
+        auto ended = node(0).sink.completion(id, 10s);
+        ASSERT_TRUE(ended.has_value());
+        ASSERT_EQ(ended->code, Code::kOk) << ended->reason;
+    }
     EXPECT_EQ(0, std::memcmp(l.dst->base, l.src->base, 3 * kPart));
     ASSERT_TRUE(sidecar::writeTrace());
 
@@ -547,12 +559,14 @@ TEST_F(PeerTcp, AWriteBesideAnotherGoesWholeAndALoneOneInChunks) {
             chunks[seq].push_back(len);
         }
     }
-    ASSERT_EQ(chunks.size(), 3u);
+    // Messages' chunks are not "chunk at" steps: the writes' four entries, in sequence order.
+    ASSERT_EQ(chunks.size(), 4u);
     auto it = chunks.begin();
     const std::vector<unsigned long long> four(4, 32u << 10), whole{kPart};
     EXPECT_EQ(it->second, four) << "the first write, alone when posted";
     EXPECT_EQ((++it)->second, whole) << "the second, posted beside the first";
     EXPECT_EQ((++it)->second, four) << "the third, alone again";
+    EXPECT_EQ((++it)->second, four) << "the fourth, beside a message only";
 }
 
 // A loop's turn says where its time went once it took at least its threshold, its phases in

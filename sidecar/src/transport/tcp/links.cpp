@@ -140,7 +140,12 @@ uint64_t OutLink::cutBytes(const InFlight &w) const {
     // TENSORLANE_TCP_CUT_ALWAYS (an experiment's knob, docs/peers.md): every write cut as if
     // alone, the policy before 2026-12-07, for A/B runs of one build.
     static const bool always = std::getenv("TENSORLANE_TCP_CUT_ALWAYS") != nullptr;
-    return cutLength(w.op.bytes, data_.size(), chunk_bytes_, !always && inflight_.size() > 1);
+    // Beside another write with data: a message (one small chunk, an NCCL CTS say) does not
+    // overlap a write's stages, so a write beside messages alone is cut as if alone.
+    const bool busy =
+        !always && std::any_of(inflight_.begin(), inflight_.end(),
+                               [&](const InFlight &f) { return &f != &w && f.op.message.empty(); });
+    return cutLength(w.op.bytes, data_.size(), chunk_bytes_, busy);
 }
 
 void OutLink::nextPieces(InFlight &w, uint64_t room, std::vector<Piece> *out) {
