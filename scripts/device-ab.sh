@@ -5,7 +5,8 @@
 #   there:  scripts/device-ab.sh run [PAIRS [BENCH ARGS...]]
 #           with carry [".debs", ".debs-net", "out"]: builds both (device-run.sh's prefix of
 #           .debs), then runs old, new, old, new, ... PAIRS times (default 2), each output also
-#           in $OUT/{old,new}N.txt
+#           in $OUT/{old,new}N.txt (on the device machine, all of $OUT in $OUT/ab.tgz at the end:
+#           it returns few files a call)
 #   AB_NCCL="ARGS" (environment, without --net): then also tests/nccl/torch_collectives.py ARGS
 #           under CUDA MPS, NCCL's Socket transport and then each build's plugin and sidecar,
 #           alternated the same way ($OUT/nccl-{socket,old,new}N.*)
@@ -51,7 +52,8 @@ case "${1:-}" in
                 bin=$bench
                 [ "$t" = old ] && bin=$old/$bench
                 echo "== $t $i"
-                timeout 150 "$bin" "${args[@]}" 2>&1 | tee "$out/$t$i.txt"
+                timeout 150 "$bin" "${args[@]}" 2>&1 | tee "$out/$t$i.txt" ||
+                    echo "($t $i: exit $?; the A/B goes on)"
             done
         done
         if [ -n "${AB_NCCL:-}" ]; then
@@ -68,13 +70,14 @@ case "${1:-}" in
                     net=tensorlane
                     [ "$t" = socket ] && net=socket
                     echo "== nccl $t $i"
+                    rc=0  # a failed run is reported, and the A/B goes on (set -e)
                     LD_LIBRARY_PATH="$tree/build/release/shim:$LD_LIBRARY_PATH" \
                         PYTHONPATH="$tree/build/release/python${PYTHONPATH:+:$PYTHONPATH}" \
                         TENSORLANE_SIDECAR="$tree/build/release/sidecar/tensorlane-sidecar" \
                         timeout 120 python3 tests/nccl/torch_collectives.py --net "$net" \
                         "${nccl_args[@]}" --out "$out/nccl-$t$i.json" >"$out/nccl-$t$i.txt" \
-                        2>"$out/nccl-$t$i.err"
-                    echo "exit $?; $(tail -n 1 "$out/nccl-$t$i.err")"
+                        2>"$out/nccl-$t$i.err" || rc=$?
+                    echo "exit $rc; $(tail -n 1 "$out/nccl-$t$i.err")"
                     python3 - "$out/nccl-$t$i.txt" <<'PY'
 import json, sys
 for line in open(sys.argv[1]):
@@ -85,6 +88,11 @@ PY
                 done
             done
             echo quit | nvidia-cuda-mps-control
+        fi
+        if [ -n "${OUT:-}" ]; then
+            # The device machine returns only a few files a call: everything in one archive.
+            tar czf "$OUT/ab.tgz" -C "$out" --exclude=ab.tgz . &&
+                find "$out" -mindepth 1 -maxdepth 1 ! -name ab.tgz -exec rm -rf {} +
         fi
         ;;
     *)
