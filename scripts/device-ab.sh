@@ -91,8 +91,10 @@ PY
         fi
         if [ -n "${OUT:-}" ]; then
             # The device machine returns only a few files a call: everything in one archive.
-            tar czf "$OUT/ab.tgz" -C "$out" --exclude=ab.tgz . &&
-                find "$out" -mindepth 1 -maxdepth 1 ! -name ab.tgz -exec rm -rf {} +
+            archive=$(mktemp /tmp/tensorlane-ab.XXXXXX)
+            tar czf "$archive" -C "$out" . &&
+                find "$out" -mindepth 1 -maxdepth 1 -exec rm -rf {} + &&
+                mv "$archive" "$OUT/ab.tgz"
         fi
         ;;
     *)
