@@ -97,12 +97,18 @@ def landing(landings, r, tag, seq, sender):
     return None
 
 
-def sidecar_stages(events, isend, send_done, pair, landings):
-    """The second table: each plugin send through both sidecars (see the module's text)."""
+def processes(events):
+    """{pid: ("sidecar" or "plugin", node name)} of the files that say whose they are."""
     who = {}
     for _, pid, step in events:
         if m := WHO.match(step):
             who[pid] = (m[1], m[2])
+    return who
+
+
+def sidecar_stages(events, isend, send_done, pair, landings):
+    """The second table: each plugin send through both sidecars (see the module's text)."""
+    who = processes(events)
     if not any(w[0] == "sidecar" for w in who.values()):
         return
     # Per sidecar write (writer node, target node, seq): its steps' times.
@@ -186,12 +192,8 @@ TAG_WAIT = re.compile(r"tag wait us (\d+)")
 
 def busy(events):
     """Per sidecar: its engine's long turns, its tag jobs and its waits (see the module's text)."""
-    who = {}
-    for _, pid, step in events:
-        if m := WHO.match(step):
-            who[pid] = m[2] if m[1] == "sidecar" else None
-    for pid, node in sorted(who.items()):
-        if node is None:
+    for pid, (kind, node) in sorted(processes(events).items()):
+        if kind != "sidecar":
             continue
         mine = [(t, step) for t, p, step in events if p == pid]
         traffic = [t for t, step in mine
@@ -230,14 +232,14 @@ def busy(events):
         print(f"sidecar {node} ({pid}): {window:.0f} us of traffic; {count['turn']} engine turns "
               f"of 20 us or more, {100 * turn['total'] / window:.0f}% of it")
 
-        def shares(c, skip):
+        def shares(c):
             return ", ".join(f"{k} {100 * v / window:.0f}%" for k, v in c.most_common()
-                             if k not in skip and 100 * v / window >= 0.5)
+                             if k != "total" and 100 * v / window >= 0.5)
 
         if count["turn"]:
-            print(f"    turns: {shares(turn, ('total',))}")
+            print(f"    turns: {shares(turn)}")
         if count["tcp"]:
-            print(f"    tcp progress of 15 us or more ({count['tcp']}): {shares(tcp, ('total',))}")
+            print(f"    tcp progress of 15 us or more ({count['tcp']}): {shares(tcp)}")
         for kind, (waited, ran) in sorted(jobs.items()):
             print(f"    tag {kind:<12} {len(ran):6d} jobs, waited {summary(waited)}, "
                   f"ran {summary(ran)}, {100 * sum(ran) / window:.0f}% of a worker")

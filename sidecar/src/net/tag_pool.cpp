@@ -99,8 +99,7 @@ void TagPool::cancelOrWait(TagJob &job) {
     {
         std::unique_lock lock(mutex_);
         if (!takeQueued(job)) {
-            TurnTimer wait("tag wait", 0);  // traced: the owner's thread waits here
-            done_cv_.wait(lock, [&] { return job.done.load(std::memory_order_acquire); });
+            waitDone(lock, job);
             return;
         }
         cancel(job);
@@ -114,9 +113,13 @@ bool TagPool::waitIfRunning(TagJob &job) {
     if (findQueued(job) != queue_.end()) {
         return false;
     }
+    waitDone(lock, job);
+    return true;
+}
+
+void TagPool::waitDone(std::unique_lock<std::mutex> &lock, const TagJob &job) {
     TurnTimer wait("tag wait", 0);  // traced: the owner's thread waits here
     done_cv_.wait(lock, [&] { return job.done.load(std::memory_order_acquire); });
-    return true;
 }
 
 bool TagPool::reserveSocket() {
@@ -144,8 +147,7 @@ void TagPool::finishNow(TagJob &job) {
     {
         std::unique_lock lock(mutex_);
         if (!takeQueued(job)) {
-            TurnTimer wait("tag wait", 0);  // traced: the owner's thread waits here
-            done_cv_.wait(lock, [&] { return job.done.load(std::memory_order_acquire); });
+            waitDone(lock, job);
             return;
         }
     }
@@ -440,24 +442,24 @@ void TagPool::run() {
             queue_.pop_front();
             queued_.store(queue_.size(), std::memory_order_relaxed);
         }
-        if (tracing()) {
-            // Traced: how long the job waited for a worker and ran (TENSORLANE_TRACE_FILE).
-            const auto began = std::chrono::steady_clock::now();
-            // A job whose tag is there only sends ("send"), one that signs may send too.
-            const char *kind = job->verify ? "verify" : job->tag_ready ? "send" : "sign";
-            // Taken before the run: once a reading job's bytes are in, its owner may change it.
-            const char *io = job->read_fd >= 0 ? " read" : job->write_fd >= 0 ? " write" : "";
-            const size_t len = job->len;
-            const auto waited = began - job->queued_at;
-            compute(mac, *job);
+        // Traced: how long the job waited for a worker and ran (TENSORLANE_TRACE_FILE). Its
+        // kind, size and wait are taken before the run: once a reading job's bytes are in, its
+        // owner may change it. A job whose tag is there only sends ("send").
+        const bool traced = tracing();
+        const auto began =
+            traced ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+        const char *kind = job->verify ? "verify" : job->tag_ready ? "send" : "sign";
+        const char *io = job->read_fd >= 0 ? " read" : job->write_fd >= 0 ? " write" : "";
+        const size_t len = job->len;
+        const auto waited = began - job->queued_at;
+        compute(mac, *job);
+        if (traced) {
             const auto us = [](auto d) {
                 return static_cast<long long>(
                     std::chrono::duration_cast<std::chrono::microseconds>(d).count());
             };
             traceStep("tag %s len %zu waited %lld ran %lld%s", kind, len, us(waited),
                       us(std::chrono::steady_clock::now() - began), io);
-        } else {
-            compute(mac, *job);
         }
         {
             // Under the lock, so cancelOrWait() cannot miss the notification.

@@ -227,6 +227,8 @@ public:
 private:
     void run();
     void compute(FrameMac &mac, TagJob &job);
+    /// Waits (holding `lock` on mutex_) until a worker is done with `job`.
+    void waitDone(std::unique_lock<std::mutex> &lock, const TagJob &job);
     /// Reads what a reading job still lacks from its socket (TagJob::read_fd), adding the data
     /// to `mac` as it comes.
     void readRest(TagJob &job, FrameMac &mac);
