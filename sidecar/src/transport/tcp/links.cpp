@@ -60,6 +60,7 @@ Status OutLink::post(const WriteOp &op, int64_t now_ms, bool send_now) {
         }
     }
     inflight_.push_back(InFlight{next_seq_++, op, 0, 0});
+    data_inflight_ += op.message.empty() ? 1 : 0;
     if (tracing()) {
         traceStep(
             "out %s seq %llu post bytes %llu%s", peer_name_.c_str(),
@@ -142,9 +143,7 @@ uint64_t OutLink::cutBytes(const InFlight &w) const {
     static const bool always = std::getenv("TENSORLANE_TCP_CUT_ALWAYS") != nullptr;
     // Beside another write with data: a message (one small chunk, an NCCL CTS say) does not
     // overlap a write's stages, so a write beside messages alone is cut as if alone.
-    const bool busy =
-        !always && std::any_of(inflight_.begin(), inflight_.end(),
-                               [&](const InFlight &f) { return &f != &w && f.op.message.empty(); });
+    const bool busy = !always && data_inflight_ > (w.op.message.empty() ? 1u : 0u);
     return cutLength(w.op.bytes, data_.size(), chunk_bytes_, busy);
 }
 
@@ -518,6 +517,7 @@ bool OutLink::onAck(uint64_t seq, Code code, bool changed, std::vector<Completio
         done.reason = "the target failed the write";
     }
     out->push_back(std::move(done));
+    data_inflight_ -= f.op.message.empty() ? 1 : 0;
     inflight_.pop_front();
     if (cut_from_ > 0) {
         --cut_from_;
@@ -530,6 +530,7 @@ void OutLink::failAll(Code code, const std::string &reason, std::vector<Completi
         out->push_back(Completion{f.op.op_id, code, reason, f.op.bytes});
     }
     inflight_.clear();
+    data_inflight_ = 0;
     cut_from_ = 0;
     // The connections dropped their output first (closeSession): nothing points into the slots
     // queued on them any more. Staged chunks still copying return theirs when they end.

@@ -156,6 +156,7 @@ private:
     size_t next_conn_ = 0;
     size_t last_conn_ = SIZE_MAX;  ///< index in data_ of the connection of the last chunk
     std::deque<InFlight> inflight_;
+    size_t data_inflight_ = 0;   ///< of inflight_, the writes with data (not messages)
     size_t cut_from_ = 0;        ///< index in inflight_ of the oldest write not cut completely
     std::deque<Staged> staged_;  ///< GPU chunks cut and not yet on a connection, in cut order
     /// What a chunk queued on a connection holds until the socket has taken it: its staging
