@@ -33,6 +33,9 @@ the target sidecar's steps of that write, and a second table splits send->land i
   deliv->acked     until the writer's sidecar had the ACK
   acked->sdone     until NCCL's test() of the send said done
 
+and a third the same stages (post->queued to deliv->acked) of every write with data the sidecars
+traced, matched to no plugin send: eager sends too, whose comms no CTS pairs.
+
 Then, per sidecar, where its threads' time went over the traffic (its first write posted to its
 last ACK): its engine's turns of 20 us and more ("turn" steps: their share of the window, and
 of it each phase's: slept, poll, drain = the rings' requests, transports, of which the tcp
@@ -181,6 +184,24 @@ def sidecar_stages(events, isend, send_done, pair, landings):
         row = stages[size]
         n = max((len(v) for v in row.values()), default=0)
         print(f"size {size:>9}: {n:5d} sends through the sidecars")
+        for name, v in row.items():
+            print(f"    {name:15} {summary(v)}")
+    # Every write with data, from the sidecars' lines alone (eager sends too, which the table
+    # above cannot match without their comms' CTS): its stages from post to ACK.
+    sizes = {(node, target, seq): size for node, plist in posts.items()
+             for _, target, seq, size in plist}
+    writes = collections.defaultdict(lambda: collections.defaultdict(list))
+    for w, size in sizes.items():
+        st = out[w]
+        for name, a, b in (("post->queued", "post", "queued"), ("queued->sent", "queued", "sent"),
+                           ("sent->begun", "sent", "begun"), ("begun->checked", "begun", "checked"),
+                           ("checked->deliv", "checked", "deliv"), ("deliv->acked", "deliv", "acked")):
+            if a in st and b in st:
+                writes[size][name].append(st[b] - st[a])
+    for size in sorted(writes):
+        row = writes[size]
+        n = max(len(v) for v in row.values())
+        print(f"size {size:>9}: {n:5d} sidecar writes (every one, eager sends' too)")
         for name, v in row.items():
             print(f"    {name:15} {summary(v)}")
 

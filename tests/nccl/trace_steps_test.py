@@ -91,6 +91,14 @@ class TraceSteps(unittest.TestCase):
                               ("deliv->land", 170.0), ("deliv->acked", 230.0),
                               ("acked->sdone", 40.0)):
                 self.assertRegex(text, rf"{stage} +{us:.1f} /")
+            # The sidecars' table of every write: write 9 alone (8 is a message).
+            _, _, table = text.partition("size    131072:     1 sidecar writes (every one, "
+                                         "eager sends' too)\n")
+            self.assertTrue(table, text)
+            for stage, us in (("post->queued", 7.0), ("queued->sent", 45.0),
+                              ("sent->begun", 60.0), ("begun->checked", 60.0),
+                              ("checked->deliv", 10.0), ("deliv->acked", 230.0)):
+                self.assertRegex(table, rf"^(    .*\n)*    {stage} +{us:.1f} /")
 
     def test_a_sidecars_time_is_summed_by_turn_phase_and_worker_job(self):
         with tempfile.TemporaryDirectory() as d:
