@@ -409,6 +409,52 @@ TEST_F(PeerTcp, LargeWriteIsChunkedAcrossConnections) {
     EXPECT_EQ(peerStatus(b, "node-a")["data_connections"], 4);
 }
 
+// TENSORLANE_TCP_ACK_DELAY_US (an experiment's knob, docs/peers.md): the target holds its ACKs
+// that long after the notifications, and the engine keeps turning until they are sent, so every
+// write still ends: one at a time (each ACK alone, nothing else to wake the engine) and in a
+// burst (many ACKs held together), every byte landed and every notification in order.
+TEST_F(PeerTcp, AcksHeldByTheDelayKnobAllStillCome) {
+    constexpr auto kDelay = std::chrono::microseconds(1000);
+    ::setenv("TENSORLANE_TCP_ACK_DELAY_US", "1000", 1);
+    startNodes(2);  // (the transports read it when they are made)
+    ::unsetenv("TENSORLANE_TCP_ACK_DELAY_US");
+    Node &a = node(0);
+    Node &b = node(1);
+    constexpr size_t kRegion = 1u << 20;
+    Linked l;
+    ASSERT_NO_FATAL_FAILURE(link(kRegion, "recv", 6, &l));
+    auto &[src, dst, remote] = l;
+    uint32_t imm = 0;
+    for (int i = 0; i < 20; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        auto [ps, op] = a.post("node-b", src, i * 4096, remote.id, i * 4096, 4096, imm++);
+        ASSERT_TRUE(ps.isOk()) << ps.message();
+        auto c = a.sink.completion(op, 10s);
+        ASSERT_TRUE(c.has_value()) << "write " << i << " never ended\ntarget: " << b.statusJson();
+        EXPECT_EQ(c->code, Code::kOk) << c->reason;
+        // Its ACK left the target no sooner than the delay after the write arrived there.
+        EXPECT_GE(std::chrono::steady_clock::now() - t0, kDelay);
+    }
+    std::vector<uint64_t> ops;
+    for (uint64_t off = 20 * 4096; off + 8192 <= kRegion; off += 8192) {
+        auto [ps, op] = a.post("node-b", src, off, remote.id, off, 8192, imm++);
+        ASSERT_TRUE(ps.isOk()) << ps.message();
+        ops.push_back(op);
+    }
+    for (uint64_t op : ops) {
+        auto c = a.sink.completion(op, 10s);
+        ASSERT_TRUE(c.has_value())
+            << "a write of the burst never ended\ntarget: " << b.statusJson();
+        EXPECT_EQ(c->code, Code::kOk) << c->reason;
+    }
+    EXPECT_EQ(0, std::memcmp(dst->base, src->base, kRegion));
+    const auto arrivals = b.sink.arrivals();
+    ASSERT_EQ(arrivals.size(), imm);
+    for (uint32_t i = 0; i < imm; ++i) {
+        EXPECT_EQ(arrivals[i].imm, i);
+    }
+}
+
 // TENSORLANE_TRACE_FILE (tensorlane/sidecar/trace.hpp): a write's steps at both ends, as
 // tests/nccl/trace_steps.py reads them: posted, each chunk queued and sent, acknowledged at the
 // writer; each chunk begun and checked, the write delivered at the target. (Both nodes run in

@@ -10,12 +10,22 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 
 #include "net/packed_chunk.hpp"
 #include "tensorlane/sidecar/trace.hpp"
 
 namespace tensorlane::sidecar {
+
+size_t TagPool::readFrom() {
+    static const size_t from = [] {
+        const char *v = std::getenv("TENSORLANE_TAG_READ_FROM");
+        const size_t n = v != nullptr ? std::strtoull(v, nullptr, 10) : 0;
+        return n >= 4096 ? n : kReadFrom;
+    }();
+    return from;
+}
 
 unsigned TagPool::autoThreads(unsigned cpus) {
     return cpus < 4 ? 0 : std::min(4u, cpus / 4);

@@ -149,6 +149,9 @@ public:
     /// worker (TagJob::read_fd), which then checks its tag and copies it into its region: the
     /// engine thread does none of the chunk's socket copies.
     static constexpr size_t kReadFrom = 64 * 1024;
+    /// kReadFrom, or TENSORLANE_TAG_READ_FROM=BYTES in the sidecar's environment (an
+    /// experiment's knob, docs/peers.md; at least 4 KiB).
+    static size_t readFrom();
     /// How long a worker reading or writing a socket waits for it at a time, and works on it in
     /// all, before it hands the rest back (the engine submits it again when epoll sees the
     /// socket ready): a peer that stops mid-chunk holds a worker for at most this long. A

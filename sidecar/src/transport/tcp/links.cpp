@@ -144,6 +144,16 @@ uint64_t OutLink::cutBytes(const InFlight &w) const {
     // Beside another write with data: a message (one small chunk, an NCCL CTS say) does not
     // overlap a write's stages, so a write beside messages alone is cut as if alone.
     const bool busy = !always && data_inflight_ > (w.op.message.empty() ? 1u : 0u);
+    // TENSORLANE_TCP_BUSY_CUT=BYTES (an experiment's knob, docs/peers.md): writes beside others
+    // in chunks of this size instead (4 KiB-aligned, at least 4 KiB).
+    static const uint64_t busy_cut = [] {
+        const char *v = std::getenv("TENSORLANE_TCP_BUSY_CUT");
+        const uint64_t n = v != nullptr ? std::strtoull(v, nullptr, 10) : 0;
+        return n >= 4096 ? n & ~uint64_t{4095} : 0;
+    }();
+    if (busy && busy_cut != 0) {
+        return std::min<uint64_t>(chunk_bytes_, busy_cut);
+    }
     return cutLength(w.op.bytes, data_.size(), chunk_bytes_, busy);
 }
 
@@ -821,7 +831,7 @@ bool InLink::poolRead(Connection &c) {
     const bool host = c.rx.land != nullptr;
     if (tags_ == nullptr || !tags_->socketIo() || !c.rx.job ||
         (!host && rx_slots_.find(&c) == rx_slots_.end()) ||
-        c.rx.remaining < c.buffered() + TagPool::kReadFrom) {
+        c.rx.remaining < c.buffered() + TagPool::readFrom()) {
         return false;
     }
     if (!tags_->reserveSocket()) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -40,6 +41,25 @@ unsigned tagSpinUs() {
     char *end = nullptr;
     const unsigned long n = std::strtoul(v, &end, 10);
     return end != v && *end == '\0' ? static_cast<unsigned>(std::min(n, 1000ul)) : 0;
+}
+
+/// TENSORLANE_TCP_ACK_DELAY_US (0-1000, default 0): how long a receiving sidecar holds its ACKs
+/// after the notifications are out before it sends them (an experiment's knob, docs/peers.md):
+/// the client's next request is then posted before the ACKs' send.
+int64_t ackDelayNs() {
+    const char *v = std::getenv("TENSORLANE_TCP_ACK_DELAY_US");
+    if (v == nullptr) {
+        return 0;
+    }
+    char *end = nullptr;
+    const unsigned long n = std::strtoul(v, &end, 10);
+    return end != v && *end == '\0' ? static_cast<int64_t>(std::min(n, 1000ul)) * 1000 : 0;
+}
+
+int64_t steadyNs() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
 }
 
 /// TENSORLANE_TAG_SOCKET_IO=0 keeps every socket copy on the engine thread, the tag workers
@@ -113,7 +133,8 @@ TcpTransport::TcpTransport(const config::Config &cfg, RegionTable &regions)
       send_staging_(cfg.tcp.chunk_bytes, kStagingSlots),
       recv_staging_(cfg.tcp.chunk_bytes, kStagingSlots),
       host_staging_(cfg.tcp.chunk_bytes, kHostChecksPerTagThread * tags_->threads()),
-      read_budget_(readBudget()) {}
+      read_budget_(readBudget()),
+      ack_delay_ns_(ackDelayNs()) {}
 
 void TcpTransport::setReadBudgetForTests(size_t bytes) {
     g_test_read_budget.store(bytes);
@@ -581,7 +602,12 @@ size_t TcpTransport::deliver(EventSink &sink) {
             fail(peer_id, SessionSide::kIn,
                  "cannot send acknowledgements: data connection 0 is not open");
         } else if (acks != nullptr && acks->hasOutput()) {
-            acks_due_.push_back(peer_id);  // sent once the notifications are out
+            if (acks_due_.empty()) {
+                acks_due_since_ns_ = ack_delay_ns_ != 0 ? steadyNs() : 0;
+            }
+            if (std::find(acks_due_.begin(), acks_due_.end(), peer_id) == acks_due_.end()) {
+                acks_due_.push_back(peer_id);  // sent once the notifications are out
+            }
         }
     }
     return n;
@@ -590,6 +616,9 @@ size_t TcpTransport::deliver(EventSink &sink) {
 void TcpTransport::afterPublish() {
     if (acks_due_.empty()) {
         return;
+    }
+    if (ack_delay_ns_ != 0 && steadyNs() - acks_due_since_ns_ < ack_delay_ns_) {
+        return;  // the engine does not sleep meanwhile (arm())
     }
     const int64_t now = monotonicMs();
     for (PeerId id : std::exchange(acks_due_, {})) {

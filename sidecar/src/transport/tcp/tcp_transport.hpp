@@ -178,6 +178,10 @@ private:
     /// Peers with ops posted with WriteOp::more and not sent yet: pumped by progress().
     std::vector<PeerId> held_;
     const size_t read_budget_;
+    /// TENSORLANE_TCP_ACK_DELAY_US in ns (0: ACKs go once the notifications are out), and when
+    /// the oldest of acks_due_ was queued.
+    const int64_t ack_delay_ns_;
+    int64_t acks_due_since_ns_ = 0;
 };
 
 }  // namespace tensorlane::sidecar
