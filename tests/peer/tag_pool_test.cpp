@@ -14,12 +14,15 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "net/connection.hpp"
 #include "net/cpus.hpp"
+#include "net/env_knob.hpp"
 #include "net/tag_pool.hpp"
 #include "socket_pair.hpp"
 
@@ -601,6 +604,28 @@ TEST(TagPool, DroppingOutputWaitsForTheWorkersReadingIt) {
     pool.submit(job);
     waitDone(*job);
     EXPECT_FALSE(job->cancelled);
+}
+
+// The experiment knobs (TENSORLANE_TAG_SPIN_US and the others, docs/peers.md) take a whole
+// decimal number or nothing: a typo leaves the default, never a half-read value.
+TEST(EnvNumber, TakesAWholeDecimalNumberOrNothing) {
+    constexpr const char *kName = "TENSORLANE_TEST_ENV_NUMBER";
+    const std::pair<const char *, std::optional<uint64_t>> cases[] = {
+        {"0", 0},
+        {"65536", 65536},
+        {"18446744073709551615", UINT64_MAX},
+        {"", std::nullopt},
+        {"12us", std::nullopt},
+        {" 5", std::nullopt},
+        {"-5", std::nullopt},
+        {"+5", std::nullopt},
+        {"0x10", std::nullopt}};
+    for (const auto &[text, want] : cases) {
+        ::setenv(kName, text, 1);
+        EXPECT_EQ(envNumber(kName), want) << "\"" << text << "\"";
+    }
+    ::unsetenv(kName);
+    EXPECT_EQ(envNumber(kName), std::nullopt);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "net/env_knob.hpp"
 #include "net/packed_chunk.hpp"
 #include "tensorlane/sidecar/trace.hpp"
 
@@ -20,9 +21,8 @@ namespace tensorlane::sidecar {
 
 size_t TagPool::readFrom() {
     static const size_t from = [] {
-        const char *v = std::getenv("TENSORLANE_TAG_READ_FROM");
-        const size_t n = v != nullptr ? std::strtoull(v, nullptr, 10) : 0;
-        return n >= 4096 ? n : kReadFrom;
+        const uint64_t n = envNumber("TENSORLANE_TAG_READ_FROM").value_or(0);
+        return n >= 4096 ? static_cast<size_t>(n) : kReadFrom;
     }();
     return from;
 }

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "net/env_knob.hpp"
 #include "net/packed_chunk.hpp"
 
 namespace tensorlane::sidecar {
@@ -147,8 +148,7 @@ uint64_t OutLink::cutBytes(const InFlight &w) const {
     // TENSORLANE_TCP_BUSY_CUT=BYTES (an experiment's knob, docs/peers.md): writes beside others
     // in chunks of this size instead (4 KiB-aligned, at least 4 KiB).
     static const uint64_t busy_cut = [] {
-        const char *v = std::getenv("TENSORLANE_TCP_BUSY_CUT");
-        const uint64_t n = v != nullptr ? std::strtoull(v, nullptr, 10) : 0;
+        const uint64_t n = envNumber("TENSORLANE_TCP_BUSY_CUT").value_or(0);
         return n >= 4096 ? n & ~uint64_t{4095} : 0;
     }();
     if (busy && busy_cut != 0) {

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "net/cpus.hpp"
+#include "net/env_knob.hpp"
 #include "net/frame_reader.hpp"
 #include "net/socket.hpp"
 
@@ -34,26 +35,17 @@ size_t readBudget() {
 /// TENSORLANE_TAG_SPIN_US (0-1000, default 0): how long an idle tag worker spins before it
 /// sleeps. An experiment's knob (docs/peers.md), not a setting of the TOML.
 unsigned tagSpinUs() {
-    const char *v = std::getenv("TENSORLANE_TAG_SPIN_US");
-    if (v == nullptr) {
-        return 0;
-    }
-    char *end = nullptr;
-    const unsigned long n = std::strtoul(v, &end, 10);
-    return end != v && *end == '\0' ? static_cast<unsigned>(std::min(n, 1000ul)) : 0;
+    return static_cast<unsigned>(
+        std::min<uint64_t>(envNumber("TENSORLANE_TAG_SPIN_US").value_or(0), 1000));
 }
 
 /// TENSORLANE_TCP_ACK_DELAY_US (0-1000, default 0): how long a receiving sidecar holds its ACKs
 /// after the notifications are out before it sends them (an experiment's knob, docs/peers.md):
 /// the client's next request is then posted before the ACKs' send.
 int64_t ackDelayNs() {
-    const char *v = std::getenv("TENSORLANE_TCP_ACK_DELAY_US");
-    if (v == nullptr) {
-        return 0;
-    }
-    char *end = nullptr;
-    const unsigned long n = std::strtoul(v, &end, 10);
-    return end != v && *end == '\0' ? static_cast<int64_t>(std::min(n, 1000ul)) * 1000 : 0;
+    return static_cast<int64_t>(
+               std::min<uint64_t>(envNumber("TENSORLANE_TCP_ACK_DELAY_US").value_or(0), 1000)) *
+           1000;
 }
 
 int64_t steadyNs() {
