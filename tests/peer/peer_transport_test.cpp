@@ -108,6 +108,25 @@ protected:
         return st;
     }
 
+    /// Waits for each of node-a's writes `ops` to end, each kOk (`what` names them in a failure).
+    void expectAllEndOk(const std::vector<uint64_t> &ops, const std::string &what) {
+        for (uint64_t op : ops) {
+            auto c = node(0).sink.completion(op, 10s);
+            ASSERT_TRUE(c.has_value())
+                << what << ": a write never ended\nwriter: " << node(0).statusJson()
+                << "\ntarget: " << node(1).statusJson();
+            EXPECT_EQ(c->code, Code::kOk) << c->reason;
+        }
+    }
+    /// node-b was told of `n` writes, their immediates 0 to n - 1 in that order.
+    void expectArrivalsInOrder(uint32_t n) {
+        const auto arrivals = node(1).sink.arrivals();
+        ASSERT_EQ(arrivals.size(), n);
+        for (uint32_t i = 0; i < n; ++i) {
+            EXPECT_EQ(arrivals[i].imm, i);
+        }
+    }
+
     TempDir dir_;
     std::string key_ = dir_.writeFile("peer.key", kSecret);
     std::vector<std::unique_ptr<Node>> nodes_;
@@ -333,7 +352,6 @@ TEST_F(PeerTcp, WritesBufferedWhenTheReadBudgetRunsOutAreStillRead) {
     } guard;
     startNodes(2);
     Node &a = node(0);
-    Node &b = node(1);
     constexpr size_t kRegion = 8u << 20;
     Linked l;
     ASSERT_NO_FATAL_FAILURE(link(kRegion, "recv", 5, &l));
@@ -354,20 +372,10 @@ TEST_F(PeerTcp, WritesBufferedWhenTheReadBudgetRunsOutAreStillRead) {
             ops.push_back(op);
             off += n;
         }
-        for (uint64_t op : ops) {
-            auto c = a.sink.completion(op, 10s);
-            ASSERT_TRUE(c.has_value())
-                << "burst " << burst << ": a write never ended\nwriter: " << a.statusJson()
-                << "\ntarget: " << b.statusJson();
-            EXPECT_EQ(c->code, Code::kOk) << c->reason;
-        }
+        ASSERT_NO_FATAL_FAILURE(expectAllEndOk(ops, "burst " + std::to_string(burst)));
         EXPECT_EQ(0, std::memcmp(dst->base, src->base, off));
     }
-    const auto arrivals = b.sink.arrivals();
-    ASSERT_EQ(arrivals.size(), imm);
-    for (uint32_t i = 0; i < imm; ++i) {
-        EXPECT_EQ(arrivals[i].imm, i);
-    }
+    expectArrivalsInOrder(imm);
 }
 
 TEST_F(PeerTcp, LargeWriteIsChunkedAcrossConnections) {
@@ -441,18 +449,9 @@ TEST_F(PeerTcp, AcksHeldByTheDelayKnobAllStillCome) {
         ASSERT_TRUE(ps.isOk()) << ps.message();
         ops.push_back(op);
     }
-    for (uint64_t op : ops) {
-        auto c = a.sink.completion(op, 10s);
-        ASSERT_TRUE(c.has_value())
-            << "a write of the burst never ended\ntarget: " << b.statusJson();
-        EXPECT_EQ(c->code, Code::kOk) << c->reason;
-    }
+    ASSERT_NO_FATAL_FAILURE(expectAllEndOk(ops, "the burst"));
     EXPECT_EQ(0, std::memcmp(dst->base, src->base, kRegion));
-    const auto arrivals = b.sink.arrivals();
-    ASSERT_EQ(arrivals.size(), imm);
-    for (uint32_t i = 0; i < imm; ++i) {
-        EXPECT_EQ(arrivals[i].imm, i);
-    }
+    expectArrivalsInOrder(imm);
 }
 
 // TENSORLANE_TRACE_FILE (tensorlane/sidecar/trace.hpp): a write's steps at both ends, as
