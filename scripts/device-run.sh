@@ -61,7 +61,8 @@ usage: scripts/device-run.sh fetch
                        ARGS is the folder that comes back (--log-dir @OUT@/hang)
   --nccl-bench "RUNS"  build/release/tests/bench/nccl_plugin_bench (a ping-pong through the
                        plugin vs tl_write_msg vs plain TCP) once per ';'-separated argument list
-                       (" " for its defaults)
+                       (" " for its defaults); leading NAME=VALUE words of a list go into that
+                       run's environment (e.g. "TENSORLANE_TCP_BUSY_CUT=65536 --sizes none")
   --tar                everything into DIR/run.tgz (and DIR/summary.txt) at the end
   --no-rest            skip the tests not labelled gpu
   --no-gpu             skip `ctest -L gpu` and gpu_bench (host-only measurements)
@@ -431,9 +432,17 @@ if [ -n "$nccl_bench" ] && [ "$(left)" -gt 40 ]; then
         read -ra words <<<"$entry"
         [ "$(left)" -gt 30 ] || break
         n=$((n + 1))
-        note "== nccl_plugin_bench $n: ${words[*]} ($(left) s left)"
+        # Leading NAME=VALUE words go into this run's environment (the sidecars inherit it:
+        # the experiment knobs of docs/peers.md), the rest are the bench's arguments.
+        envs=()
+        while [ "${#words[@]}" -gt 0 ] && [[ "${words[0]}" =~ ^[A-Z_][A-Z0-9_]*= ]]; do
+            envs+=("${words[0]}")
+            words=("${words[@]:1}")
+        done
+        note "== nccl_plugin_bench $n: ${envs[*]} ${words[*]} ($(left) s left)"
         set +e
-        run timeout "$(( $(left) - 10 ))" build/release/tests/bench/nccl_plugin_bench "${words[@]}" \
+        run timeout "$(( $(left) - 10 ))" env "${envs[@]}" \
+            build/release/tests/bench/nccl_plugin_bench "${words[@]}" \
             >"$out/nccl_plugin_bench-$n.txt" 2>&1
         note "nccl_plugin_bench: exit $?"
         tee -a "$summary" <"$out/nccl_plugin_bench-$n.txt"
