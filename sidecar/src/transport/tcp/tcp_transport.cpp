@@ -42,16 +42,9 @@ unsigned tagSpinUs() {
 /// TENSORLANE_TCP_ACK_DELAY_US (0-1000, default 0): how long a receiving sidecar holds its ACKs
 /// after the notifications are out before it sends them (an experiment's knob, docs/peers.md):
 /// the client's next request is then posted before the ACKs' send.
-int64_t ackDelayNs() {
-    return static_cast<int64_t>(
-               std::min<uint64_t>(envNumber("TENSORLANE_TCP_ACK_DELAY_US").value_or(0), 1000)) *
-           1000;
-}
-
-int64_t steadyNs() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-        .count();
+std::chrono::microseconds ackDelay() {
+    return std::chrono::microseconds(
+        std::min<uint64_t>(envNumber("TENSORLANE_TCP_ACK_DELAY_US").value_or(0), 1000));
 }
 
 /// TENSORLANE_TAG_SOCKET_IO=0 keeps every socket copy on the engine thread, the tag workers
@@ -126,7 +119,7 @@ TcpTransport::TcpTransport(const config::Config &cfg, RegionTable &regions)
       recv_staging_(cfg.tcp.chunk_bytes, kStagingSlots),
       host_staging_(cfg.tcp.chunk_bytes, kHostChecksPerTagThread * tags_->threads()),
       read_budget_(readBudget()),
-      ack_delay_ns_(ackDelayNs()) {}
+      ack_delay_(ackDelay()) {}
 
 void TcpTransport::setReadBudgetForTests(size_t bytes) {
     g_test_read_budget.store(bytes);
@@ -594,8 +587,8 @@ size_t TcpTransport::deliver(EventSink &sink) {
             fail(peer_id, SessionSide::kIn,
                  "cannot send acknowledgements: data connection 0 is not open");
         } else if (acks != nullptr && acks->hasOutput()) {
-            if (acks_due_.empty()) {
-                acks_due_since_ns_ = ack_delay_ns_ != 0 ? steadyNs() : 0;
+            if (acks_due_.empty() && ack_delay_.count() != 0) {
+                acks_due_since_ = std::chrono::steady_clock::now();
             }
             if (std::find(acks_due_.begin(), acks_due_.end(), peer_id) == acks_due_.end()) {
                 acks_due_.push_back(peer_id);  // sent once the notifications are out
@@ -609,7 +602,8 @@ void TcpTransport::afterPublish() {
     if (acks_due_.empty()) {
         return;
     }
-    if (ack_delay_ns_ != 0 && steadyNs() - acks_due_since_ns_ < ack_delay_ns_) {
+    if (ack_delay_.count() != 0 &&
+        std::chrono::steady_clock::now() - acks_due_since_ < ack_delay_) {
         return;  // the engine does not sleep meanwhile (arm())
     }
     const int64_t now = monotonicMs();

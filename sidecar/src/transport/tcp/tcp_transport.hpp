@@ -8,6 +8,7 @@
 // control connection, the peer layer's, carries none of this transport's traffic).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -178,10 +179,10 @@ private:
     /// Peers with ops posted with WriteOp::more and not sent yet: pumped by progress().
     std::vector<PeerId> held_;
     const size_t read_budget_;
-    /// TENSORLANE_TCP_ACK_DELAY_US in ns (0: ACKs go once the notifications are out), and when
-    /// the oldest of acks_due_ was queued.
-    const int64_t ack_delay_ns_;
-    int64_t acks_due_since_ns_ = 0;
+    /// TENSORLANE_TCP_ACK_DELAY_US (0: ACKs go once the notifications are out), and when the
+    /// oldest of acks_due_ was queued.
+    const std::chrono::microseconds ack_delay_;
+    std::chrono::steady_clock::time_point acks_due_since_;
 };
 
 }  // namespace tensorlane::sidecar
